@@ -1,0 +1,45 @@
+"""The ``kvcert`` console command.
+
+Each subcommand lives in the module that owns its work; this file only lists them.
+A module listed in ``SUBCOMMANDS`` exposes ``register(subparsers)``, which adds its
+parser and sets ``func`` (called with the parsed arguments; its return value is the
+exit status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# (module path) — each registers one or more subcommands.
+SUBCOMMANDS: list[str] = [
+    "kvcert.bench.cli",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvcert",
+        description="Randomized KV-cache eviction with error certificates (arXiv 2607.21475).",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for module_name in SUBCOMMANDS:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        status = args.func(args)
+    except (ValueError, FileNotFoundError, KeyError) as exc:  # user errors: one line, no traceback
+        print(f"kvcert {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return int(status or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
