@@ -1,0 +1,190 @@
+"""Hájek-corrected attention over a retained (compacted) KV cache, with its certificate.
+
+Attention over the retained set S with logits s_i − log π_i is exactly the Hájek ratio
+estimator ô = Σ_S (e^{s_i}/π_i) v_i / Σ_S e^{s_i}/π_i (Xie, arXiv 2607.21475; DESIGN.md
+§1): the per-key bias −log π_i is the whole correction. This module computes it for
+grouped-query attention without repeating keys (query heads are grouped per KV head),
+and, when asked, the certificate's variance V̂ and range term b̂_c in the same pass
+(see :mod:`kvcert.certificate` for the formulas).
+
+Layout: query [B, Hq, Q, D]; key/value [B, Hkv, L, D]; log_pi [B, Hkv, L] (fp32; 0 for
+certain tokens, +inf on padding). With ``causal=True`` the last Q keys are the queries'
+own tokens (appended to the cache just before): query i sees keys j ≤ L − Q + i, and
+every older (retained) key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .certificate import bernstein_radius
+from .checks import check_delta, check_ndim
+
+
+@dataclass
+class AttentionResult:
+    """Output [B, Hq, Q, D]; with a certificate also V̂ and b̂_c [B, Hq, Q] (fp32)."""
+
+    output: torch.Tensor
+    variance: torch.Tensor | None = None
+    range_term: torch.Tensor | None = None
+
+
+def squared_deviation(value: torch.Tensor, centre: torch.Tensor | None) -> torch.Tensor:
+    """‖v_i − c‖² per token [B, Hkv, L], fp32 (fp64 for fp64 values; c = 0 when ``centre`` is None)."""
+    v = value.to(torch.promote_types(value.dtype, torch.float32))
+    if centre is not None:
+        v = v - centre.to(v.dtype).unsqueeze(-2)
+    return v.pow(2).sum(-1)
+
+
+def _causal_allowed(n_queries: int, q_start: int, q_total: int, length: int, device) -> torch.Tensor:
+    """Bool [n_queries, L]: query (q_start + i) of q_total sees keys j ≤ L − q_total + q_start + i."""
+    last = length - q_total + q_start + torch.arange(n_queries, device=device)
+    return torch.arange(length, device=device).unsqueeze(0) <= last.unsqueeze(1)
+
+
+def hajek_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    log_pi: torch.Tensor | None,
+    scaling: float,
+    *,
+    causal: bool = True,
+    certificate: bool = False,
+    sq_dev: torch.Tensor | None = None,
+    centre: torch.Tensor | None = None,
+    extra_mask: torch.Tensor | None = None,
+    query_block: int = 256,
+) -> AttentionResult:
+    """Grouped Hájek attention (and optionally V̂, b̂_c); see the module docstring for layouts.
+
+    sq_dev [B, Hkv, L]: cached ‖v_i − c‖² (computed here when None); centre [B, Hkv, D].
+    extra_mask: an additive float or boolean mask broadcastable to [B, Hq, Q, L].
+    Queries are processed in blocks of ``query_block`` to bound memory.
+    """
+    b, hq, n_q, d = query.shape
+    hkv, length, dv = key.shape[1], key.shape[2], value.shape[-1]
+    if hq % hkv:
+        raise ValueError(f"query: {hq} query heads are not a multiple of {hkv} KV heads")
+    group = hq // hkv
+    acc_dtype = torch.promote_types(query.dtype, torch.float32)  # fp32 accumulation, fp64 if given fp64
+    qg = query.reshape(b, hkv, group, n_q, d)
+    bias = None if log_pi is None else log_pi.to(acc_dtype).unsqueeze(-2)
+    one_minus = None
+    if certificate:
+        lp = torch.zeros(b, hkv, length, device=key.device, dtype=acc_dtype) if log_pi is None else log_pi.to(acc_dtype)
+        one_minus = (-torch.expm1(lp)).clamp(min=0).unsqueeze(-2)
+        sq_dev = squared_deviation(value, centre) if sq_dev is None else sq_dev
+        sq_dev = sq_dev.to(acc_dtype)
+        centre32 = (
+            torch.zeros(b, hkv, dv, device=key.device, dtype=acc_dtype) if centre is None else centre.to(acc_dtype)
+        ).unsqueeze(-2)
+    outs, variances, ranges = [], [], []
+    for q0 in range(0, n_q, query_block):
+        q1 = min(n_q, q0 + query_block)
+        nq = q1 - q0
+        qc = qg[:, :, :, q0:q1].reshape(b, hkv, group * nq, d)
+        logits = torch.matmul(qc, key.transpose(-1, -2)).to(acc_dtype) * scaling
+        if bias is not None:
+            logits = logits - bias
+        if extra_mask is not None:
+            em = extra_mask[..., q0:q1, :]
+            em = em.expand(b, hq, nq, length).reshape(b, hkv, group * nq, length)
+            logits = logits.masked_fill(~em, float("-inf")) if em.dtype == torch.bool else logits + em.float()
+        if causal and (n_q > 1 or length < n_q):
+            allowed = _causal_allowed(nq, q0, n_q, length, key.device).repeat(group, 1)
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        m = logits.amax(-1, keepdim=True)
+        p = torch.exp(logits - m)
+        l = p.sum(-1, keepdim=True)
+        if certificate:
+            r = one_minus * p * p
+            both = torch.matmul(torch.cat([p, r], dim=-2).to(value.dtype), value).to(acc_dtype)
+            acc, bv = both[..., : group * nq, :], both[..., group * nq :, :]
+            out = acc / l
+            a = r.sum(-1, keepdim=True)
+            c_term = torch.matmul(r, sq_dev.unsqueeze(-1))
+            out_c = out - centre32
+            b_c = bv - a * centre32
+            var = (c_term - 2.0 * (b_c * out_c).sum(-1, keepdim=True) + a * out_c.pow(2).sum(-1, keepdim=True))
+            var = (var / (l * l)).clamp(min=0).squeeze(-1)
+            wp = one_minus * p
+            m0 = wp.amax(-1)
+            m1 = (wp * sq_dev.sqrt().unsqueeze(-2)).amax(-1)
+            rng = (m1 + m0 * torch.linalg.vector_norm(out_c, dim=-1)) / l.squeeze(-1)
+            variances.append(var.reshape(b, hkv, group, nq))
+            ranges.append(rng.reshape(b, hkv, group, nq))
+        else:
+            out = torch.matmul((p / l).to(value.dtype), value)
+        outs.append(out.to(query.dtype).reshape(b, hkv, group, nq, dv))
+    output = torch.cat(outs, dim=3).reshape(b, hq, n_q, dv)
+    if not certificate:
+        return AttentionResult(output)
+    variance = torch.cat(variances, dim=3).reshape(b, hq, n_q)
+    range_term = torch.cat(ranges, dim=3).reshape(b, hq, n_q)
+    return AttentionResult(output, variance, range_term)
+
+
+def causal_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Plain causal attention for a fresh prefill (Q == L, nothing evicted): PyTorch SDPA."""
+    return F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling, enable_gqa=True)
+
+
+def plain_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Queries that see every key (one decode step over an uncompressed cache): PyTorch SDPA."""
+    return F.scaled_dot_product_attention(query, key, value, is_causal=False, scale=scaling, enable_gqa=True)
+
+
+@dataclass
+class CertifiedAttention:
+    """Public result of :func:`certified_attention`: output ô, variance V̂ and radius ε_δ."""
+
+    output: torch.Tensor
+    variance: torch.Tensor
+    range_term: torch.Tensor
+    radius: torch.Tensor
+
+
+def certified_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    log_pi: torch.Tensor | None,
+    delta: float = 0.1,
+    scaling: float | None = None,
+    centre: torch.Tensor | None = None,
+) -> CertifiedAttention:
+    """Hájek-corrected attention of queries over a retained set, with the error certificate.
+
+    query [B, Hq, Q, D]; key, value [B, Hkv, K, D] (the kept tokens only); log_pi [B, Hkv, K]
+    (log inclusion probability of each kept token, +inf on padding; None = all certain).
+    Every query sees every kept key. Returns ô [B, Hq, Q, D], V̂ and b̂_c [B, Hq, Q], and
+    the radius ε_δ = sqrt(2 V̂ L) + (2/3) b̂_c L with L = log(2/δ).
+    """
+    check_ndim("query", query, 4, "[B, Hq, Q, D]")
+    check_ndim("key", key, 4, "[B, Hkv, K, D]")
+    check_ndim("value", value, 4, "[B, Hkv, K, D]")
+    if key.shape[:3] != value.shape[:3]:
+        raise ValueError(f"value: shape {tuple(value.shape)} does not match key {tuple(key.shape)} (batch, heads, tokens)")
+    if query.shape[0] != key.shape[0] or query.shape[-1] != key.shape[-1]:
+        raise ValueError(f"query: shape {tuple(query.shape)} does not match key {tuple(key.shape)} (batch, head dim)")
+    if query.shape[1] % key.shape[1]:
+        raise ValueError(f"query: {query.shape[1]} query heads are not a multiple of {key.shape[1]} KV heads")
+    if log_pi is not None:
+        check_ndim("log_pi", log_pi, 3, "[B, Hkv, K]")
+        if tuple(log_pi.shape) != tuple(key.shape[:3]):
+            raise ValueError(f"log_pi: shape {tuple(log_pi.shape)} does not match key {tuple(key.shape[:3])}")
+        if torch.isnan(log_pi).any():
+            raise ValueError("log_pi: contains NaN")
+        if ((log_pi > 0) & ~torch.isinf(log_pi)).any():
+            raise ValueError("log_pi: log inclusion probabilities must be <= 0 (or +inf for padding)")
+    delta = check_delta(delta)
+    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    res = hajek_attention(query, key, value, log_pi, scale, causal=False, certificate=True, centre=centre)
+    radius = bernstein_radius(res.variance, res.range_term, delta)
+    return CertifiedAttention(res.output, res.variance, res.range_term, radius)

@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): speed and memory ratios measured side by side in one process."""

@@ -1,0 +1,316 @@
+"""A compacted KV cache that stores log π per retained token.
+
+:class:`CertifiedCache` is a ``transformers`` :class:`~transformers.Cache` whose layers
+(:class:`CompactLayer`) really remove evicted tokens: after compaction a layer holds only
+the kept keys and values, so its memory falls with the budget. Per kept token it stores
+``log π`` (fp32, the design's one extra scalar: 0 for certain tokens) and a cached
+‖v_i − c‖² (fp32, so the certificate needs no extra pass over the values); per head a
+value centre c. KV heads may keep different counts: each layer is padded to its longest
+head, and padding carries log π = +inf (attention bias −inf), never a full-size mask.
+Tokens appended after compaction (decoding, or a question in the streaming condition)
+enter with π = 1.
+
+Positions: ``get_seq_length`` reports the number of tokens *seen* (the original,
+uncompressed length plus appended tokens), so position ids — and RoPE — continue from
+the original context length; the physical number of stored slots is ``stored_length``.
+
+The cache also carries what happens around attention: an armed
+:class:`~kvcert.press.EvictionPress` compacts each layer right after that layer's
+attention in the next forward (question-aware: prefill context + question with the press
+armed; streaming: prefill the context armed, then feed the question), the per-step
+certificates of layers with a sampled tail are recorded, and the attention inputs of
+chosen layers can be captured for replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .attention import squared_deviation
+from .design import Sample, pack
+from .scorers.base import LayerObservation
+
+
+class CompactLayer(CacheLayerMixin):
+    """One layer's compacted cache: keys/values [B, Hkv, stored, D] plus log π and ‖v−c‖²."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, reserve: int = 64, growth: float = 1.25):
+        super().__init__()
+        self.reserve = reserve
+        self.growth = growth
+        self.length = 0  # stored slots in use (including padding)
+        self.seen = 0  # tokens seen (logical length)
+        self.log_pi: torch.Tensor | None = None
+        self.sq_dev: torch.Tensor | None = None
+        self.centre: torch.Tensor | None = None
+        self.kept: torch.Tensor | None = None  # [B, Hkv] real tokens per head
+        self.has_tail = False  # some kept token has π < 1
+        self.has_padding = False
+        self.compactions = 0
+        self.undecided = 0  # trailing slots appended since the last compaction (π = 1, not yet decided)
+        self._k = self._v = self._lp = self._sq = None
+
+    # --- storage -------------------------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        b, h, n, d = key_states.shape
+        self._allocate(b, h, n + self.reserve, d, key_states.dtype, value_states.shape[-1])
+        self.kept = torch.zeros(b, h, dtype=torch.long, device=self.device)
+        self.is_initialized = True
+
+    def _allocate(self, b, h, capacity, d, dtype, dv) -> None:
+        self._k = torch.empty(b, h, capacity, d, dtype=dtype, device=self.device)
+        self._v = torch.empty(b, h, capacity, dv, dtype=dtype, device=self.device)
+        self._lp = torch.zeros(b, h, capacity, dtype=torch.float32, device=self.device)
+        self._sq = torch.zeros(b, h, capacity, dtype=torch.float32, device=self.device)
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self._k is None else self._k.shape[2]
+
+    def _refresh_views(self) -> None:
+        n = self.length
+        self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+        self.log_pi, self.sq_dev = self._lp[:, :, :n], self._sq[:, :, :n]
+
+    def _grow(self, needed: int) -> None:
+        old = (self._k, self._v, self._lp, self._sq)
+        b, h, _, d = self._k.shape
+        capacity = max(needed, int(self.capacity * self.growth) + self.reserve)
+        self._allocate(b, h, capacity, d, self._k.dtype, self._v.shape[-1])
+        for new, prev in zip((self._k, self._v, self._lp, self._sq), old):
+            new[:, :, : self.length] = prev[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append new tokens (π = 1) and return the keys and values in use."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[2]
+        if self.length + n > self.capacity:
+            self._grow(self.length + n)
+        end = self.length + n
+        self._k[:, :, self.length : end] = key_states
+        self._v[:, :, self.length : end] = value_states
+        self._lp[:, :, self.length : end] = 0.0
+        self._sq[:, :, self.length : end] = 0.0  # certain tokens never enter V̂ or b̂
+        self.length = end
+        self.seen += n
+        self.kept += n
+        self.undecided += n
+        self._refresh_views()
+        return self.keys, self.values
+
+    # --- compaction ------------------------------------------------------------------
+    def compact(self, sample: Sample, start: int = 0, end: int | None = None) -> None:
+        """Keep the sampled tokens of slots [start, end); slots outside keep their state.
+
+        ``sample`` is drawn over the segment (positions relative to ``start``); a kept
+        token's stored log π becomes old log π + sampled log π (the stages are independent,
+        so inclusion probabilities multiply). Storage is rebuilt at the new size.
+        """
+        end = self.length if end is None else end
+        b, h = self._k.shape[:2]
+        lp_old = self.log_pi.reshape(b * h, self.length)
+        valid = torch.isfinite(lp_old)
+        seg_mask = sample.kept_mask().reshape(b * h, end - start)
+        seg_lp = torch.zeros(b * h, end - start + 1, dtype=torch.float32, device=self.device)
+        seg_target = torch.where(sample.valid, sample.indices, torch.full_like(sample.indices, end - start))
+        seg_lp.scatter_(-1, seg_target.reshape(b * h, -1), sample.log_pi.reshape(b * h, -1))
+        keep = valid.clone()
+        keep[:, start:end] &= seg_mask
+        lp_new = lp_old.clone()
+        lp_new[:, start:end] = lp_new[:, start:end] + seg_lp[:, : end - start]
+        packed = pack(keep, None, (b, h))
+        k_new = packed.indices.shape[-1]
+        packed.log_pi = torch.where(
+            packed.valid, lp_new.gather(-1, packed.indices.reshape(b * h, k_new)).reshape(b, h, k_new), float("inf")
+        )
+        idx = packed.indices.unsqueeze(-1)
+        keys = self.keys.gather(2, idx.expand(-1, -1, -1, self._k.shape[-1]))
+        values = self.values.gather(2, idx.expand(-1, -1, -1, self._v.shape[-1]))
+        valid_new = packed.valid
+        vmask = valid_new.unsqueeze(-1).to(torch.float32)
+        centre = (values.to(torch.float32) * vmask).sum(2) / vmask.sum(2).clamp(min=1)
+        self._allocate(b, h, k_new + self.reserve, self._k.shape[-1], keys.dtype, values.shape[-1])
+        self._k[:, :, :k_new] = keys
+        self._v[:, :, :k_new] = values
+        self._lp[:, :, :k_new] = packed.log_pi
+        self._sq[:, :, :k_new] = squared_deviation(values, centre)
+        self.centre = centre
+        self.undecided = self.length - end
+        self.length = k_new
+        self.kept = packed.lengths
+        self.has_padding = bool((packed.lengths < k_new).any())
+        self.has_tail = bool(((packed.log_pi < 0) & valid_new).any())
+        self.compactions += 1
+        self._refresh_views()
+
+    # --- CacheLayerMixin API ---------------------------------------------------------
+    def get_seq_length(self) -> int:
+        return self.seen
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.__init__(reserve=self.reserve, growth=self.growth)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if not self.is_initialized:
+            return
+        idx = beam_idx.to(self.device)
+        for name in ("_k", "_v", "_lp", "_sq"):
+            setattr(self, name, getattr(self, name).index_select(0, idx))
+        self.kept = self.kept.index_select(0, idx)
+        if self.centre is not None:
+            self.centre = self.centre.index_select(0, idx)
+        self._refresh_views()
+
+    @property
+    def needs_bias(self) -> bool:
+        """Whether attention must add −log π (a sampled tail, or padding between heads)."""
+        return self.has_tail or self.has_padding
+
+    def nbytes(self) -> int:
+        """Bytes of the slots in use: keys, values, log π and ‖v − c‖² (padding included)."""
+        if not self.is_initialized:
+            return 0
+        per_slot = (self._k.shape[-1] * self._k.element_size() + self._v.shape[-1] * self._v.element_size() + 8)
+        return self._k.shape[0] * self._k.shape[1] * self.length * per_slot
+
+    def kv_nbytes(self) -> int:
+        """Bytes of keys and values alone in the slots in use."""
+        if not self.is_initialized:
+            return 0
+        per_slot = self._k.shape[-1] * self._k.element_size() + self._v.shape[-1] * self._v.element_size()
+        return self._k.shape[0] * self._k.shape[1] * self.length * per_slot
+
+
+@dataclass
+class StepCertificates:
+    """Certificates of one forward: per layer with a sampled tail, V̂ and b̂_c [B, Hq, Q]."""
+
+    variance: dict[int, torch.Tensor] = field(default_factory=dict)
+    range_term: dict[int, torch.Tensor] = field(default_factory=dict)
+    num_queries: int = 0
+
+
+class CertifiedCache(Cache):
+    """KV cache with compaction, per-token log π and certificate recording.
+
+    press: an :class:`~kvcert.press.EvictionPress` armed for the first forward that
+        prefills more than one token (question-aware use with ``model.generate``).
+    record_certificates: record V̂ and b̂_c of every forward over a layer with a sampled
+        tail (in ``step_log``, one :class:`StepCertificates` per forward).
+    capture_layers: layer indices whose attention inputs are kept after each forward
+        (``captured[layer]``, a :class:`~kvcert.scorers.base.LayerObservation`).
+    """
+
+    def __init__(self, press=None, record_certificates: bool = True, capture_layers=(), reserve: int = 64):
+        super().__init__(layer_class_to_replicate=lambda: CompactLayer(reserve=reserve))
+        self._armed = press
+        self._keep_recent: int | None = None
+        self._armed_fired = False
+        self.press_rounds = 0
+        self.record_certificates = record_certificates
+        self.capture_layers = set(capture_layers)
+        self.captured: dict[int, LayerObservation] = {}
+        self.step_log: list[StepCertificates] = []
+        self._current: StepCertificates | None = None
+        self.peak_nbytes = 0
+
+    # --- arming ----------------------------------------------------------------------
+    def arm(self, press, keep_recent: int | None = None) -> None:
+        """Compact every layer after its attention in the next forward.
+
+        By default all stored slots are (re)decided, sinks and window included. With
+        ``keep_recent`` (streaming multi-turn), only the slots appended since the last
+        compaction are decided, except the last ``keep_recent`` tokens, which stay
+        certain until a later round; older slots keep their π.
+        """
+        self._armed = press
+        self._keep_recent = keep_recent
+
+    @property
+    def armed(self) -> bool:
+        return self._armed is not None
+
+    # --- hooks used by the attention function ----------------------------------------
+    def begin_forward(self) -> None:
+        self._current = StepCertificates()
+
+    def end_forward(self) -> None:
+        if self._current is not None and self._current.variance:
+            self.step_log.append(self._current)
+        self._current = None
+        if self._armed is not None and self._armed_fired:
+            self._armed = None
+            self._keep_recent = None
+            self.press_rounds += 1
+        self._armed_fired = False
+        self.peak_nbytes = max(self.peak_nbytes, self.nbytes())
+
+    def record(self, layer_idx: int, variance: torch.Tensor, range_term: torch.Tensor) -> None:
+        if self._current is None:
+            self._current = StepCertificates()
+        self._current.variance[layer_idx] = variance.detach()
+        self._current.range_term[layer_idx] = range_term.detach()
+        self._current.num_queries = variance.shape[-1]
+
+    def after_attention(self, module, query: torch.Tensor, scaling: float) -> None:
+        """Called by the attention function once a layer's attention is computed."""
+        layer_idx = module.layer_idx
+        layer = self.layers[layer_idx]
+        num_layers = getattr(module.config, "num_hidden_layers", len(self.layers))
+        wants_obs = layer_idx in self.capture_layers or (self._armed is not None and query.shape[2] > 1)
+        if not wants_obs:
+            return
+        obs = LayerObservation(
+            query=query, key=layer.keys, value=layer.values,
+            log_pi=layer.log_pi if layer.needs_bias else None,
+            scaling=scaling, layer_idx=layer_idx, num_layers=num_layers,
+        )
+        if layer_idx in self.capture_layers:
+            self.captured[layer_idx] = LayerObservation(
+                query=query.detach().clone(), key=layer.keys.detach().clone(), value=layer.values.detach().clone(),
+                log_pi=None if obs.log_pi is None else obs.log_pi.clone(), scaling=scaling,
+                layer_idx=layer_idx, num_layers=num_layers,
+            )
+        if self._armed is not None and query.shape[2] > 1:
+            start, end = 0, layer.length
+            if self._keep_recent is not None:
+                start = layer.length - layer.undecided
+                end = max(start, layer.length - self._keep_recent)
+            if end > start:
+                self._armed.compress_layer(layer, obs, start=start, end=end, round_index=self.press_rounds)
+            self._armed_fired = True
+            self.peak_nbytes = max(self.peak_nbytes, self.nbytes() + layer.nbytes())
+
+    # --- reporting -------------------------------------------------------------------
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers if isinstance(layer, CompactLayer))
+
+    def kv_nbytes(self) -> int:
+        return sum(layer.kv_nbytes() for layer in self.layers if isinstance(layer, CompactLayer))
+
+    def kept_fraction(self) -> list[float]:
+        """Per layer: real kept tokens / tokens seen, averaged over batch and heads."""
+        out = []
+        for layer in self.layers:
+            if isinstance(layer, CompactLayer) and layer.is_initialized and layer.seen:
+                out.append(float(layer.kept.float().mean()) / layer.seen)
+        return out
+
+    def pop_steps(self) -> list[StepCertificates]:
+        steps, self.step_log = self.step_log, []
+        return steps

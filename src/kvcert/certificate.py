@@ -1,0 +1,202 @@
+"""The error certificate: variance estimator, range term and Bernstein radius.
+
+Notation (DESIGN.md §1), per (layer, head, query): logits s_i = q·k_i·scale, retained
+set S with inclusion probabilities π_i, Hájek weights w_i = e^{s_i}/π_i / Σ_S e^{s_j}/π_j
+(one logit offset −log π_i inside the softmax), Hájek output ô = Σ_S w_i v_i.
+
+* Variance estimator for the Poisson design by linearisation (Särndal, Swensson &
+  Wretman 1992, §5.5–5.6)::
+
+      V̂ = Σ_{i∈S} (1 − π_i) · w_i² · ‖v_i − ô‖²
+
+  It estimates E‖ô − o‖² to first order; certain tokens (π_i = 1) contribute 0.
+  One pass suffices: with p_i = e^{s_i − m} (running max m), l = Σ p_i and
+  r_i = (1 − π_i) p_i², accumulate A = Σ r_i, B = Σ r_i v_i, C = Σ r_i ‖v_i‖² next to
+  the online-softmax sums (scaled by α² when m moves), then
+  V̂ = (C − 2 B·ô + A ‖ô‖²) / l². Values are centred on a per-head centre c first
+  (v − c, ô − c), which leaves V̂ unchanged and keeps fp32 cancellation small.
+
+* Range term. The plug-in Bernstein bound uses b̂ = max_{i∈S, π_i<1} (1 − π_i) w_i ‖v_i − ô‖.
+  ô is only known at the end of the pass, so the served certificate uses the one-pass
+  upper bound (triangle inequality, then the max of a sum ≤ the sum of the maxima)::
+
+      b̂_c = max_i (1 − π_i) w_i ‖v_i − c‖ + ‖ô − c‖ · max_i (1 − π_i) w_i  ≥ b̂
+
+  Both maxima are running maxima (rescaled by α like l), so b̂_c needs no second pass;
+  a larger range term only widens the radius, so the bound stays valid. The exact b̂ is
+  computed by :func:`certificate_reference`.
+
+* Radius at level δ (vector Bernstein inequality, Pinelis 1994, plug-in)::
+
+      ε_δ = sqrt(2 · V̂ · L) + (2/3) · b̂ · L,   L = log(2/δ)
+
+  Assumptions: the sample is Poisson (or priority, whose conditional inclusion
+  probabilities play the same role) and independent of the query; the linearised error
+  dominates (tails of many small terms). Under these, P(‖ô − o‖ > ε_δ) ≲ δ per step.
+
+* Anytime variant across decode steps t = 1, 2, …: the same radius at
+  δ_t = δ / (t (t + 1)), so that Σ_t δ_t = δ (union bound). It covers the whole
+  sequence of steps at once; it is honest only about the steps it is evaluated on
+  (the sample is drawn once; later queries are not the ones that set π).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .checks import check_delta
+
+AGGREGATIONS = ("max", "mean", "rms")
+
+
+def log_term(delta: float) -> float:
+    """L = log(2/δ)."""
+    return math.log(2.0 / check_delta(delta))
+
+
+def bernstein_radius(variance: torch.Tensor, range_term: torch.Tensor, delta: float) -> torch.Tensor:
+    """ε_δ = sqrt(2 V̂ L) + (2/3) b̂ L with L = log(2/δ)."""
+    big_l = log_term(delta)
+    return torch.sqrt(2.0 * variance.clamp(min=0) * big_l) + (2.0 / 3.0) * range_term * big_l
+
+
+def anytime_delta(delta: float, step: int | torch.Tensor) -> float | torch.Tensor:
+    """δ_t = δ / (t (t+1)) for decode step t ≥ 1 (Σ_t δ_t = δ)."""
+    check_delta(delta)
+    if isinstance(step, torch.Tensor):
+        if (step < 1).any():
+            raise ValueError("step: decode steps are counted from 1")
+        return delta / (step.to(torch.float64) * (step.to(torch.float64) + 1.0))
+    if step < 1:
+        raise ValueError(f"step: decode steps are counted from 1, got {step}")
+    return delta / (step * (step + 1.0))
+
+
+def anytime_radius(
+    variance: torch.Tensor, range_term: torch.Tensor, delta: float, step: int | torch.Tensor
+) -> torch.Tensor:
+    """Radius valid simultaneously over all decode steps (union bound δ_t = δ/(t(t+1)))."""
+    d_t = anytime_delta(delta, step)
+    big_l = torch.log(2.0 / torch.as_tensor(d_t, dtype=torch.float64)).to(variance.dtype)
+    return torch.sqrt(2.0 * variance.clamp(min=0) * big_l) + (2.0 / 3.0) * range_term * big_l
+
+
+def aggregate(values: torch.Tensor, how: str, dims: tuple[int, ...]) -> torch.Tensor:
+    """Aggregate per-head / per-layer certificates: "max", "mean" or "rms" over ``dims``."""
+    if how == "max":
+        return values.amax(dim=dims)
+    if how == "mean":
+        return values.mean(dim=dims)
+    if how == "rms":
+        return values.pow(2).mean(dim=dims).sqrt()
+    raise ValueError(f"aggregation: must be one of {AGGREGATIONS}, got {how!r}")
+
+
+@dataclass
+class ReferenceCertificate:
+    """Float64 two-pass result: output ô, V̂, exact b̂ and the one-pass bound b̂_c."""
+
+    output: torch.Tensor
+    variance: torch.Tensor
+    range_exact: torch.Tensor
+    range_bound: torch.Tensor
+
+
+def certificate_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    log_pi: torch.Tensor | None,
+    scaling: float,
+    centre: torch.Tensor | None = None,
+) -> ReferenceCertificate:
+    """Two-pass float64 reference for one or many heads.
+
+    query [..., Q, D], key/value [..., L, D], log_pi [..., L] (None = all certain;
+    +inf marks padding), centre [..., D] (None = 0). Every query sees every key.
+    """
+    q, k, v = (t.to(torch.float64) for t in (query, key, value))
+    lp = torch.zeros(k.shape[:-1], dtype=torch.float64) if log_pi is None else log_pi.to(torch.float64)
+    logits = q @ k.transpose(-1, -2) * scaling - lp.unsqueeze(-2)
+    w = torch.softmax(logits, dim=-1)
+    out = w @ v
+    one_minus = (-torch.expm1(lp)).clamp(min=0).unsqueeze(-2)
+    dist = torch.linalg.vector_norm(v.unsqueeze(-3) - out.unsqueeze(-2), dim=-1)
+    variance = (one_minus * w.pow(2) * dist.pow(2)).sum(-1)
+    range_exact = (one_minus * w * dist).amax(-1)
+    c = torch.zeros_like(v[..., 0, :]) if centre is None else centre.to(torch.float64)
+    dev = torch.linalg.vector_norm(v - c.unsqueeze(-2), dim=-1).unsqueeze(-2)
+    out_dev = torch.linalg.vector_norm(out - c.unsqueeze(-2), dim=-1)
+    range_bound = (one_minus * w * dev).amax(-1) + out_dev * (one_minus * w).amax(-1)
+    return ReferenceCertificate(out, variance, range_exact, range_bound)
+
+
+class OnlineCertificate:
+    """One-pass (online-softmax) accumulators for ô, V̂ and b̂_c over key blocks.
+
+    The state per query is (m, l, acc, A, B, C, M0, M1) on values centred at ``centre``;
+    :meth:`update` folds in one block of keys, :meth:`merge` combines two partial states
+    (split-K): with m = max(m₁, m₂) and ω_j = e^{m_j − m}, first moments scale by ω_j and
+    second moments (A, B, C) by ω_j². This is the algorithm the fused kernel runs; here it
+    is written in torch for testing and as executable documentation.
+    """
+
+    def __init__(self, lead_shape: tuple[int, ...], dim: int, centre: torch.Tensor | None = None, dtype=None):
+        device = centre.device if centre is not None else None
+        if dtype is None:
+            dtype = centre.dtype if centre is not None else torch.float32
+        self.centre = torch.zeros(*lead_shape, dim, dtype=dtype, device=device) if centre is None else centre.to(dtype)
+        self.m = torch.full(lead_shape, float("-inf"), dtype=dtype, device=device)
+        self.l = torch.zeros(lead_shape, dtype=dtype, device=device)
+        self.acc = torch.zeros(*lead_shape, dim, dtype=dtype, device=device)
+        self.a = torch.zeros(lead_shape, dtype=dtype, device=device)
+        self.b = torch.zeros(*lead_shape, dim, dtype=dtype, device=device)
+        self.c = torch.zeros(lead_shape, dtype=dtype, device=device)
+        self.m0 = torch.zeros(lead_shape, dtype=dtype, device=device)
+        self.m1 = torch.zeros(lead_shape, dtype=dtype, device=device)
+
+    def update(self, logits: torch.Tensor, log_pi: torch.Tensor, values: torch.Tensor) -> None:
+        """Fold in a block: logits [..., n] (already q·k·scale), log_pi [..., n], values [..., n, D]."""
+        s = logits.to(self.m.dtype) - log_pi.to(self.m.dtype)
+        m_new = torch.maximum(self.m, s.amax(-1))
+        finite = torch.isfinite(m_new)
+        alpha = torch.where(finite, torch.exp(self.m - torch.where(finite, m_new, 0)), torch.zeros_like(m_new))
+        p = torch.where(finite.unsqueeze(-1), torch.exp(s - torch.where(finite, m_new, 0).unsqueeze(-1)), 0)
+        one_minus = (-torch.expm1(log_pi.to(self.m.dtype))).clamp(min=0)
+        vc = values.to(self.m.dtype) - self.centre.unsqueeze(-2)
+        sq = vc.pow(2).sum(-1)
+        r = one_minus * p * p
+        self.l = self.l * alpha + p.sum(-1)
+        self.acc = self.acc * alpha.unsqueeze(-1) + (p.unsqueeze(-2) @ vc).squeeze(-2)
+        a2 = alpha * alpha
+        self.a = self.a * a2 + r.sum(-1)
+        self.b = self.b * a2.unsqueeze(-1) + (r.unsqueeze(-2) @ vc).squeeze(-2)
+        self.c = self.c * a2 + (r * sq).sum(-1)
+        self.m0 = torch.maximum(self.m0 * alpha, (one_minus * p).amax(-1))
+        self.m1 = torch.maximum(self.m1 * alpha, (one_minus * p * sq.sqrt()).amax(-1))
+        self.m = m_new
+
+    def merge(self, other: "OnlineCertificate") -> None:
+        """Combine with another partial state over a disjoint block of keys (split-K)."""
+        m_new = torch.maximum(self.m, other.m)
+        safe = torch.where(torch.isfinite(m_new), m_new, 0)
+        w1 = torch.where(torch.isfinite(self.m), torch.exp(self.m - safe), 0)
+        w2 = torch.where(torch.isfinite(other.m), torch.exp(other.m - safe), 0)
+        self.l = self.l * w1 + other.l * w2
+        self.acc = self.acc * w1.unsqueeze(-1) + other.acc * w2.unsqueeze(-1)
+        self.a = self.a * w1 * w1 + other.a * w2 * w2
+        self.b = self.b * (w1 * w1).unsqueeze(-1) + other.b * (w2 * w2).unsqueeze(-1)
+        self.c = self.c * w1 * w1 + other.c * w2 * w2
+        self.m0 = torch.maximum(self.m0 * w1, other.m0 * w2)
+        self.m1 = torch.maximum(self.m1 * w1, other.m1 * w2)
+        self.m = m_new
+
+    def finalize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(ô, V̂, b̂_c, log-sum-exp of the biased logits)."""
+        out_c = self.acc / self.l.unsqueeze(-1)
+        variance = (self.c - 2.0 * (self.b * out_c).sum(-1) + self.a * out_c.pow(2).sum(-1)) / self.l.pow(2)
+        range_bound = (self.m1 + self.m0 * torch.linalg.vector_norm(out_c, dim=-1)) / self.l
+        return out_c + self.centre, variance.clamp(min=0), range_bound, self.m + torch.log(self.l)

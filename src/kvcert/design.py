@@ -1,0 +1,341 @@
+"""Retention designs: inclusion probabilities and samplers for KV-cache eviction.
+
+Implements the randomized retention design of Xie (arXiv 2607.21475, §3) as spelled
+out in the project's DESIGN.md §1, per row (one row = one (layer, KV head) of one
+sequence):
+
+* a *certainty set* C with inclusion probability π_i = 1: the first ``sinks`` tokens
+  (attention sinks, Xiao et al. 2023), the last ``window`` tokens, and a deterministic
+  top-score slice holding ``top_fraction`` of the budget left after sinks and window;
+* a *tail* T = everything else, each token kept independently (Poisson sampling) with
+  π_i = min(1, c · q_i), where q_i = (1 − η)·imp_i / Σ_T imp + η / |T| mixes the
+  importance distribution with a uniform floor η, and c is solved so that the expected
+  number of kept tokens equals the budget exactly (iterative capping: tokens whose
+  c·q_i ≥ 1 are fixed at 1 and c is re-solved on the rest until no new token caps).
+
+Samplers (all reproducible from a ``torch.Generator``):
+
+* :func:`poisson_sample` — independent Bernoulli(π_i) retention;
+* :func:`priority_sample` — priority sampling (Duffield, Lund & Thorup 2007): keep the
+  k largest priorities w_i / U_i, τ = the (k+1)-th priority, π_i = min(1, w_i / τ);
+  the kept count is exact and the Horvitz–Thompson weights 1/π_i stay unbiased;
+* :func:`topk_sample` — the deterministic baseline (sinks + window + top scores, π = 1).
+
+A :class:`Sample` stores, per row, the kept token positions and log π of each kept
+token; rows may keep different counts and are padded (padding carries log π = +inf, so
+the attention bias −log π is −inf there and padding never receives weight).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .checks import check_nonnegative, resolve_budget
+
+SAMPLERS = ("poisson", "priority", "topk")
+
+
+@dataclass(frozen=True)
+class RetentionDesign:
+    """Parameters of the certainty set and of the tail distribution.
+
+    sinks: number of leading tokens always kept (attention sinks).
+    window: number of most recent tokens always kept.
+    top_fraction: share of the free budget (budget − sinks − window) given to the
+        deterministic top-score slice; the rest is the expected size of the sampled tail.
+    floor: η, the weight of the uniform distribution mixed into the tail importance
+        (η > 0 gives every tail token a positive inclusion probability, which the
+        Hájek estimator and its certificate need).
+    """
+
+    sinks: int = 4
+    window: int = 32
+    top_fraction: float = 0.25
+    floor: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.sinks < 0:
+            raise ValueError(f"sinks: must be >= 0, got {self.sinks}")
+        if self.window < 0:
+            raise ValueError(f"window: must be >= 0, got {self.window}")
+        if not (0.0 <= self.top_fraction <= 1.0):
+            raise ValueError(f"top_fraction: must lie in [0, 1], got {self.top_fraction}")
+        if not (0.0 <= self.floor <= 1.0):
+            raise ValueError(f"floor: must lie in [0, 1], got {self.floor}")
+
+
+DEFAULT_DESIGN = RetentionDesign()
+
+
+@dataclass
+class Sample:
+    """Kept tokens of each row: positions, log π, and counts.
+
+    indices: LongTensor [..., K], kept positions in ascending order (padding repeats 0).
+    log_pi: FloatTensor [..., K] (fp32), log inclusion probability (0 for certain tokens,
+        +inf on padding).
+    lengths: LongTensor [...], number of kept tokens per row.
+    num_tokens: N, the number of tokens the rows were drawn from.
+    """
+
+    indices: torch.Tensor
+    log_pi: torch.Tensor
+    lengths: torch.Tensor
+    num_tokens: int
+
+    @property
+    def valid(self) -> torch.Tensor:
+        """Bool mask [..., K] of real (non-padding) entries."""
+        k = self.indices.shape[-1]
+        return torch.arange(k, device=self.indices.device) < self.lengths.unsqueeze(-1)
+
+    def kept_mask(self) -> torch.Tensor:
+        """Bool mask [..., N] over the original tokens (for analysis; not for storage)."""
+        mask = torch.zeros(*self.indices.shape[:-1], self.num_tokens + 1, dtype=torch.bool, device=self.indices.device)
+        target = torch.where(self.valid, self.indices, torch.full_like(self.indices, self.num_tokens))
+        mask.scatter_(-1, target, True)
+        return mask[..., : self.num_tokens]
+
+
+def _rows(scores: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...], int]:
+    """Validate scores and view them as rows [R, N] (fp32 at least; fp64 stays fp64)."""
+    if not isinstance(scores, torch.Tensor) or scores.ndim < 1 or scores.shape[-1] < 1:
+        raise ValueError(f"scores: expected a tensor [..., N] with N >= 1, got {getattr(scores, 'shape', scores)!r}")
+    check_nonnegative("scores", scores)
+    lead = tuple(scores.shape[:-1])
+    n = scores.shape[-1]
+    return scores.reshape(-1, n).to(torch.promote_types(scores.dtype, torch.float32)), lead, n
+
+
+def _row_budgets(budget, n: int, lead: tuple[int, ...], rows: int, device) -> torch.Tensor:
+    k = resolve_budget(budget, n)
+    if isinstance(k, torch.Tensor):
+        try:
+            k = torch.broadcast_to(k.to(device), lead)
+        except RuntimeError as exc:
+            raise ValueError(f"budget: per-row counts of shape {tuple(k.shape)} do not fit rows {lead}") from exc
+        return k.reshape(rows).to(torch.long)
+    return torch.full((rows,), k, dtype=torch.long, device=device)
+
+
+def _fixed_span(n: int, design: RetentionDesign) -> tuple[int, int]:
+    """[lo, hi): the positions between the sinks and the recent window."""
+    lo = min(design.sinks, n)
+    hi = max(lo, n - design.window)
+    return lo, hi
+
+
+@dataclass
+class _Certainty:
+    certain: torch.Tensor  # bool [R, N]
+    tail_budget: torch.Tensor  # long [R]
+    lo: int
+    hi: int
+
+
+def _certainty(rows: torch.Tensor, k: torch.Tensor, design: RetentionDesign, *, slice_fraction: float) -> _Certainty:
+    """Sinks, window and the top-score slice (``slice_fraction`` of the free budget)."""
+    r, n = rows.shape
+    lo, hi = _fixed_span(n, design)
+    n_fixed = n - (hi - lo)
+    small = k < n_fixed
+    if bool(small.any()) and bool((k < n).any()):
+        raise ValueError(
+            f"budget: {int(k[small].min())} tokens is smaller than the certainty set of "
+            f"{design.sinks} sinks + {design.window} recent tokens ({n_fixed} of {n}); raise the budget or shrink sinks/window"
+        )
+    free = (k - n_fixed).clamp(min=0)
+    sizes = torch.round(free.to(torch.float64) * slice_fraction).to(torch.long).clamp(max=hi - lo)
+    certain = torch.zeros(r, n, dtype=torch.bool, device=rows.device)
+    certain[:, :lo] = True
+    certain[:, hi:] = True
+    kmax = int(sizes.max()) if r else 0
+    if kmax > 0:
+        same = bool((sizes == kmax).all())  # equal sizes need no sorted order
+        top = rows[:, lo:hi].topk(kmax, dim=-1, sorted=not same).indices + lo
+        take = torch.arange(kmax, device=rows.device) < sizes.unsqueeze(-1)
+        certain.scatter_(-1, top, take)
+    return _Certainty(certain, (free - sizes).clamp(min=0), lo, hi)
+
+
+def _kth_largest(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """Per row, the j-th largest entry of x (j ≥ 1); 0 where j exceeds the row length."""
+    n = x.shape[-1]
+    jmax = int(j.max()) if j.numel() else 0
+    if jmax == 0:
+        return torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    width = min(jmax, n)
+    if bool((j == jmax).all()):
+        kth = x.topk(width, dim=-1, sorted=False).values.amin(-1)
+    else:
+        kth = x.topk(width, dim=-1).values.gather(-1, (j.clamp(max=width) - 1).unsqueeze(-1)).squeeze(-1)
+    return torch.where(j > n, torch.zeros_like(kth), kth)
+
+
+def tail_weights(rows: torch.Tensor, tail: torch.Tensor, floor: float) -> torch.Tensor:
+    """q_i = (1 − η)·imp_i / Σ_T imp + η / |T| on the tail T (0 elsewhere); each row sums to 1."""
+    imp = rows.masked_fill(~tail, 0.0)
+    n_tail = tail.sum(-1, keepdim=True).clamp(min=1).to(torch.float64)
+    total = imp.sum(-1, keepdim=True).to(torch.float64)
+    scale = torch.where(total > 0, (1.0 - floor) / total.clamp(min=1e-300), torch.zeros_like(total))
+    offset = torch.where(total > 0, floor / n_tail, 1.0 / n_tail)  # all-zero importance: uniform tail
+    q = imp.mul_(scale.to(rows.dtype)).add_(offset.to(rows.dtype))
+    return q.masked_fill_(~tail, 0.0)
+
+
+def capped_probabilities(weights: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """π_i = min(1, c·w_i) with c solved so that Σ_i π_i = expected (per row).
+
+    Iterative capping: start from c = expected / Σw, fix every token with c·w_i ≥ 1 at 1,
+    re-solve c on the remaining mass, repeat until no new token caps. c only grows, so
+    the capped set only grows and the loop ends after at most N rounds (a handful in
+    practice). Per-row constants are solved in float64; with fp32 weights the expected
+    count is met to ~1e-7 relative (cascade summation). Rows whose expected count reaches their number of
+    positive weights get π = 1 on all of them.
+    """
+    w = weights
+    target = expected.to(torch.float64)
+    total = w.sum(-1).to(torch.float64)
+    c = target / total.clamp(min=1e-300)
+    n_capped = torch.zeros_like(target)
+    capped_mass = torch.zeros_like(target)
+    capped = None
+    for _ in range(w.shape[-1] + 1):
+        new_capped = (w * c.to(w.dtype).unsqueeze(-1)) >= 1.0
+        count = new_capped.sum(-1).to(torch.float64)
+        if capped is not None and torch.equal(count, n_capped):
+            break
+        capped, n_capped = new_capped, count
+        capped_mass = w.masked_fill(~capped, 0.0).sum(-1).to(torch.float64)
+        rest = total - capped_mass
+        c = torch.where(rest > 0, (target - n_capped) / rest.clamp(min=1e-300), c)
+    pi = (w * c.to(w.dtype).unsqueeze(-1)).clamp_(max=1.0)
+    return pi.masked_fill_(capped, 1.0)
+
+
+def _inclusion_rows(rows: torch.Tensor, k: torch.Tensor, design: RetentionDesign) -> torch.Tensor:
+    cert = _certainty(rows, k, design, slice_fraction=design.top_fraction)
+    weights = tail_weights(rows, ~cert.certain, design.floor)
+    pi = capped_probabilities(weights, cert.tail_budget)
+    return pi.masked_fill_(cert.certain, 1.0)
+
+
+def inclusion_probabilities(
+    scores: torch.Tensor, budget: float | int | torch.Tensor, design: RetentionDesign = DEFAULT_DESIGN
+) -> torch.Tensor:
+    """Inclusion probabilities π [..., N] (float64) from importance scores and a budget.
+
+    scores: non-negative importance per token, [..., N] (one row per (layer, KV head)).
+    budget: fraction of N in (0, 1], a token count, or a LongTensor of per-row counts.
+    Certain tokens get π = 1; the tail gets π ∝ mixed importance, capped at 1; the
+    expected kept count Σ π equals the budget.
+    """
+    rows, lead, n = _rows(scores)
+    k = _row_budgets(budget, n, lead, rows.shape[0], rows.device)
+    return _inclusion_rows(rows, k, design).reshape(*lead, n)
+
+
+def _uniform(shape, generator: torch.Generator | None, device, dtype=torch.float64) -> torch.Tensor:
+    """U[0, 1) draws from ``generator`` (on its own device), moved to ``device``."""
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    return torch.rand(shape, generator=generator, dtype=dtype, device=gen_device).to(device)
+
+
+def pack(kept: torch.Tensor, pi_full: torch.Tensor | None, lead: tuple[int, ...]) -> Sample:
+    """Compact a kept mask [R, N] into a :class:`Sample` (kept positions in ascending order).
+
+    ``pi_full`` [R, N] holds the inclusion probability of every token (None: all 1); only
+    the kept ones are gathered and logged.
+    """
+    r, n = kept.shape
+    lengths = kept.sum(-1)
+    k = int(lengths.max()) if r else 0
+    pos = kept.cumsum(-1) - 1
+    target = torch.where(kept, pos, torch.full_like(pos, k))
+    positions = torch.arange(n, device=kept.device).expand(r, n)
+    indices = torch.zeros(r, k + 1, dtype=torch.long, device=kept.device).scatter_(-1, target, positions)[:, :k]
+    valid = torch.arange(k, device=kept.device) < lengths.unsqueeze(-1)
+    if pi_full is None:  # every kept token is certain
+        log_pi = torch.where(valid, 0.0, float("inf"))
+    else:
+        kept_pi = pi_full.gather(-1, indices).to(torch.float64)
+        log_pi = torch.where(valid, torch.log(kept_pi.clamp(min=torch.finfo(torch.float64).tiny)), float("inf"))
+    return Sample(
+        indices=indices.reshape(*lead, k),
+        log_pi=log_pi.to(torch.float32).reshape(*lead, k),
+        lengths=lengths.reshape(lead),
+        num_tokens=n,
+    )
+
+
+def _poisson_rows(rows: torch.Tensor, lead: tuple[int, ...], generator: torch.Generator | None) -> Sample:
+    kept = _uniform(rows.shape, generator, rows.device, rows.dtype) < rows  # P(U < π) = π; π = 0 never, 1 always
+    return pack(kept, rows, lead)
+
+
+def poisson_sample(pi: torch.Tensor, generator: torch.Generator | None = None) -> Sample:
+    """Keep token i independently with probability π_i (Poisson sampling design)."""
+    if not isinstance(pi, torch.Tensor) or pi.ndim < 1:
+        raise ValueError(f"pi: expected a tensor [..., N], got {getattr(pi, 'shape', pi)!r}")
+    check_nonnegative("pi", pi)
+    if float(pi.max()) > 1.0:
+        raise ValueError("pi: inclusion probabilities must lie in [0, 1]")
+    lead, n = tuple(pi.shape[:-1]), pi.shape[-1]
+    return _poisson_rows(pi.reshape(-1, n), lead, generator)
+
+
+def priority_sample(
+    scores: torch.Tensor,
+    budget: float | int | torch.Tensor,
+    generator: torch.Generator | None = None,
+    design: RetentionDesign = DEFAULT_DESIGN,
+) -> Sample:
+    """Exact-size design: certainty set + priority sampling of the tail (Duffield–Lund–Thorup 2007).
+
+    Tail weights w_i are the same mixed importance as in :func:`inclusion_probabilities`;
+    priorities w_i / U_i; the k_T largest are kept, τ = the (k_T + 1)-th largest priority,
+    and each kept tail token carries π_i = min(1, w_i / τ). The kept count equals the
+    budget exactly.
+    """
+    rows, lead, n = _rows(scores)
+    k = _row_budgets(budget, n, lead, rows.shape[0], rows.device)
+    cert = _certainty(rows, k, design, slice_fraction=design.top_fraction)
+    weights = tail_weights(rows, ~cert.certain, design.floor)
+    u = 1.0 - _uniform(rows.shape, generator, rows.device, rows.dtype)  # (0, 1]: w / U never divides by zero
+    priority = weights / u  # 0 off the tail
+    take = torch.minimum(cert.tail_budget, (weights > 0).sum(-1))
+    tau = _kth_largest(priority, take + 1).unsqueeze(-1)
+    kept = cert.certain | (priority > tau)
+    pi = torch.where(tau > 0, weights / tau.clamp(min=torch.finfo(rows.dtype).tiny), 1.0).clamp_(max=1.0)
+    return pack(kept, pi.masked_fill_(cert.certain, 1.0), lead)
+
+
+def topk_sample(
+    scores: torch.Tensor, budget: float | int | torch.Tensor, design: RetentionDesign = DEFAULT_DESIGN
+) -> Sample:
+    """Deterministic baseline: sinks + window + the highest scores, every kept π = 1."""
+    rows, lead, n = _rows(scores)
+    k = _row_budgets(budget, n, lead, rows.shape[0], rows.device)
+    kept = _certainty(rows, k, design, slice_fraction=1.0).certain
+    return pack(kept, None, lead)
+
+
+def sample_retention(
+    scores: torch.Tensor,
+    budget: float | int | torch.Tensor,
+    sampler: str = "poisson",
+    generator: torch.Generator | None = None,
+    design: RetentionDesign = DEFAULT_DESIGN,
+) -> Sample:
+    """One call from scores to kept tokens: ``sampler`` is "poisson", "priority" or "topk"."""
+    if sampler == "poisson":
+        rows, lead, n = _rows(scores)
+        k = _row_budgets(budget, n, lead, rows.shape[0], rows.device)
+        return _poisson_rows(_inclusion_rows(rows, k, design), lead, generator)
+    if sampler == "priority":
+        return priority_sample(scores, budget, generator, design)
+    if sampler == "topk":
+        return topk_sample(scores, budget, design)
+    raise ValueError(f"sampler: must be one of {SAMPLERS}, got {sampler!r}")

@@ -1,0 +1,93 @@
+"""An eviction method: scorer × allocation × sampler, applied to one cache layer.
+
+In the style of NVIDIA kvpress, a "press" compresses each layer right after that layer's
+attention in the forward pass it is armed for (see :class:`kvcert.cache.CertifiedCache`).
+Here a press is the composition of three independent choices:
+
+* a scorer (``kvcert.scorers``): SnapKV, H2O, TOVA, key norm, value-aware, StreamingLLM;
+* an allocation policy (``kvcert.allocation``): uniform, PyramidKV per layer, Ada-KV per head;
+* a sampler (``kvcert.design``): ``"topk"`` (the deterministic baseline, π = 1 for every
+  kept token), ``"poisson"`` (the randomized design with a certainty set and a Poisson
+  tail, Xie arXiv 2607.21475) or ``"priority"`` (exact-size priority sampling).
+
+Random draws come from a CPU ``torch.Generator`` seeded by (seed, layer, round), so a
+run is repeatable whatever the device and whatever order layers are processed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from numbers import Real
+
+import torch
+
+from .allocation import get_allocation
+from .cache import CompactLayer
+from .design import DEFAULT_DESIGN, SAMPLERS, RetentionDesign, sample_retention
+from .scorers import Scorer, get_scorer
+from .scorers.base import LayerObservation
+
+
+@dataclass
+class EvictionPress:
+    """Eviction method applied layer by layer.
+
+    scorer: a scorer name (see ``kvcert.scorers.SCORERS``) or instance.
+    budget: fraction of the layer's tokens in (0, 1], or a token count.
+    sampler: "topk", "poisson" or "priority".
+    allocation: "uniform", "pyramid" or "adakv".
+    design: certainty set and tail parameters (sinks, window, top_fraction, floor).
+    seed: base seed of the sampler's random draws.
+    """
+
+    scorer: str | Scorer = "snapkv"
+    budget: float | int = 0.25
+    sampler: str = "poisson"
+    allocation: str = "uniform"
+    design: RetentionDesign = field(default_factory=lambda: DEFAULT_DESIGN)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.scorer = get_scorer(self.scorer)
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"sampler: must be one of {SAMPLERS}, got {self.sampler!r}")
+        self._allocate = get_allocation(self.allocation)
+        budget = self.budget
+        if isinstance(budget, bool) or not isinstance(budget, Real):
+            raise ValueError(f"budget: must be a fraction in (0, 1] or a token count, got {budget!r}")
+        if isinstance(budget, float) and not (0.0 < budget <= 1.0):
+            raise ValueError(f"budget: a fraction must lie in (0, 1], got {budget!r}")
+        if isinstance(budget, int) and budget < 1:
+            raise ValueError(f"budget: a token count must be >= 1, got {budget!r}")
+
+    @property
+    def randomized(self) -> bool:
+        return self.sampler != "topk"
+
+    def generator(self, layer_idx: int, round_index: int = 0) -> torch.Generator:
+        """CPU generator seeded by (seed, layer, round)."""
+        return torch.Generator().manual_seed((self.seed * 1_000_003 + layer_idx * 7919 + round_index * 104_729) % 2**63)
+
+    def segment_design(self, start: int, end: int, length: int) -> RetentionDesign:
+        """Sinks only protect a segment that starts the sequence; the window only one that ends it."""
+        return replace(
+            self.design,
+            sinks=self.design.sinks if start == 0 else 0,
+            window=self.design.window if end == length else 0,
+        )
+
+    def compress_layer(
+        self, layer: CompactLayer, obs: LayerObservation, start: int = 0, end: int | None = None, round_index: int = 0
+    ) -> None:
+        """Score the layer, allocate, sample the slots [start, end) and compact the layer."""
+        end = layer.length if end is None else end
+        n = end - start
+        if n <= 0:
+            return
+        design = self.segment_design(start, end, layer.length)
+        scores = self.scorer(obs)[..., start:end]
+        budget = min(self.budget, n) if isinstance(self.budget, int) else self.budget
+        counts = self._allocate(scores, budget, obs.layer_idx, obs.num_layers, design)
+        counts = counts.clamp(min=min(n, design.sinks + design.window), max=n)  # never below the certainty set
+        sample = sample_retention(scores, counts, self.sampler, self.generator(obs.layer_idx, round_index), design)
+        layer.compact(sample, start, end)

@@ -1,0 +1,34 @@
+"""Shared fixtures: small random-init models of the three architectures (no downloads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+ARCHITECTURES = {
+    "llama": (LlamaConfig, LlamaForCausalLM),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    "mistral": (MistralConfig, MistralForCausalLM),
+}
+
+
+def tiny_model(arch: str, seed: int = 0, layers: int = 2, dtype=torch.float32):
+    """A random-init model with grouped-query attention (4 query heads, 2 KV heads)."""
+    config_cls, model_cls = ARCHITECTURES[arch]
+    kwargs = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+    )
+    if arch == "mistral":
+        kwargs["sliding_window"] = None
+    if arch == "qwen2":
+        kwargs["use_sliding_window"] = False
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**kwargs)).to(dtype).eval()
+    return model
+
+
+@pytest.fixture(params=sorted(ARCHITECTURES))
+def arch(request):
+    return request.param

@@ -1,0 +1,207 @@
+"""Certificate: one-pass vs float64 two-pass, split-K merge, radius, and Monte-Carlo checks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvcert import (
+    RetentionDesign,
+    anytime_radius,
+    bernstein_radius,
+    certificate_reference,
+    certified_attention,
+    hajek_attention,
+    inclusion_probabilities,
+    poisson_sample,
+)
+from kvcert.certificate import OnlineCertificate, aggregate, anytime_delta
+
+
+def random_retained(seed=0, b=2, hq=4, hkv=2, q=3, length=257, d=16, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(b, hq, q, d, generator=g).to(dtype)
+    key = torch.randn(b, hkv, length, d, generator=g).to(dtype)
+    value = (torch.randn(b, hkv, length, d, generator=g) + 3.0).to(dtype)  # a shared offset tests the centring
+    log_pi = torch.log(torch.rand(b, hkv, length, generator=g).clamp(min=0.05))
+    log_pi[..., :20] = 0.0
+    log_pi[0, 1, -7:] = float("inf")  # ragged head: padding
+    return query, key, value, log_pi
+
+
+def grouped_reference(query, key, value, log_pi, scale, centre=None):
+    b, hq, q, d = query.shape
+    hkv = key.shape[1]
+    qq = query.reshape(b, hkv, hq // hkv, q, d)
+    c = None if centre is None else centre.unsqueeze(2)
+    ref = certificate_reference(qq, key.unsqueeze(2), value.unsqueeze(2), log_pi.unsqueeze(2), scale, centre=c)
+    return ref, (b, hkv, hq // hkv, q)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_pass_matches_two_pass_float64(seed):
+    query, key, value, log_pi = random_retained(seed)
+    centre = value.mean(2)
+    res = hajek_attention(query, key, value, log_pi, 0.25, causal=False, certificate=True, centre=centre)
+    ref, shape = grouped_reference(query, key, value, log_pi, 0.25, centre)
+    torch.testing.assert_close(res.output.reshape(*shape, -1).double(), ref.output, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(res.variance.reshape(shape).double(), ref.variance, rtol=1e-4, atol=1e-9)
+    torch.testing.assert_close(res.range_term.reshape(shape).double(), ref.range_bound, rtol=1e-4, atol=1e-9)
+    # the served range term bounds the exact one
+    assert (ref.range_bound >= ref.range_exact - 1e-12).all()
+
+
+def test_float64_inputs_stay_float64():
+    query, key, value, log_pi = random_retained(2, dtype=torch.float64)
+    res = hajek_attention(query, key, value, log_pi, 0.25, causal=False, certificate=True)
+    ref, shape = grouped_reference(query, key, value, log_pi, 0.25)
+    assert res.variance.dtype == torch.float64
+    torch.testing.assert_close(res.variance.reshape(shape), ref.variance, rtol=1e-10, atol=0)
+
+
+def test_online_accumulators_split_k_merge():
+    query, key, value, log_pi = random_retained(3, b=1, hq=2, hkv=2, q=1)
+    centre = value.mean(2)
+    lead = (1, 2, 1, 1)
+    logits = (query.double().reshape(1, 2, 1, 1, 16) @ key.double().unsqueeze(2).transpose(-1, -2)) * 0.25
+    parts = []
+    for lo, hi in [(0, 64), (64, 200), (200, 257)]:
+        acc = OnlineCertificate(lead, 16, centre=centre.double().reshape(1, 2, 1, 1, 16))
+        n = hi - lo
+        acc.update(
+            logits[..., lo:hi],
+            log_pi.double()[:, :, None, None, lo:hi].expand(*lead, n),
+            value.double()[:, :, None, None, lo:hi].expand(*lead, n, 16),
+        )
+        parts.append(acc)
+    parts[0].merge(parts[1])
+    parts[0].merge(parts[2])
+    out, var, rng, lse = parts[0].finalize()
+    ref, _ = grouped_reference(query.double(), key.double(), value.double(), log_pi.double(), 0.25, centre.double())
+    torch.testing.assert_close(out, ref.output, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(var, ref.variance, rtol=1e-8, atol=1e-14)
+    torch.testing.assert_close(rng, ref.range_bound, rtol=1e-8, atol=1e-14)
+    full_lse = torch.logsumexp(logits - log_pi.double()[:, :, None, None, :], -1)
+    torch.testing.assert_close(lse, full_lse, rtol=1e-10, atol=1e-10)
+
+
+def test_certain_tokens_contribute_nothing():
+    query, key, value, _ = random_retained(4)
+    res = certified_attention(query, key, value, torch.zeros(key.shape[:3]))
+    assert (res.variance == 0).all() and (res.range_term == 0).all() and (res.radius == 0).all()
+
+
+def test_radius_golden_values():
+    v = torch.tensor([1.0, 0.0, 0.04])
+    b = torch.tensor([0.0, 0.3, 0.1])
+    big_l = math.log(20.0)
+    expected = torch.tensor(
+        [math.sqrt(2 * big_l), (2 / 3) * 0.3 * big_l, math.sqrt(2 * 0.04 * big_l) + (2 / 3) * 0.1 * big_l]
+    )
+    torch.testing.assert_close(bernstein_radius(v, b, 0.1), expected)
+
+
+def test_anytime_union_bound():
+    steps = torch.arange(1, 100001)
+    assert abs(float(anytime_delta(0.1, steps).sum()) - 0.1 * (1 - 1 / 100001)) < 1e-12
+    v, b = torch.tensor([0.5]), torch.tensor([0.1])
+    r1 = anytime_radius(v, b, 0.1, 1)
+    r10 = anytime_radius(v, b, 0.1, 10)
+    assert r10 > r1 > bernstein_radius(v, b, 0.1)
+    torch.testing.assert_close(r1, bernstein_radius(v, b, 0.05))  # δ_1 = δ/2
+
+
+def test_aggregations():
+    x = torch.tensor([[1.0, 3.0], [2.0, 2.0]])
+    assert aggregate(x, "max", (0, 1)) == 3.0
+    assert aggregate(x, "mean", (0, 1)) == 2.0
+    assert abs(float(aggregate(x, "rms", (0, 1))) - math.sqrt(4.5)) < 1e-6
+    with pytest.raises(ValueError, match="aggregation"):
+        aggregate(x, "median", (0,))
+
+
+# --- Monte-Carlo properties on synthetic heavy-tailed attention -------------------------
+
+
+def student_t_attention(seed, n=2000, d=16, nu=3, scale=0.5, noise=0.0):
+    """Logits s_i ~ scale · t_ν (integer ν, built from normals), values ~ N(0, I).
+
+    The importance that sets π is e^{s_i + noise·ε_i}: with noise > 0 it comes from a
+    perturbed query, as when the query that set π is not the one being answered.
+    """
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, generator=g, dtype=torch.float64)
+    chi2 = torch.randn(n, nu, generator=g, dtype=torch.float64).pow(2).sum(-1)
+    logits = z / torch.sqrt(chi2 / nu) * scale
+    importance_logits = logits + noise * torch.randn(n, generator=g, dtype=torch.float64)
+    values = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return logits, importance_logits, values, g
+
+
+def draw_certificates(attention, budget, top_fraction, draws):
+    """M Poisson samples of one head: realised error ‖ô − o‖, V̂ and the radius at δ = 0.1."""
+    logits, importance_logits, values, g = attention
+    full = torch.softmax(logits, 0) @ values
+    importance = torch.exp(importance_logits - importance_logits.max())
+    pi = inclusion_probabilities(importance, budget, RetentionDesign(top_fraction=top_fraction))
+    sample = poisson_sample(pi.expand(draws, -1), g)
+    key = logits[sample.indices].reshape(draws, 1, -1, 1)
+    val = values[sample.indices].reshape(draws, 1, -1, values.shape[-1])
+    query = torch.ones(draws, 1, 1, 1, dtype=torch.float64)
+    res = certified_attention(query, key, val, sample.log_pi.unsqueeze(1), delta=0.1, scaling=1.0)
+    err = torch.linalg.vector_norm(res.output[:, 0, 0] - full, dim=-1)
+    return err, res.variance[:, 0, 0], res.radius[:, 0, 0]
+
+
+def test_expected_variance_estimate_matches_realised_mse():
+    """E[V̂] = E‖ô − o‖² to first order: the paired difference is within 4 standard errors."""
+    m = 400
+    err, var, _ = draw_certificates(student_t_attention(seed=21), 0.125, 0.25, m)
+    diff = var - err.pow(2)
+    se = diff.std() / math.sqrt(m)
+    assert abs(diff.mean()) <= 4 * se
+    assert err.pow(2).mean() > 1e-3  # the regime has real sampling error
+
+
+HEAVY = dict(seed=0, nu=3, scale=1.5, noise=1.0)
+
+
+def test_coverage_with_top_slice_at_delta_0_1():
+    m = 400
+    err, _, radius = draw_certificates(student_t_attention(**HEAVY), 0.25, 0.25, m)
+    coverage = (err <= radius).double().mean().item()
+    assert coverage >= 0.9 - 2 * math.sqrt(0.09 / m)
+    assert err.median() > 1e-8  # errors well above float64 rounding
+
+
+def test_coverage_drops_without_top_slice():
+    """Without the certainty slice a heavy token is sometimes missed and V̂ cannot see it."""
+    m = 400
+    err, _, radius = draw_certificates(student_t_attention(**HEAVY), 0.25, 0.0, m)
+    err_s, _, radius_s = draw_certificates(student_t_attention(**HEAVY), 0.25, 0.25, m)
+    without = (err <= radius).double().mean().item()
+    with_slice = (err_s <= radius_s).double().mean().item()
+    assert without <= 0.8
+    assert with_slice - without >= 0.15
+
+
+def test_certified_attention_errors_name_arguments():
+    q, k, v, lp = random_retained(5)
+    with pytest.raises(ValueError, match="delta"):
+        certified_attention(q, k, v, lp, delta=1.0)
+    with pytest.raises(ValueError, match="delta"):
+        certified_attention(q, k, v, lp, delta=0.0)
+    with pytest.raises(ValueError, match="query"):
+        certified_attention(q[0], k, v, lp)
+    with pytest.raises(ValueError, match="log_pi"):
+        certified_attention(q, k, v, lp[..., :-1])
+    with pytest.raises(ValueError, match="log_pi"):
+        certified_attention(q, k, v, lp.abs() + 0.5)
+    bad = lp.clone()
+    bad[0, 0, 30] = float("nan")
+    with pytest.raises(ValueError, match="log_pi"):
+        certified_attention(q, k, v, bad)
+    with pytest.raises(ValueError, match="query"):
+        certified_attention(torch.randn(2, 3, 1, 16), k, v, lp)

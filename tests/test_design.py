@@ -1,0 +1,165 @@
+"""Retention design: inclusion probabilities, samplers, and their Monte-Carlo properties."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvcert import (
+    RetentionDesign,
+    inclusion_probabilities,
+    poisson_sample,
+    priority_sample,
+    sample_retention,
+    topk_sample,
+)
+
+
+def heavy_scores(n=600, rows=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(rows, n, generator=g, dtype=torch.float64).pow(6)
+
+
+@pytest.mark.parametrize("budget", [0.125, 0.25, 0.5, 200])
+def test_expected_count_equals_budget(budget):
+    scores = heavy_scores()
+    pi = inclusion_probabilities(scores, budget)
+    k = budget if isinstance(budget, int) else round(budget * scores.shape[-1])
+    assert torch.allclose(pi.sum(-1), torch.full((3,), float(k), dtype=pi.dtype), rtol=1e-6, atol=0)
+    assert (pi <= 1).all() and (pi > 0).all()
+
+
+def test_expected_count_fp32_rows_and_per_row_budgets():
+    scores = heavy_scores(n=5000).float()
+    counts = torch.tensor([300, 1000, 2500])
+    pi = inclusion_probabilities(scores, counts)
+    assert torch.allclose(pi.double().sum(-1), counts.double(), rtol=1e-6, atol=0)
+
+
+def test_certainty_set_sinks_window_and_top_slice():
+    design = RetentionDesign(sinks=4, window=32, top_fraction=0.25, floor=0.1)
+    scores = heavy_scores(n=400, rows=1)[0]
+    k = 100
+    pi = inclusion_probabilities(scores, k, design)
+    assert (pi[:4] == 1).all() and (pi[-32:] == 1).all()
+    free = k - 36
+    slice_size = round(0.25 * free)
+    middle = scores[4:-32]
+    top = middle.topk(slice_size).indices + 4
+    assert (pi[top] == 1).all()
+    certain = (pi == 1).sum().item()
+    assert certain >= 36 + slice_size
+    # the uniform floor: every tail token gets at least η · k_T / |T|
+    tail = pi < 1
+    k_t, n_t = free - slice_size, 400 - 36 - slice_size
+    assert pi[tail].min() >= 0.1 * k_t / n_t * (1 - 1e-9)
+
+
+def test_tail_probability_increases_with_importance():
+    scores = torch.linspace(0.01, 1.0, 300, dtype=torch.float64)[torch.randperm(300, generator=torch.Generator().manual_seed(1))]
+    design = RetentionDesign(sinks=0, window=0, top_fraction=0.0, floor=0.2)
+    pi = inclusion_probabilities(scores, 60, design)
+    order = scores.argsort()
+    assert (pi[order].diff() >= -1e-12).all()
+
+
+def test_samplers_reproducible_and_log_pi_matches():
+    scores = heavy_scores()
+    pi = inclusion_probabilities(scores, 0.25)
+    a = poisson_sample(pi, torch.Generator().manual_seed(3))
+    b = poisson_sample(pi, torch.Generator().manual_seed(3))
+    assert torch.equal(a.indices, b.indices) and torch.equal(a.log_pi, b.log_pi)
+    c = poisson_sample(pi, torch.Generator().manual_seed(4))
+    assert not torch.equal(a.kept_mask(), c.kept_mask())
+    valid = a.valid
+    expected = torch.log(pi.gather(-1, a.indices)).float()
+    assert torch.allclose(a.log_pi[valid], expected[valid])
+    assert torch.isinf(a.log_pi[~valid]).all()
+    assert (a.indices.diff(dim=-1)[valid[:, 1:]] > 0).all()  # ascending kept positions
+
+
+def test_poisson_inclusion_frequencies_match_pi():
+    """Each token's empirical inclusion frequency over M draws is within 5 binomial SEs of π_i."""
+    scores = heavy_scores(n=300, rows=1)
+    pi = inclusion_probabilities(scores, 0.25)[0]
+    m = 4000
+    sample = poisson_sample(pi.expand(m, -1), torch.Generator().manual_seed(5))
+    freq = sample.kept_mask().double().mean(0)
+    se = torch.sqrt(pi * (1 - pi) / m).clamp(min=1e-12)
+    assert ((freq - pi).abs() <= 5 * se + 1e-12).all()
+
+
+def test_horvitz_thompson_total_is_unbiased():
+    """E[Σ_S x_i/π_i] = Σ x_i; tolerance 4·sqrt(Var/M) with Var = Σ x_i² (1 − π_i)/π_i."""
+    g = torch.Generator().manual_seed(7)
+    scores = heavy_scores(n=500, rows=1, seed=7)
+    x = torch.randn(500, generator=g, dtype=torch.float64) + scores[0] * 5
+    pi = inclusion_probabilities(scores, 0.2)[0]
+    m = 3000
+    sample = poisson_sample(pi.expand(m, -1), g)
+    mask = sample.kept_mask().double()
+    totals = (mask * (x / pi)).sum(-1)
+    var = (x.pow(2) * (1 - pi) / pi).sum()
+    assert abs(totals.mean() - x.sum()) <= 4 * math.sqrt(var / m)
+    # and the sample variance agrees with the design variance (chi-square tolerance)
+    assert abs(totals.var() / var - 1) <= 4 * math.sqrt(2 / (m - 1))
+
+
+def test_priority_sampling_exact_size_and_unbiased():
+    g = torch.Generator().manual_seed(11)
+    scores = heavy_scores(n=400, rows=1, seed=11)
+    x = torch.rand(400, generator=g, dtype=torch.float64) + 1
+    m = 3000
+    sample = priority_sample(scores.expand(m, -1), 100, g)
+    assert (sample.lengths == 100).all()
+    kept = sample.valid
+    pi = torch.exp(sample.log_pi.double())
+    est = torch.where(kept, x[sample.indices] / pi, 0.0).sum(-1)
+    sd = est.std()
+    assert abs(est.mean() - x.sum()) <= 4 * sd / math.sqrt(m)
+
+
+def test_topk_keeps_sinks_window_and_best_scores():
+    scores = heavy_scores(n=300, rows=2)
+    sample = topk_sample(scores, 80)
+    assert (sample.lengths == 80).all()
+    assert (sample.log_pi == 0).all()
+    mask = sample.kept_mask()
+    assert mask[:, :4].all() and mask[:, -32:].all()
+    middle = scores[:, 4:-32]
+    best = middle.topk(44).indices + 4
+    assert mask.gather(-1, best).all()
+
+
+def test_sample_retention_dispatch():
+    scores = heavy_scores()
+    g = torch.Generator().manual_seed(0)
+    for sampler in ("poisson", "priority", "topk"):
+        s = sample_retention(scores, 0.25, sampler, g)
+        assert s.indices.shape[:-1] == (3,)
+    with pytest.raises(ValueError, match="sampler"):
+        sample_retention(scores, 0.25, "bernoulli")
+
+
+@pytest.mark.parametrize(
+    "budget, match",
+    [(0.0, "budget"), (1.5, "budget"), (601, "budget"), (-3, "budget"), ("half", "budget"), (True, "budget")],
+)
+def test_bad_budget_names_the_argument(budget, match):
+    with pytest.raises(ValueError, match=match):
+        inclusion_probabilities(heavy_scores(), budget)
+
+
+def test_bad_scores_name_the_argument():
+    s = heavy_scores()
+    s[0, 3] = float("nan")
+    with pytest.raises(ValueError, match="scores: contains NaN"):
+        inclusion_probabilities(s, 0.25)
+    with pytest.raises(ValueError, match="scores"):
+        inclusion_probabilities(-heavy_scores() - 1, 0.25)
+    with pytest.raises(ValueError, match="budget"):
+        inclusion_probabilities(heavy_scores(n=30), 10)  # smaller than sinks + window
+    with pytest.raises(ValueError, match="pi"):
+        poisson_sample(torch.tensor([0.5, 1.5]))
