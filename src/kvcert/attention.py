@@ -15,6 +15,8 @@ every older (retained) key.
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +49,45 @@ def _causal_allowed(n_queries: int, q_start: int, q_total: int, length: int, dev
     return torch.arange(length, device=device).unsqueeze(0) <= last.unsqueeze(1)
 
 
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_kernel_fn = None
+
+
+def _on_kernel_device(t: torch.Tensor) -> bool:
+    """Whether the fused Triton decode kernel serves tensors on ``t``'s device (CUDA)."""
+    return t.is_cuda
+
+
+def _decode_kernel():
+    """``kvcert_kernels.certified_decode``, imported on first use (None if Triton is unusable)."""
+    global _kernel_fn
+    if _kernel_fn is None:
+        try:
+            from kvcert_kernels.certified_decode import certified_decode
+        except Exception as exc:  # noqa: BLE001 - any import failure means: use the torch path
+            warnings.warn(f"kvcert: fused decode kernel unavailable ({exc}); using the torch path", stacklevel=3)
+            _kernel_fn = False
+        else:
+            _kernel_fn = certified_decode
+    return _kernel_fn or None
+
+
+def use_decode_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, extra_mask) -> bool:
+    """Dispatch rule: a decode step (one query per head, no extra mask) on a CUDA device.
+
+    ``KVCERT_DECODE_KERNEL=0`` in the environment forces the torch path.
+    """
+    if extra_mask is not None or query.shape[2] != 1 or key.shape[2] == 0:
+        return False
+    if query.dtype not in _KERNEL_DTYPES or key.dtype not in _KERNEL_DTYPES or key.dtype != value.dtype:
+        return False
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return False
+    if os.environ.get("KVCERT_DECODE_KERNEL", "1") == "0" or not _on_kernel_device(query):
+        return False
+    return _decode_kernel() is not None
+
+
 def hajek_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -60,27 +101,40 @@ def hajek_attention(
     centre: torch.Tensor | None = None,
     extra_mask: torch.Tensor | None = None,
     query_block: int = 256,
+    one_minus: torch.Tensor | None = None,
+    dev: torch.Tensor | None = None,
 ) -> AttentionResult:
     """Grouped Hájek attention (and optionally V̂, b̂_c); see the module docstring for layouts.
 
-    sq_dev [B, Hkv, L]: cached ‖v_i − c‖² (computed here when None); centre [B, Hkv, D].
+    Certificate inputs a cache can keep per token so no extra pass is needed: one_minus
+    [B, Hkv, L] = 1 − π_i (from log_pi when None), dev [B, Hkv, L] = ‖v_i − c‖ (or
+    sq_dev = its square; computed from the values when both are None); centre [B, Hkv, D].
     extra_mask: an additive float or boolean mask broadcastable to [B, Hq, Q, L].
-    Queries are processed in blocks of ``query_block`` to bound memory.
+    Queries are processed in blocks of ``query_block`` to bound memory. A decode step on a
+    CUDA device runs the fused Triton kernel instead (:func:`use_decode_kernel`); it
+    recomputes ‖v_i − c‖ from the values, so ``sq_dev`` is not read there.
     """
+    if use_decode_kernel(query, key, value, extra_mask):
+        output, _, variance, range_term = _decode_kernel()(
+            query, key, value, log_pi, centre if certificate else None, scaling, certificate=certificate
+        )
+        return AttentionResult(output, variance, range_term)
     b, hq, n_q, d = query.shape
     hkv, length, dv = key.shape[1], key.shape[2], value.shape[-1]
     if hq % hkv:
         raise ValueError(f"query: {hq} query heads are not a multiple of {hkv} KV heads")
     group = hq // hkv
     acc_dtype = torch.promote_types(query.dtype, torch.float32)  # fp32 accumulation, fp64 if given fp64
-    qg = query.reshape(b, hkv, group, n_q, d)
+    qg = (query * scaling).reshape(b, hkv, group, n_q, d)
     bias = None if log_pi is None else log_pi.to(acc_dtype).unsqueeze(-2)
-    one_minus = None
     if certificate:
-        lp = torch.zeros(b, hkv, length, device=key.device, dtype=acc_dtype) if log_pi is None else log_pi.to(acc_dtype)
-        one_minus = (-torch.expm1(lp)).clamp(min=0).unsqueeze(-2)
-        sq_dev = squared_deviation(value, centre) if sq_dev is None else sq_dev
-        sq_dev = sq_dev.to(acc_dtype)
+        if one_minus is None:
+            lp = torch.zeros(b, hkv, length, device=key.device, dtype=acc_dtype) if log_pi is None else log_pi
+            one_minus = torch.expm1(lp.to(acc_dtype)).neg_().clamp_(min=0)
+        one_minus = one_minus.to(acc_dtype).unsqueeze(-2)
+        if dev is None:
+            dev = (squared_deviation(value, centre) if sq_dev is None else sq_dev).sqrt()
+        dev = dev.to(acc_dtype)
         centre32 = (
             torch.zeros(b, hkv, dv, device=key.device, dtype=acc_dtype) if centre is None else centre.to(acc_dtype)
         ).unsqueeze(-2)
@@ -89,38 +143,44 @@ def hajek_attention(
         q1 = min(n_q, q0 + query_block)
         nq = q1 - q0
         qc = qg[:, :, :, q0:q1].reshape(b, hkv, group * nq, d)
-        logits = torch.matmul(qc, key.transpose(-1, -2)).to(acc_dtype) * scaling
+        rows = group * nq
+        if certificate:  # p and r share one buffer, so a single matmul reads the values once
+            buf = torch.empty(b, hkv, 2 * rows, length, dtype=acc_dtype, device=key.device)
+            logits = buf[:, :, :rows]
+            logits.copy_(torch.matmul(qc, key.transpose(-1, -2)))
+        else:
+            logits = torch.matmul(qc, key.transpose(-1, -2)).to(acc_dtype)
         if bias is not None:
-            logits = logits - bias
+            logits.sub_(bias)
         if extra_mask is not None:
             em = extra_mask[..., q0:q1, :]
             em = em.expand(b, hq, nq, length).reshape(b, hkv, group * nq, length)
-            logits = logits.masked_fill(~em, float("-inf")) if em.dtype == torch.bool else logits + em.float()
+            logits = logits.masked_fill(~em, float("-inf")) if em.dtype == torch.bool else logits + em.to(acc_dtype)
         if causal and (n_q > 1 or length < n_q):
             allowed = _causal_allowed(nq, q0, n_q, length, key.device).repeat(group, 1)
-            logits = logits.masked_fill(~allowed, float("-inf"))
+            logits.masked_fill_(~allowed, float("-inf"))
         m = logits.amax(-1, keepdim=True)
-        p = torch.exp(logits - m)
+        p = logits.sub_(m).exp_()  # in place: the logits are not needed again
         l = p.sum(-1, keepdim=True)
         if certificate:
-            r = one_minus * p * p
-            both = torch.matmul(torch.cat([p, r], dim=-2).to(value.dtype), value).to(acc_dtype)
-            acc, bv = both[..., : group * nq, :], both[..., group * nq :, :]
-            out = acc / l
+            wp = p * one_minus  # (1 − π_i) p_i
+            m0 = wp.amax(-1)
+            r = torch.mul(wp, p, out=buf[:, :, rows:])  # r_i = (1 − π_i) p_i²
             a = r.sum(-1, keepdim=True)
-            c_term = torch.matmul(r, sq_dev.unsqueeze(-1))
+            both = torch.matmul(buf.to(value.dtype), value).to(acc_dtype)
+            out, bv = both[:, :, :rows].div_(l), both[:, :, rows:]
+            wpd = wp.mul_(dev.unsqueeze(-2))  # (1 − π_i) p_i ‖v_i − c‖
+            m1 = wpd.amax(-1)
+            c_term = torch.matmul(wpd.mul_(p), dev.unsqueeze(-1))  # Σ r_i ‖v_i − c‖²
             out_c = out - centre32
             b_c = bv - a * centre32
-            var = (c_term - 2.0 * (b_c * out_c).sum(-1, keepdim=True) + a * out_c.pow(2).sum(-1, keepdim=True))
-            var = (var / (l * l)).clamp(min=0).squeeze(-1)
-            wp = one_minus * p
-            m0 = wp.amax(-1)
-            m1 = (wp * sq_dev.sqrt().unsqueeze(-2)).amax(-1)
+            var = c_term - 2.0 * (b_c * out_c).sum(-1, keepdim=True) + a * out_c.pow(2).sum(-1, keepdim=True)
+            var = (var / (l * l)).clamp_(min=0).squeeze(-1)
             rng = (m1 + m0 * torch.linalg.vector_norm(out_c, dim=-1)) / l.squeeze(-1)
             variances.append(var.reshape(b, hkv, group, nq))
             ranges.append(rng.reshape(b, hkv, group, nq))
         else:
-            out = torch.matmul((p / l).to(value.dtype), value)
+            out = torch.matmul(p.to(value.dtype), value).to(acc_dtype).div_(l)
         outs.append(out.to(query.dtype).reshape(b, hkv, group, nq, dv))
     output = torch.cat(outs, dim=3).reshape(b, hq, n_q, dv)
     if not certificate:

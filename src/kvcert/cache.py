@@ -3,9 +3,9 @@
 :class:`CertifiedCache` is a ``transformers`` :class:`~transformers.Cache` whose layers
 (:class:`CompactLayer`) really remove evicted tokens: after compaction a layer holds only
 the kept keys and values, so its memory falls with the budget. Per kept token it stores
-``log π`` (fp32, the design's one extra scalar: 0 for certain tokens) and a cached
-‖v_i − c‖² (fp32, so the certificate needs no extra pass over the values); per head a
-value centre c. KV heads may keep different counts: each layer is padded to its longest
+``log π`` (fp32, the design's one extra scalar: 0 for certain tokens) and two cached
+fp32 scalars that only make the certificate cheaper — 1 − π_i and ‖v_i − c‖ — so a
+decode step needs no extra pass over the values; per head a value centre c. KV heads may keep different counts: each layer is padded to its longest
 head, and padding carries log π = +inf (attention bias −inf), never a full-size mask.
 Tokens appended after compaction (decoding, or a question in the streaming condition)
 enter with π = 1.
@@ -48,14 +48,15 @@ class CompactLayer(CacheLayerMixin):
         self.length = 0  # stored slots in use (including padding)
         self.seen = 0  # tokens seen (logical length)
         self.log_pi: torch.Tensor | None = None
-        self.sq_dev: torch.Tensor | None = None
+        self.one_minus: torch.Tensor | None = None
+        self.dev: torch.Tensor | None = None
         self.centre: torch.Tensor | None = None
         self.kept: torch.Tensor | None = None  # [B, Hkv] real tokens per head
         self.has_tail = False  # some kept token has π < 1
         self.has_padding = False
         self.compactions = 0
         self.undecided = 0  # trailing slots appended since the last compaction (π = 1, not yet decided)
-        self._k = self._v = self._lp = self._sq = None
+        self._k = self._v = self._lp = self._om = self._dev = None
 
     # --- storage -------------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -69,7 +70,8 @@ class CompactLayer(CacheLayerMixin):
         self._k = torch.empty(b, h, capacity, d, dtype=dtype, device=self.device)
         self._v = torch.empty(b, h, capacity, dv, dtype=dtype, device=self.device)
         self._lp = torch.zeros(b, h, capacity, dtype=torch.float32, device=self.device)
-        self._sq = torch.zeros(b, h, capacity, dtype=torch.float32, device=self.device)
+        self._om = torch.zeros(b, h, capacity, dtype=torch.float32, device=self.device)
+        self._dev = torch.zeros(b, h, capacity, dtype=torch.float32, device=self.device)
 
     @property
     def capacity(self) -> int:
@@ -78,14 +80,19 @@ class CompactLayer(CacheLayerMixin):
     def _refresh_views(self) -> None:
         n = self.length
         self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
-        self.log_pi, self.sq_dev = self._lp[:, :, :n], self._sq[:, :, :n]
+        self.log_pi, self.one_minus, self.dev = self._lp[:, :, :n], self._om[:, :, :n], self._dev[:, :, :n]
+
+    @property
+    def sq_dev(self) -> torch.Tensor | None:
+        """‖v_i − c‖² per slot (from the cached ‖v_i − c‖)."""
+        return None if self.dev is None else self.dev.pow(2)
 
     def _grow(self, needed: int) -> None:
-        old = (self._k, self._v, self._lp, self._sq)
+        old = (self._k, self._v, self._lp, self._om, self._dev)
         b, h, _, d = self._k.shape
         capacity = max(needed, int(self.capacity * self.growth) + self.reserve)
         self._allocate(b, h, capacity, d, self._k.dtype, self._v.shape[-1])
-        for new, prev in zip((self._k, self._v, self._lp, self._sq), old):
+        for new, prev in zip((self._k, self._v, self._lp, self._om, self._dev), old):
             new[:, :, : self.length] = prev[:, :, : self.length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -99,7 +106,8 @@ class CompactLayer(CacheLayerMixin):
         self._k[:, :, self.length : end] = key_states
         self._v[:, :, self.length : end] = value_states
         self._lp[:, :, self.length : end] = 0.0
-        self._sq[:, :, self.length : end] = 0.0  # certain tokens never enter V̂ or b̂
+        self._om[:, :, self.length : end] = 0.0  # certain tokens never enter V̂ or b̂
+        self._dev[:, :, self.length : end] = 0.0
         self.length = end
         self.seen += n
         self.kept += n
@@ -142,7 +150,8 @@ class CompactLayer(CacheLayerMixin):
         self._k[:, :, :k_new] = keys
         self._v[:, :, :k_new] = values
         self._lp[:, :, :k_new] = packed.log_pi
-        self._sq[:, :, :k_new] = squared_deviation(values, centre)
+        self._om[:, :, :k_new] = torch.expm1(packed.log_pi).neg_().clamp_(min=0)  # 0 on padding (+inf)
+        self._dev[:, :, :k_new] = squared_deviation(values, centre).sqrt_()
         self.centre = centre
         self.undecided = self.length - end
         self.length = k_new
@@ -169,7 +178,7 @@ class CompactLayer(CacheLayerMixin):
         if not self.is_initialized:
             return
         idx = beam_idx.to(self.device)
-        for name in ("_k", "_v", "_lp", "_sq"):
+        for name in ("_k", "_v", "_lp", "_om", "_dev"):
             setattr(self, name, getattr(self, name).index_select(0, idx))
         self.kept = self.kept.index_select(0, idx)
         if self.centre is not None:
@@ -182,10 +191,10 @@ class CompactLayer(CacheLayerMixin):
         return self.has_tail or self.has_padding
 
     def nbytes(self) -> int:
-        """Bytes of the slots in use: keys, values, log π and ‖v − c‖² (padding included)."""
+        """Bytes of the slots in use: keys, values, log π, 1 − π and ‖v − c‖ (padding included)."""
         if not self.is_initialized:
             return 0
-        per_slot = (self._k.shape[-1] * self._k.element_size() + self._v.shape[-1] * self._v.element_size() + 8)
+        per_slot = self._k.shape[-1] * self._k.element_size() + self._v.shape[-1] * self._v.element_size() + 12
         return self._k.shape[0] * self._k.shape[1] * self.length * per_slot
 
     def kv_nbytes(self) -> int:

@@ -15,6 +15,7 @@ import sys
 # (module path) — each registers one or more subcommands.
 SUBCOMMANDS: list[str] = [
     "kvcert.bench.cli",
+    "kvcert.generation.cli",
 ]
 
 

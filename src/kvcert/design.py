@@ -250,12 +250,13 @@ def pack(kept: torch.Tensor, pi_full: torch.Tensor | None, lead: tuple[int, ...]
     the kept ones are gathered and logged.
     """
     r, n = kept.shape
-    lengths = kept.sum(-1)
+    nz = kept.nonzero()  # row-major: each row's kept positions in ascending order
+    rows, cols = nz[:, 0], nz[:, 1]
+    lengths = torch.bincount(rows, minlength=r)
     k = int(lengths.max()) if r else 0
-    pos = kept.cumsum(-1) - 1
-    target = torch.where(kept, pos, torch.full_like(pos, k))
-    positions = torch.arange(n, device=kept.device).expand(r, n)
-    indices = torch.zeros(r, k + 1, dtype=torch.long, device=kept.device).scatter_(-1, target, positions)[:, :k]
+    slot = torch.arange(rows.shape[0], device=kept.device) - (torch.cumsum(lengths, 0) - lengths)[rows]
+    indices = torch.zeros(r, k, dtype=torch.long, device=kept.device)
+    indices[rows, slot] = cols
     valid = torch.arange(k, device=kept.device) < lengths.unsqueeze(-1)
     if pi_full is None:  # every kept token is certain
         log_pi = torch.where(valid, 0.0, float("inf"))

@@ -71,7 +71,8 @@ def kvcert_attention_forward(
             scaling,
             causal=True,
             certificate=certify,
-            sq_dev=layer.sq_dev if certify else None,
+            one_minus=layer.one_minus if certify else None,
+            dev=layer.dev if certify else None,
             centre=layer.centre if certify else None,
             extra_mask=extra,
         )

@@ -27,12 +27,15 @@ def certificate_ratio(retained: int, repeats: int, seed: int = 0) -> tuple[float
     v = torch.randn(1, hkv, retained, d, generator=gen)
     log_pi = torch.where(torch.rand(1, hkv, retained, generator=gen) < 0.3, 0.0, -3.0 * torch.rand(1, hkv, retained, generator=gen))
     centre = v.mean(2)
-    sq = squared_deviation(v, centre)
+    dev = squared_deviation(v, centre).sqrt()
+    one_minus = torch.expm1(log_pi).neg().clamp(min=0)
     scale = d**-0.5
     medians = interleaved_medians(
         {
             "plain": lambda: hajek_attention(q, k, v, log_pi, scale),
-            "certified": lambda: hajek_attention(q, k, v, log_pi, scale, certificate=True, sq_dev=sq, centre=centre),
+            "certified": lambda: hajek_attention(
+                q, k, v, log_pi, scale, certificate=True, one_minus=one_minus, dev=dev, centre=centre
+            ),
         },
         repeats=repeats,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-BENCHMARKS = ["kvcert.bench.certificate"]
+BENCHMARKS = ["kvcert.bench.certificate", "kvcert.bench.decode"]
 
 
 def register(subparsers) -> None:

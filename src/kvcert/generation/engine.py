@@ -1,0 +1,203 @@
+"""Question-aware and streaming generation over a compressed cache, one record at a time.
+
+Conditions (DESIGN.md §2):
+
+* ``full`` — no eviction.
+* ``aware`` — context and question are prefilled together and compressed (every layer
+  right after its attention); the last prompt token is then fed over the compressed
+  cache, so the first answer token already depends on what was kept.
+* ``streaming`` — the context alone is prefilled and compressed before the question is
+  seen; the question (and the template up to the answer) follows at position ids that
+  continue from the original context length (RoPE positions preserved). With
+  ``chunk_tokens`` the context arrives in chunks and each token is decided once, when
+  it leaves the recent window, its π fixed from then on (the multi-turn setting).
+
+Decoding is greedy; decode-time tokens enter the cache with π = 1. Every forward's
+certificates are folded into a :class:`~kvcert.generation.signals.CertificateTrace`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+
+import torch
+
+from ..cache import CertifiedCache
+from ..press import EvictionPress
+from ..tasks.metrics import score as score_answer
+from ..tasks.prompting import build_prompt_ids
+from .signals import CertificateTrace, confidence
+from .spec import GenerationSpec, MethodSpec
+
+
+def example_seed(seed: int, example_id: str) -> int:
+    """A stable per-example seed: independent samples across examples, repeatable runs."""
+    digest = hashlib.sha256(f"{seed}:{example_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (2**62)
+
+
+def eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    return ids
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Engine:
+    """Runs one :class:`GenerationSpec` over task records with a loaded model."""
+
+    def __init__(self, model, tokenizer, spec: GenerationSpec, provenance: dict | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.spec = spec
+        self.provenance = dict(provenance or {})
+        self.device = next(model.parameters()).device
+        self.eos = eos_ids(model, tokenizer)
+        self.num_layers = model.config.get_text_config().num_hidden_layers
+
+    # --- pieces ----------------------------------------------------------------------
+    def press(self, record_id: str, budget: float) -> EvictionPress | None:
+        m = self.spec.method
+        if m.is_full:
+            return None
+        return EvictionPress(
+            scorer=m.scorer, budget=float(budget), sampler=m.sampler, allocation=m.allocation,
+            design=m.design, seed=example_seed(self.spec.seed, record_id),
+        )
+
+    def _forward(self, ids: list[int], cache: CertifiedCache) -> torch.Tensor:
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]
+
+    def _prefill(self, spec: GenerationSpec, ids: list[int], question_start: int, cache: CertifiedCache, press):
+        """Feed the prompt according to the condition; returns the logits of the first answer token."""
+        cond = spec.condition
+        if cond == "full":
+            return self._forward(ids, cache)
+        if cond == "aware":
+            cache.arm(press)
+            self._forward(ids[:-1], cache)
+            cache.pop_steps()
+            return self._forward(ids[-1:], cache)
+        context, question = ids[:question_start], ids[question_start:]
+        if not question:
+            raise ValueError("streaming: the prompt has no question part to feed after compression")
+        chunk = spec.chunk_tokens
+        if chunk is None:
+            cache.arm(press)
+            self._forward(context, cache)
+        else:
+            window = spec.method.design.window
+            for start in range(0, len(context), chunk):
+                cache.arm(press, keep_recent=window)
+                self._forward(context[start : start + chunk], cache)
+        cache.pop_steps()
+        return self._forward(question, cache)
+
+    # --- one record ------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, record, budget: float | None = None, max_new_tokens: int | None = None) -> dict:
+        """Generate an answer for ``record`` and return its JSON-ready generation record."""
+        spec = self.spec if budget is None else replace(self.spec, budget=budget)
+        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        ids, question_start = build_prompt_ids(self.tokenizer, record)
+        limit = int(record.metadata.get("max_new_tokens") or max_new_tokens or spec.max_new_tokens)
+        cache = CertifiedCache(record_certificates=spec.method.randomized)
+        press = self.press(record.id, spec.budget)
+        trace = CertificateTrace(spec.certificate.delta, spec.certificate.aggregations, self.num_layers)
+
+        _sync(self.device)
+        t0 = time.perf_counter()
+        logits = self._prefill(spec, ids, question_start, cache, press)
+        _sync(self.device)
+        t1 = time.perf_counter()
+        kept_fraction = cache.kept_fraction()
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        for step in range(limit):
+            for s in cache.pop_steps():
+                trace.add(s)
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            tok = int(lp.argmax())
+            tokens.append(tok)
+            logprobs.append(float(lp[tok]))
+            if tok in self.eos or step == limit - 1:
+                break
+            logits = self._forward([tok], cache)
+        _sync(self.device)
+        t2 = time.perf_counter()
+
+        answer_tokens = [t for t in tokens if t not in self.eos]
+        answer = self.tokenizer.decode(answer_tokens, skip_special_tokens=True).strip()
+        value = float(score_answer(record.task, answer, record.answers)) if record.answers else None
+        m = spec.method
+        return {
+            "example_id": record.id,
+            "task": record.task,
+            "target_tokens": record.metadata.get("target_tokens"),
+            "prompt_tokens": len(ids),
+            "question_tokens": len(ids) - question_start,
+            "model": spec.model.name,
+            "condition": spec.condition,
+            "method": m.name,
+            "scorer": m.scorer,
+            "sampler": m.sampler,
+            "allocation": None if m.is_full else m.allocation,
+            "budget": float(spec.budget),
+            "seed": spec.seed,
+            "answer": answer,
+            "tokens": tokens,
+            "token_logprobs": logprobs,
+            **confidence(logprobs),
+            "answers": list(record.answers),
+            "score": value,
+            "certificate": trace.to_record(),
+            "kept_fraction": kept_fraction,
+            "prefill_seconds": t1 - t0,
+            "decode_seconds": t2 - t1,
+            "decode_steps": len(tokens),
+            "kv_bytes_peak": cache.peak_nbytes,
+            "kv_bytes_final": cache.nbytes(),
+            "metadata": dict(record.metadata),
+            "started_utc": started,
+            **self.provenance,
+        }
+
+    def recompute(self, record) -> dict:
+        """Regenerate with the full cache from the record's token ids (what a gate triggers)."""
+        full_spec = replace(self.spec, condition="full", budget=1.0, method=MethodSpec(), chunk_tokens=None)
+        full = Engine(self.model, self.tokenizer, full_spec, self.provenance)
+        out = full.run(record)
+        out["recompute_of"] = {"method": self.spec.method.name, "condition": self.spec.condition,
+                               "budget": float(self.spec.budget)}
+        return out
+
+    def escalate(self, record, budgets: list[float], threshold: float, aggregation: str = "mean") -> dict:
+        """Budget escalation: rerun at the next larger budget while the certificate exceeds ``threshold``.
+
+        The certificate of a run is the mean over decode steps of the per-step radius
+        aggregated with ``aggregation``. Returns the last run, with the escalation path.
+        """
+        path = []
+        out = None
+        for b in sorted(budgets):
+            out = self.run(record, budget=b)
+            cert = out["certificate"]
+            value = None if cert is None else sum(cert["steps"][aggregation]) / len(cert["steps"][aggregation])
+            path.append({"budget": b, "certificate": value})
+            if value is None or value <= threshold:
+                break
+        out["escalation"] = path
+        return out

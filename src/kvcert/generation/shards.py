@@ -1,0 +1,121 @@
+"""Sharded JSONL output that survives interruption.
+
+A shard is written to ``<name>.partial`` one record per line, each line flushed as it
+is written. A rerun reads the partial file, keeps every complete record, recovers from
+a truncated last line (a kill in the middle of a write) by cutting it off, and skips
+the ids already done, so no record is lost, duplicated or recomputed. Only when every
+expected record is present is the shard declared done, by an atomic rename to its
+final name. :func:`read_records` reads a finished shard and names the file and line of
+anything that does not parse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+KEY = "example_id"
+
+
+class CorruptShardError(ValueError):
+    """A shard line that does not parse, named by path and line number."""
+
+
+def partial_path(final: Path) -> Path:
+    return final.with_name(final.name + ".partial")
+
+
+def _scan(path: Path, allow_truncated_tail: bool) -> tuple[list[dict], int]:
+    """Records of a JSONL file and the byte length of its complete prefix."""
+    records: list[dict] = []
+    good_bytes = 0
+    lines = path.read_bytes().split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        if number == len(lines):  # the text after the last newline
+            if raw == b"" or allow_truncated_tail:
+                break  # nothing, or a truncated tail that resuming recomputes
+            raise CorruptShardError(f"{path}:{number}: truncated line (no newline at end); rerun the shard to resume it")
+        try:
+            record = json.loads(raw)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as exc:
+            raise CorruptShardError(
+                f"{path}:{number}: line does not parse ({exc}); delete that line (or the file) to recompute it"
+            ) from None
+        records.append(record)
+        good_bytes += len(raw) + 1
+    return records, good_bytes
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """All records of a finished shard; a corrupt line raises :class:`CorruptShardError`."""
+    records, _ = _scan(Path(path), allow_truncated_tail=False)
+    return records
+
+
+class ShardWriter:
+    """Resumable writer for one shard (see the module docstring)."""
+
+    def __init__(self, final_path: str | Path):
+        self.final = Path(final_path)
+        self.partial = partial_path(self.final)
+        self.done: dict[str, dict] = {}
+        self.recovered_tail = False
+        self._fh = None
+
+    def open(self) -> "ShardWriter":
+        self.final.parent.mkdir(parents=True, exist_ok=True)
+        if self.partial.exists():
+            records, good = _scan(self.partial, allow_truncated_tail=True)
+            if good < self.partial.stat().st_size:
+                self.recovered_tail = True
+                with open(self.partial, "r+b") as fh:
+                    fh.truncate(good)
+            for record in records:
+                self.done.setdefault(str(record[KEY]), record)
+            if len(self.done) != len(records):  # duplicates from an older writer: rewrite once, first wins
+                tmp = self.partial.with_name(self.partial.name + ".dedup")
+                with open(tmp, "w") as fh:
+                    for record in self.done.values():
+                        fh.write(json.dumps(record, sort_keys=True) + "\n")
+                os.replace(tmp, self.partial)
+        self._fh = open(self.partial, "a", buffering=1)
+        return self
+
+    def __enter__(self) -> "ShardWriter":
+        return self.open() if self._fh is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def is_done(self, example_id: str) -> bool:
+        return str(example_id) in self.done
+
+    def write(self, record: dict) -> None:
+        key = str(record[KEY])
+        if key in self.done:
+            raise ValueError(f"{self.partial}: record {key!r} already written")
+        self._fh.write(json.dumps(record, sort_keys=True) + "\n")
+        self._fh.flush()
+        self.done[key] = record
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def finalize(self, expected_ids: Iterable[str]) -> Path:
+        """Atomically publish the shard once every expected id is present."""
+        self.close()
+        missing = [i for i in expected_ids if str(i) not in self.done]
+        if missing:
+            raise RuntimeError(f"{self.partial}: {len(missing)} records missing (e.g. {missing[0]!r}); rerun to resume")
+        os.replace(self.partial, self.final)
+        return self.final
+
+
+def iter_jsonl(path: str | Path) -> Iterator[dict]:
+    yield from read_records(path)

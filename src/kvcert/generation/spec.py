@@ -1,0 +1,126 @@
+"""A generation job, validated before anything runs.
+
+One job = one model × condition × method × budget × seed, applied to a list of task
+records. Every mistake — an unknown key, an out-of-range budget, an unknown scorer —
+raises a ``ValueError`` with one line naming the key and how to fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..allocation import ALLOCATIONS
+from ..certificate import AGGREGATIONS
+from ..design import SAMPLERS, RetentionDesign
+from ..models import ModelSpec
+from ..scorers import SCORERS
+
+CONDITIONS = ("full", "aware", "streaming")
+
+
+def _reject_unknown(section: str, given: dict, allowed: set[str]) -> None:
+    for key in given:
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            where = f"{section}." if section else ""
+            raise ValueError(f"config key {where}{key}: unknown{hint}; allowed keys: {', '.join(sorted(allowed))}")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """Eviction method: scorer × sampler × allocation (ignored for the full cache)."""
+
+    name: str = "full"
+    scorer: str | None = None
+    sampler: str | None = None
+    allocation: str = "uniform"
+    design: RetentionDesign = field(default_factory=RetentionDesign)
+
+    def __post_init__(self) -> None:
+        if self.name == "full":
+            return
+        if self.scorer not in SCORERS:
+            raise ValueError(f"method.scorer: {self.scorer!r} is not one of {sorted(SCORERS)}")
+        if self.sampler not in SAMPLERS:
+            raise ValueError(f"method.sampler: {self.sampler!r} is not one of {SAMPLERS}")
+        if self.allocation not in ALLOCATIONS:
+            raise ValueError(f"method.allocation: {self.allocation!r} is not one of {sorted(ALLOCATIONS)}")
+
+    @property
+    def is_full(self) -> bool:
+        return self.name == "full"
+
+    @property
+    def randomized(self) -> bool:
+        return not self.is_full and self.sampler != "topk"
+
+
+@dataclass(frozen=True)
+class CertificateSpec:
+    delta: float = 0.1
+    aggregations: tuple[str, ...] = ("max", "mean", "rms")
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.delta < 1.0):
+            raise ValueError(f"certificate.delta: must lie in (0, 1), got {self.delta}")
+        for agg in self.aggregations:
+            if agg not in AGGREGATIONS:
+                raise ValueError(f"certificate.aggregations: {agg!r} is not one of {AGGREGATIONS}")
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """Everything that determines the records of one job (its hash is the config hash)."""
+
+    model: ModelSpec
+    method: MethodSpec
+    condition: str = "aware"
+    budget: float = 1.0
+    seed: int = 0
+    max_new_tokens: int = 32
+    chunk_tokens: int | None = None
+    certificate: CertificateSpec = field(default_factory=CertificateSpec)
+
+    def __post_init__(self) -> None:
+        if self.condition not in CONDITIONS:
+            raise ValueError(f"condition: {self.condition!r} is not one of {CONDITIONS}")
+        if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not (0.0 < float(self.budget) <= 1.0):
+            raise ValueError(f"budget: must be a fraction in (0, 1], got {self.budget!r}")
+        if self.method.is_full != (self.condition == "full"):
+            raise ValueError("condition: 'full' goes with method 'full' (and only with it)")
+        if self.condition == "full" and float(self.budget) != 1.0:
+            raise ValueError("budget: the full cache has budget 1.0")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
+        if self.chunk_tokens is not None and (self.condition != "streaming" or self.chunk_tokens < 1):
+            raise ValueError("chunk_tokens: only for the streaming condition, and >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["certificate"]["aggregations"] = list(self.certificate.aggregations)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "GenerationSpec":
+        """Build from a plain mapping (e.g. a composed hydra config), rejecting unknown keys."""
+        data = dict(data)
+        _reject_unknown("", data, {f for f in cls.__dataclass_fields__})
+        model = dict(data.pop("model", {}) or {})
+        _reject_unknown("model", model, set(ModelSpec.__dataclass_fields__))
+        method = dict(data.pop("method", {}) or {})
+        _reject_unknown("method", method, set(MethodSpec.__dataclass_fields__))
+        design = dict(method.pop("design", {}) or {})
+        _reject_unknown("method.design", design, set(RetentionDesign.__dataclass_fields__))
+        cert = dict(data.pop("certificate", {}) or {})
+        _reject_unknown("certificate", cert, set(CertificateSpec.__dataclass_fields__))
+        if "aggregations" in cert:
+            cert["aggregations"] = tuple(cert["aggregations"])
+        return cls(
+            model=ModelSpec(**model),
+            method=MethodSpec(**method, design=RetentionDesign(**design)),
+            certificate=CertificateSpec(**cert),
+            **data,
+        )

@@ -1,0 +1,85 @@
+"""Loading a model and its tokenizer from config: the embedded model, a local
+directory, or a hub id (only when a generation job asks for it, never at import).
+
+A missing local path is reported in one line before anything is loaded; a hub id is
+passed to ``from_pretrained`` unchanged (offline machines fail there, with the
+library's own message).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+EMBEDDED = "embedded"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model comes from and how to run it.
+
+    name: label written into every record. path: "embedded", a local directory, or a
+    hub id ("org/name"). dtype: float32 | bfloat16 | float16. device: auto | cpu | cuda[:n].
+    """
+
+    name: str = EMBEDDED
+    path: str = EMBEDDED
+    dtype: str = "float32"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype: must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+
+
+def resolve_model_path(path: str) -> str:
+    """The directory or hub id to load; raises FileNotFoundError for a missing local path."""
+    if path == EMBEDDED:
+        from .embedded import embedded_model_path
+
+        resolved = embedded_model_path()
+        if not (resolved / "config.json").exists():
+            raise FileNotFoundError(f"model.path: the embedded model is missing ({resolved}); run `kvcert train-model --install`")
+        return str(resolved)
+    looks_local = path.startswith((".", "/", "~")) or Path(path).expanduser().exists() or path.count("/") != 1
+    if looks_local:
+        local = Path(path).expanduser()
+        if not local.exists():
+            raise FileNotFoundError(
+                f"model.path: {path} does not exist; give a local model directory, 'embedded', or a hub id like org/name"
+            )
+        if not (local / "config.json").exists():
+            raise FileNotFoundError(f"model.path: {path} has no config.json; it is not a Hugging Face model directory")
+        return str(local)
+    return path
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_model(spec: ModelSpec):
+    """(model, tokenizer) in eval mode, with kvcert attention enabled."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .integration import enable_certified_attention
+
+    path = resolve_model_path(spec.path)
+    device = pick_device(spec.device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[spec.dtype], attn_implementation="sdpa")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise FileNotFoundError(
+            f"model.path: could not load {spec.path!r} as a local directory or hub id ({first}); "
+            "download it first and give its local directory"
+        ) from exc
+    model.to(device).eval()
+    enable_certified_attention(model)
+    return model, tokenizer
