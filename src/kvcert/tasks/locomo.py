@@ -1,0 +1,353 @@
+"""LoCoMo very long-term conversations: loading, prompts, records and scoring.
+
+Source: Maharana et al. 2024, "Evaluating Very Long-Term Conversational Memory of LLM
+Agents" (ACL 2024). The data format is the released ``locomo10.json``; the prompt
+and the scoring follow the official ``task_eval/evaluate_llama2.py`` (the script
+that runs Hugging Face chat models through ``apply_chat_template``) and
+``task_eval/evaluation.py`` of snap-research/locomo, re-implemented here.
+
+**Data.** A JSON list of samples, each ``{"sample_id", "conversation", "qa"}``. The
+conversation holds ``speaker_a``, ``speaker_b`` and sessions ``session_<N>`` (lists
+of turns ``{"speaker", "dia_id", "text", ...}``; a shared image adds ``img_url`` and
+``blip_caption``) with their dates ``session_<N>_date_time``. A QA item is
+``{"question", "answer", "evidence", "category"}``; adversarial items (category 5)
+carry ``adversarial_answer`` — a tempting answer the conversation does not support —
+instead of (or besides) ``answer``.
+
+**Categories** (integer codes of the release, as the official scoring treats them):
+1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial.
+
+**Prompt.** The context opens with the official conversation preamble (its typo
+"wriiten" kept), then every session as ``DATE: <date>`` / ``CONVERSATION:`` and one
+line per turn ``<speaker> said, "<text>"`` (plus `` [shares <caption>]`` for an
+image). The question part is the official short-answer instruction with the
+question; a temporal question gets " Use DATE of CONVERSATION to answer with an
+approximate date."; an adversarial question becomes a two-way choice between
+"No information available" and the adversarial answer, in an order drawn by a coin
+flip (seeded here, per item) as in the official script. Our choices: the whole
+conversation is kept (the official script drops the oldest turns to fit a 4k-32k
+window; kvcert sizes models to hold it); the speakers are named in the order
+``speaker_a``, ``speaker_b`` (the script takes them from a ``set``, so its order
+varies); and the blank lines around the question are normalised to exactly one,
+the prompt separator (the script's text has four newlines there, which
+some BPE pre-tokenizers merge into one token across the context/question split).
+Answers are greedy, up to ``MAX_NEW_TOKENS`` (the script's per-question budget).
+
+**Scoring** (:func:`score_locomo`): Porter-stemmed token F1 after LoCoMo's
+normalisation (commas dropped, lower-case, punctuation dropped, the words
+a/an/the/and dropped, whitespace collapsed). Multi-hop: prediction and gold are
+split on commas and each gold part takes its best F1 over the prediction parts; the
+score is the mean over gold parts. Open-domain: only the gold text before the first
+";" counts. Temporal and single-hop: plain F1. Adversarial: 1 when the prediction
+(after mapping a bare "(a)"/"(b)" choice to its option) contains "no information
+available" or "not mentioned", else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import string
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from kvcert.tasks.prompting import build_prompt_ids
+from kvcert.tasks.records import TaskRecord
+
+__all__ = [
+    "CATEGORY_NAMES", "MAX_NEW_TOKENS", "NO_INFORMATION", "TASK", "category_means",
+    "f1_score", "load_locomo", "locomo_records", "multi_answer_f1", "normalize_answer",
+    "question_prompt", "render_conversation", "resolve_adversarial_choice", "score_locomo",
+    "score_record",
+]
+
+TASK = "locomo"
+CATEGORY_NAMES: dict[int, str] = {
+    1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial",
+}
+#: the order in which the official statistics report the categories.
+REPORT_ORDER: tuple[int, ...] = (4, 1, 2, 3, 5)
+MAX_NEW_TOKENS = 50
+
+CONVERSATION_PREAMBLE = (
+    "Below is a conversation between two people: {} and {}. The conversation takes place "
+    "over multiple days and the date of each conversation is wriiten at the beginning of "
+    "the conversation.\n\n"
+)
+QA_INSTRUCTION = (
+    "Based on the above conversations, write a short answer for the following question in "
+    "a few words. Do not write complete and lengthy sentences. Answer with exact words from "
+    "the conversations whenever possible.\n\nQuestion: {}"
+)
+TEMPORAL_HINT = " Use DATE of CONVERSATION to answer with an approximate date."
+ADVERSARIAL_CHOICE = " (a) {} (b) {}. Select the correct answer by writing (a) or (b)."
+NO_INFORMATION = "No information available"
+_ABSTENTIONS = ("no information available", "not mentioned")
+
+_SESSION_KEY = re.compile(r"^session_(\d+)$")
+
+
+# ------------------------------------------------------------------------ loading
+
+def load_locomo(path: str | Path) -> list[dict[str, Any]]:
+    """The samples of a ``locomo10.json``-format file, checked field by field."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no such file (expected the released LoCoMo JSON, e.g. locomo10.json)"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of samples, got {type(data).__name__}")
+    for index, sample in enumerate(data):
+        _check_sample(sample, f"{path}: sample {index}")
+    return data
+
+
+def _sessions(conversation: Mapping[str, Any]) -> list[int]:
+    return sorted(int(m.group(1)) for key in conversation if (m := _SESSION_KEY.match(key)))
+
+
+def _check_sample(sample: Any, where: str) -> None:
+    if not isinstance(sample, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(sample).__name__}")
+    for name, kind in (("conversation", dict), ("qa", list)):
+        if name not in sample:
+            raise ValueError(f"{where}: missing field {name!r}")
+        if not isinstance(sample[name], kind):
+            raise ValueError(f"{where}: field {name!r} must be a {kind.__name__}")
+    where = f"{where} ({sample.get('sample_id', 'no sample_id')})"
+    conversation = sample["conversation"]
+    for name in ("speaker_a", "speaker_b"):
+        if name not in conversation:
+            raise ValueError(f"{where}: conversation lacks field {name!r}")
+    sessions = _sessions(conversation)
+    if not sessions:
+        raise ValueError(f"{where}: conversation has no session_<N> entries")
+    for number in sessions:
+        turns = conversation[f"session_{number}"]
+        if not isinstance(turns, list):
+            raise ValueError(f"{where}: session_{number} must be a list of turns")
+        if turns and f"session_{number}_date_time" not in conversation:
+            raise ValueError(f"{where}: conversation lacks field 'session_{number}_date_time'")
+        for position, turn in enumerate(turns):
+            if not isinstance(turn, dict) or "speaker" not in turn:
+                raise ValueError(f"{where}: session_{number} turn {position} lacks field 'speaker'")
+            if "text" not in turn and "clean_text" not in turn:
+                raise ValueError(f"{where}: session_{number} turn {position} lacks field 'text'")
+    for position, qa in enumerate(sample["qa"]):
+        _check_qa(qa, f"{where} qa {position}")
+
+
+def _check_qa(qa: Any, where: str) -> None:
+    if not isinstance(qa, dict):
+        raise ValueError(f"{where}: expected a JSON object")
+    for name in ("question", "category"):
+        if name not in qa:
+            raise ValueError(f"{where}: missing field {name!r}")
+    category = qa["category"]
+    if isinstance(category, bool) or category not in CATEGORY_NAMES:
+        raise ValueError(f"{where}: category must be one of 1..5, got {category!r}")
+    if category == 5:
+        if "adversarial_answer" not in qa and "answer" not in qa:
+            raise ValueError(f"{where}: missing field 'adversarial_answer'")
+    elif "answer" not in qa:
+        raise ValueError(f"{where}: missing field 'answer'")
+
+
+# ------------------------------------------------------------------------ prompts
+
+def _turn_line(turn: Mapping[str, Any]) -> str:
+    text = turn["clean_text"] if "clean_text" in turn else turn["text"]
+    line = f'{turn["speaker"]} said, "{text}"'
+    has_image = bool(turn.get("img_url") or turn.get("img_file"))
+    if has_image and turn.get("blip_caption"):
+        line += f" [shares {turn['blip_caption']}]"
+    return line + "\n"
+
+
+def render_conversation(sample: Mapping[str, Any]) -> str:
+    """The context text: preamble, then each non-empty session with its date."""
+    conversation = sample["conversation"]
+    parts = [CONVERSATION_PREAMBLE.format(conversation["speaker_a"], conversation["speaker_b"])]
+    for number in _sessions(conversation):
+        turns = conversation[f"session_{number}"]
+        if not turns:
+            continue
+        parts.append(f"\nDATE: {conversation[f'session_{number}_date_time']}\nCONVERSATION:\n")
+        parts.extend(_turn_line(turn) for turn in turns)
+    return "".join(parts).rstrip()
+
+
+def _adversarial_answer(qa: Mapping[str, Any]) -> str:
+    return str(qa["adversarial_answer"] if "adversarial_answer" in qa else qa["answer"])
+
+
+def question_prompt(qa: Mapping[str, Any], rng: random.Random) -> tuple[str, dict[str, str] | None]:
+    """``(question part, choices)``; ``choices`` maps "a"/"b" to options (category 5 only)."""
+    question = str(qa["question"])
+    choices = None
+    if qa["category"] == 2:
+        question += TEMPORAL_HINT
+    elif qa["category"] == 5:
+        adversarial = _adversarial_answer(qa)
+        if rng.random() < 0.5:
+            choices = {"a": NO_INFORMATION, "b": adversarial}
+        else:
+            choices = {"a": adversarial, "b": NO_INFORMATION}
+        question += ADVERSARIAL_CHOICE.format(choices["a"], choices["b"])
+    return QA_INSTRUCTION.format(question), choices
+
+
+def locomo_records(samples: Iterable[Mapping[str, Any]], tokenizer: Any, seed: int = 0,
+                   categories: Sequence[int] | None = None) -> list[TaskRecord]:
+    """One record per QA item (optionally only the given categories).
+
+    ``answers`` holds the gold answer (``NO_INFORMATION`` for adversarial items);
+    ``metadata``: ``category``, ``category_name``, ``sample_id``, ``qa_index``,
+    ``evidence``, ``max_new_tokens``, ``target_tokens`` (the prompt length: LoCoMo is
+    not length-controlled) and, for adversarial items, ``choices`` and
+    ``adversarial_answer``.
+    """
+    wanted = None if categories is None else set(categories)
+    records = []
+    for index, sample in enumerate(samples):
+        _check_sample(sample, f"sample {index}")
+        sample_id = str(sample.get("sample_id", f"sample-{index}"))
+        context = render_conversation(sample)
+        for position, qa in enumerate(sample["qa"]):
+            category = qa["category"]
+            if wanted is not None and category not in wanted:
+                continue
+            rng = random.Random(f"{seed}:{sample_id}:{position}")
+            question, choices = question_prompt(qa, rng)
+            metadata: dict[str, Any] = {
+                "category": category,
+                "category_name": CATEGORY_NAMES[category],
+                "sample_id": sample_id,
+                "qa_index": position,
+                "evidence": [str(e) for e in qa.get("evidence") or []],
+                "max_new_tokens": MAX_NEW_TOKENS,
+                "target_tokens": 0,
+            }
+            if choices is not None:
+                metadata["choices"] = choices
+                metadata["adversarial_answer"] = _adversarial_answer(qa)
+                answers = [NO_INFORMATION]
+            else:
+                answers = [str(qa["answer"])]
+            record = TaskRecord(
+                id=f"{TASK}:{sample_id}:{position}", task=TASK, context=context,
+                question=question, answers=answers, metadata=metadata,
+            )
+            length = len(build_prompt_ids(tokenizer, record)[0])
+            records.append(replace(record, length=length,
+                                   metadata={**metadata, "target_tokens": length}))
+    return records
+
+
+# ------------------------------------------------------------------------ scoring
+
+_PUNCTUATION = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the|and)\b")
+_stemmer = None
+
+
+def _stem(word: str) -> str:
+    global _stemmer
+    if _stemmer is None:
+        from nltk.stem import PorterStemmer
+
+        _stemmer = PorterStemmer()
+    return _stemmer.stem(word)
+
+
+def normalize_answer(text: str) -> str:
+    """LoCoMo's normalisation: drop commas, lower-case, drop punctuation, drop
+    a/an/the/and, collapse whitespace."""
+    text = text.replace(",", "").lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def f1_score(prediction: str, ground_truth: str) -> float:
+    """F1 of the Porter-stemmed normalised tokens (0 when none is shared)."""
+    predicted = [_stem(w) for w in normalize_answer(prediction).split()]
+    gold = [_stem(w) for w in normalize_answer(ground_truth).split()]
+    shared = sum((Counter(predicted) & Counter(gold)).values())
+    if shared == 0:
+        return 0.0
+    precision = shared / len(predicted)
+    recall = shared / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def multi_answer_f1(prediction: str, ground_truth: str) -> float:
+    """Mean over the comma-separated gold parts of the best F1 over the prediction's parts."""
+    predicted = [part.strip() for part in prediction.split(",")]
+    gold = [part.strip() for part in ground_truth.split(",")]
+    return sum(max(f1_score(p, g) for p in predicted) for g in gold) / len(gold)
+
+
+def resolve_adversarial_choice(prediction: str, choices: Mapping[str, str]) -> str:
+    """Map a bare choice ("a", "(b)", ...) to its option text, as the official script does.
+
+    The prediction is stripped and lower-cased; one character means "a" if it is
+    "a" (else "b"); three characters mean "a" if they are "(a)" (else "b"); anything
+    longer is returned (stripped, lower-cased) unchanged.
+    """
+    text = prediction.strip().lower()
+    if len(text) == 1:
+        return choices["a"] if "a" in text else choices["b"]
+    if len(text) == 3:
+        return choices["a"] if "(a)" in text else choices["b"]
+    return text
+
+
+def score_locomo(category: int, prediction: str, answer: Any,
+                 choices: Mapping[str, str] | None = None) -> float:
+    """The LoCoMo score in [0, 1] of one prediction (see the module docstring)."""
+    if isinstance(category, bool) or category not in CATEGORY_NAMES:
+        raise ValueError(f"LoCoMo category must be one of 1..5, got {category!r}")
+    answer = str(answer)
+    if category == 5:
+        if choices is not None:
+            prediction = resolve_adversarial_choice(prediction, choices)
+        lowered = prediction.lower()
+        return 1.0 if any(phrase in lowered for phrase in _ABSTENTIONS) else 0.0
+    if category == 1:
+        return float(multi_answer_f1(prediction, answer))
+    if category == 3:
+        answer = answer.split(";")[0].strip()
+    return f1_score(prediction, answer)
+
+
+def score_record(record: TaskRecord, prediction: str) -> float:
+    """:func:`score_locomo` of a record built by :func:`locomo_records`."""
+    metadata = record.metadata
+    return score_locomo(metadata["category"], prediction, record.answers[0], metadata.get("choices"))
+
+
+def category_means(categories: Sequence[int], scores: Sequence[float]) -> dict[str, float]:
+    """Mean score per category name (in the official report order) and ``overall``."""
+    if len(categories) != len(scores):
+        raise ValueError(f"{len(categories)} categories but {len(scores)} scores")
+    if not scores:
+        raise ValueError("no scores to aggregate")
+    unknown = set(categories) - set(CATEGORY_NAMES)
+    if unknown:
+        raise ValueError(f"unknown LoCoMo categories: {sorted(unknown)}")
+    means: dict[str, float] = {}
+    for category in REPORT_ORDER:
+        picked = [s for c, s in zip(categories, scores) if c == category]
+        if picked:
+            means[CATEGORY_NAMES[category]] = sum(picked) / len(picked)
+    means["overall"] = sum(scores) / len(scores)
+    return means

@@ -1,0 +1,406 @@
+"""LongBench v1: loading the data and turning rows into task records.
+
+Source: Bai et al. 2023, "LongBench: A Bilingual, Multitask Benchmark for Long
+Context Understanding" (ACL 2024). The prompt templates (``DATASET2PROMPT``), the
+answer budgets (``DATASET2MAXLEN``) and the truncation rule follow the official
+``config/dataset2prompt.json``, ``config/dataset2maxlen.json`` and ``pred.py`` of
+THUDM/LongBench (v1); the metrics live in :mod:`kvcert.tasks.longbench_metrics`.
+
+**Data.** The original hub dataset is driven by a loading script that current
+``datasets`` no longer runs. :func:`load_longbench` reads instead, from a local
+path: the official ``<dataset>.jsonl`` (also under ``data/``, as the released zip
+unpacks), or Parquet files — everything under ``<dir>/<dataset>/`` (e.g. the hub's
+``<dataset>/test/0000.parquet`` conversion) or ``<dir>/<dataset>.parquet`` /
+``<dir>/<dataset>-*.parquet``; or a hub dataset id, through ``datasets.load_dataset``
+(imported only when called). ``<dataset>_e`` (LongBench-E) is a different name and
+is never picked up for ``<dataset>``. Every row must carry the eight official
+fields (``REQUIRED_FIELDS``).
+
+**Records.** :func:`longbench_records` fills the dataset's template, cuts the filled
+prompt in the middle as ``pred.py`` does when it has more than ``max_length``
+tokens (tokenize, keep the first and the last ``int(max_length / 2)`` tokens, decode
+both halves with special tokens skipped and join them), and only then hands it to
+the chat template (through :func:`kvcert.tasks.prompting.build_prompt_ids`). Two
+choices of ours: the prompt is tokenized *without* special tokens, so the budget
+counts text tokens only (``pred.py`` counts a Llama BOS, which the decode then
+drops); and ``max_length`` bounds the filled template, so the chat template's own
+tokens come on top of it, as in ``pred.py``.
+
+The truncated prompt is split into ``context`` (instruction and document) and
+``question`` (the rest) at the blank line the template puts right after
+``{context}``; ``context + "\\n\\n" + question`` is exactly the (truncated) filled
+template. Templates without that blank line (trec, lcc, repobench-p) are refused.
+Note that ``pred.py`` applies no chat template at all to trec, triviaqa, samsum,
+lsht, lcc and repobench-p (``NO_CHAT_TEMPLATE_DATASETS``); kvcert renders every
+prompt through the model's chat template, so on triviaqa and samsum its scores are
+not comparable with published ones.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterable
+
+from kvcert.tasks.longbench_metrics import DATASET2METRIC, score_sample
+from kvcert.tasks.prompting import PROMPT_SEPARATOR, build_prompt_ids
+from kvcert.tasks.records import TaskRecord
+
+__all__ = [
+    "DATASET2MAXLEN", "DATASET2METRIC", "DATASET2PROMPT", "NO_CHAT_TEMPLATE_DATASETS",
+    "QA_DATASETS", "REQUIRED_FIELDS", "TASK_PREFIX", "load_longbench", "longbench_records",
+    "middle_truncate", "score_record", "split_template", "task_name",
+]
+
+#: the official prompt templates of the English and code tasks.
+DATASET2PROMPT: dict[str, str] = {
+    "narrativeqa": (
+        "You are given a story, which can be either a novel or a movie script, and a question. "
+        "Answer the question as concisely as you can, using a single phrase if possible. Do not "
+        "provide any explanation.\n\nStory: {context}\n\nNow, answer the question based on the "
+        "story as concisely as you can, using a single phrase if possible. Do not provide any "
+        "explanation.\n\nQuestion: {input}\n\nAnswer:"
+    ),
+    "qasper": (
+        "You are given a scientific article and a question. Answer the question as concisely as "
+        "you can, using a single phrase or sentence if possible. If the question cannot be "
+        "answered based on the information in the article, write \"unanswerable\". If the "
+        "question is a yes/no question, answer \"yes\", \"no\", or \"unanswerable\". Do not "
+        "provide any explanation.\n\nArticle: {context}\n\n Answer the question based on the "
+        "above article as concisely as you can, using a single phrase or sentence if possible. "
+        "If the question cannot be answered based on the information in the article, write "
+        "\"unanswerable\". If the question is a yes/no question, answer \"yes\", \"no\", or "
+        "\"unanswerable\". Do not provide any explanation.\n\nQuestion: {input}\n\nAnswer:"
+    ),
+    "multifieldqa_en": (
+        "Read the following text and answer briefly.\n\n{context}\n\nNow, answer the following "
+        "question based on the above text, only give me the answer and do not output any other "
+        "words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "hotpotqa": (
+        "Answer the question based on the given passages. Only give me the answer and do not "
+        "output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the "
+        "question based on the given passages. Only give me the answer and do not output any "
+        "other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "2wikimqa": (
+        "Answer the question based on the given passages. Only give me the answer and do not "
+        "output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the "
+        "question based on the given passages. Only give me the answer and do not output any "
+        "other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "musique": (
+        "Answer the question based on the given passages. Only give me the answer and do not "
+        "output any other words.\n\nThe following are given passages.\n{context}\n\nAnswer the "
+        "question based on the given passages. Only give me the answer and do not output any "
+        "other words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "gov_report": (
+        "You are given a report by a government agency. Write a one-page summary of the "
+        "report.\n\nReport:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"
+    ),
+    "qmsum": (
+        "You are given a meeting transcript and a query containing a question or instruction. "
+        "Answer the query in one or more sentences.\n\nTranscript:\n{context}\n\nNow, answer the "
+        "query based on the above meeting transcript in one or more sentences.\n\nQuery: "
+        "{input}\nAnswer:"
+    ),
+    "multi_news": (
+        "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n"
+        "{context}\n\nNow, write a one-page summary of all the news.\n\nSummary:"
+    ),
+    "trec": (
+        "Please determine the type of the question below. Here are some examples of "
+        "questions.\n\n{context}\n{input}"
+    ),
+    "triviaqa": (
+        "Answer the question based on the given passage. Only give me the answer and do not "
+        "output any other words. The following are some examples.\n\n{context}\n\n{input}"
+    ),
+    "samsum": (
+        "Summarize the dialogue into a few short sentences. The following are some "
+        "examples.\n\n{context}\n\n{input}"
+    ),
+    "passage_count": (
+        "There are some paragraphs below sourced from Wikipedia. Some of them may be duplicates. "
+        "Please carefully read these paragraphs and determine how many unique paragraphs there "
+        "are after removing duplicates. In other words, how many non-repeating paragraphs are "
+        "there in total?\n\n{context}\n\nPlease enter the final count of unique paragraphs after "
+        "removing duplicates. The output format should only contain the number, such as 1, 2, "
+        "3, and so on.\n\nThe final answer is: "
+    ),
+    "passage_retrieval_en": (
+        "Here are 30 paragraphs from Wikipedia, along with an abstract. Please determine which "
+        "paragraph the abstract is from.\n\n{context}\n\nThe following is an abstract.\n\n{input}"
+        "\n\nPlease enter the number of the paragraph that the abstract is from. The answer "
+        "format must be like \"Paragraph 1\", \"Paragraph 2\", etc.\n\nThe answer is: "
+    ),
+    "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
+    "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
+}
+
+#: the official ``max_new_tokens`` of each task.
+DATASET2MAXLEN: dict[str, int] = {
+    "narrativeqa": 128, "qasper": 128, "multifieldqa_en": 64, "hotpotqa": 32,
+    "2wikimqa": 32, "musique": 32, "gov_report": 512, "qmsum": 512, "multi_news": 512,
+    "trec": 64, "triviaqa": 32, "samsum": 128, "passage_count": 32,
+    "passage_retrieval_en": 32, "lcc": 64, "repobench-p": 64,
+}
+
+#: the single-document and multi-document English QA tasks (the paper profile's set).
+QA_DATASETS: tuple[str, ...] = (
+    "narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique",
+)
+
+#: datasets ``pred.py`` feeds to chat models without their chat template.
+NO_CHAT_TEMPLATE_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
+
+#: the fields of every official LongBench row.
+REQUIRED_FIELDS: tuple[str, ...] = (
+    "input", "context", "answers", "length", "dataset", "language", "all_classes", "_id",
+)
+
+TASK_PREFIX = "longbench_"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def task_name(dataset: str) -> str:
+    """The record ``task`` of a LongBench dataset, e.g. ``longbench_hotpotqa``."""
+    return f"{TASK_PREFIX}{dataset}"
+
+
+# ------------------------------------------------------------------------ loading
+
+def load_longbench(source: str | Path, dataset: str, split: str = "test",
+                   limit: int | None = None, revision: str | None = None) -> list[dict[str, Any]]:
+    """The raw rows of one LongBench dataset (first ``limit`` rows when given).
+
+    ``source`` is a local file (``.jsonl`` or ``.parquet``), a local directory (see
+    the module docstring for the layouts searched), or a hub dataset id
+    (``owner/name``), loaded as ``datasets.load_dataset(source, dataset, split=split,
+    revision=revision)`` and, when the repository has no configuration of that name
+    (e.g. the ``refs/convert/parquet`` branch), with ``data_dir=dataset`` instead.
+    """
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be non-negative, got {limit}")
+    path = Path(source).expanduser()
+    if path.is_file():
+        return _read_file(path, limit)
+    if path.is_dir():
+        files = _local_files(path, dataset, split)
+        if not files:
+            raise FileNotFoundError(
+                f"no LongBench data for {dataset!r} in {path}: expected {dataset}.jsonl (or "
+                f"data/{dataset}.jsonl), Parquet files under {dataset}/, or {dataset}.parquet / "
+                f"{dataset}-*.parquet"
+            )
+        rows: list[dict[str, Any]] = []
+        for file in files:
+            rows.extend(_read_file(file, None if limit is None else limit - len(rows)))
+            if limit is not None and len(rows) >= limit:
+                break
+        return rows
+    if _HUB_ID.match(str(source)):
+        return _load_hub(str(source), dataset, split, limit, revision)
+    raise FileNotFoundError(
+        f"{source}: no such file or directory (expected a directory holding {dataset}.jsonl or "
+        "Parquet files, a .jsonl/.parquet file, or a hub dataset id 'owner/name')"
+    )
+
+
+def _local_files(directory: Path, dataset: str, split: str) -> list[Path]:
+    for candidate in (directory / f"{dataset}.jsonl", directory / "data" / f"{dataset}.jsonl"):
+        if candidate.is_file():
+            return [candidate]
+    nested = directory / dataset
+    if nested.is_dir():
+        files = sorted(nested.rglob("*.parquet"))
+        of_split = [
+            f for f in files
+            if split in f.relative_to(nested).parts[:-1] or f.name.startswith(f"{split}-")
+            or f.stem == split
+        ]
+        return of_split or files
+    return sorted(
+        f for f in directory.glob("*.parquet")
+        if f.stem == dataset or f.name.startswith(f"{dataset}-")
+    )
+
+
+def _read_file(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    if path.suffix == ".jsonl":
+        return _read_jsonl(path, limit)
+    if path.suffix == ".parquet":
+        return _read_parquet(path, limit)
+    raise ValueError(f"{path}: expected a .jsonl or .parquet file")
+
+
+def _read_jsonl(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if limit is not None and len(rows) >= limit:
+                break
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from exc
+            rows.append(_checked_row(row, where))
+    return rows
+
+
+def _read_parquet(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    if limit is not None:
+        table = table.slice(0, limit)
+    return [_checked_row(row, f"{path} row {i}") for i, row in enumerate(table.to_pylist())]
+
+
+def _load_hub(source: str, dataset: str, split: str, limit: int | None,
+              revision: str | None) -> list[dict[str, Any]]:
+    import datasets
+
+    try:
+        try:
+            data = datasets.load_dataset(source, dataset, split=split, revision=revision)
+        except ValueError as exc:
+            if dataset not in str(exc):
+                raise
+            # no configuration named after the dataset: one folder per dataset instead
+            data = datasets.load_dataset(source, data_dir=dataset, split=split, revision=revision)
+    except Exception as exc:
+        # ``source`` may as well have been meant as a local path that is missing
+        raise FileNotFoundError(
+            f"{source}: no such local path, and loading it as a hub dataset id failed "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+    rows = []
+    for index, row in enumerate(data):
+        if limit is not None and index >= limit:
+            break
+        rows.append(_checked_row(dict(row), f"{source} ({dataset}, {split}) row {index}"))
+    return rows
+
+
+def _checked_row(row: Any, where: str) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for name in REQUIRED_FIELDS:
+        if name not in row:
+            raise ValueError(f"{where}: LongBench row lacks field {name!r}")
+    answers = row["answers"]
+    if not isinstance(answers, (list, tuple)) or not answers:
+        raise ValueError(f"{where}: field 'answers' must be a non-empty list")
+    return row
+
+
+# ------------------------------------------------------------------------ records
+
+def split_template(dataset: str) -> tuple[str, str]:
+    """``(head, question)``: the template before and after ``{context}`` + blank line.
+
+    ``head`` ends with ``{context}``; ``question`` is the template part that follows
+    the blank line. Raises ``ValueError`` for a template without that blank line, or
+    one that puts ``{input}`` before the document.
+    """
+    try:
+        template = DATASET2PROMPT[dataset]
+    except KeyError:
+        raise ValueError(
+            f"no LongBench prompt template for {dataset!r}; known: {', '.join(sorted(DATASET2PROMPT))}"
+        ) from None
+    marker = "{context}" + PROMPT_SEPARATOR
+    if template.count("{context}") != 1 or marker not in template:
+        raise ValueError(
+            f"the {dataset!r} template has no blank line right after {{context}}; it cannot be "
+            "split into a context part and a question part"
+        )
+    cut = template.index(marker) + len("{context}")
+    head, question = template[:cut], template[cut + len(PROMPT_SEPARATOR):]
+    if "{input}" in head:
+        raise ValueError(f"the {dataset!r} template asks its question before the document")
+    return head, question
+
+
+def middle_truncate(tokenizer: Any, text: str, max_length: int) -> tuple[str, int, bool]:
+    """``(text, n_tokens, truncated)``: pred.py's middle truncation of ``text``.
+
+    ``n_tokens`` counts the tokens of ``text`` (no special tokens). Above
+    ``max_length`` the text becomes the decoded first ``int(max_length / 2)`` tokens
+    followed by the decoded last ``int(max_length / 2)`` tokens. Re-encoding the
+    result gives those tokens back except near the junction, where the two halves
+    meet inside a word and may tokenize differently (a few tokens).
+    """
+    if max_length < 2:
+        raise ValueError(f"max_length must be at least 2, got {max_length}")
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if len(ids) <= max_length:
+        return text, len(ids), False
+    half = int(max_length / 2)
+    kept = (tokenizer.decode(ids[:half], skip_special_tokens=True)
+            + tokenizer.decode(ids[-half:], skip_special_tokens=True))
+    return kept, len(ids), True
+
+
+def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: Any,
+                      max_length: int) -> list[TaskRecord]:
+    """Task records of ``dataset`` (see the module docstring).
+
+    ``metadata``: ``dataset``, ``all_classes``, ``max_new_tokens`` (the official
+    answer budget), ``original_length`` (tokens of the filled template),
+    ``truncated``, ``_id``, ``language``, ``longbench_length`` (the row's own
+    ``length`` field) and ``target_tokens`` (= ``max_length``). ``length`` is the
+    number of prompt tokens after the chat template.
+    """
+    _, question_template = split_template(dataset)
+    template = DATASET2PROMPT[dataset]
+    records = []
+    for index, row in enumerate(rows):
+        where = f"{dataset} row {index}"
+        _checked_row(row, where)
+        filled = template.format(**row)
+        question = question_template.format(**row)
+        ending = PROMPT_SEPARATOR + question  # ``filled`` ends with it by construction
+        text, n_tokens, truncated = middle_truncate(tokenizer, filled, max_length)
+        if not text.endswith(ending):
+            raise ValueError(
+                f"{where} (_id={row['_id']!r}): after middle truncation to {max_length} tokens the "
+                "prompt no longer ends with the whole question part — the question part is "
+                f"longer than {int(max_length / 2)} tokens, or the tokenizer's decode does not "
+                "reproduce the text; raise max_length"
+            )
+        metadata = {
+            "dataset": dataset,
+            "all_classes": None if row["all_classes"] is None else list(row["all_classes"]),
+            "max_new_tokens": DATASET2MAXLEN[dataset],
+            "original_length": n_tokens,
+            "truncated": truncated,
+            "_id": row["_id"],
+            "language": row["language"],
+            "longbench_length": row["length"],
+            "target_tokens": max_length,
+        }
+        record = TaskRecord(
+            id=f"{task_name(dataset)}:{row['_id']}",
+            task=task_name(dataset),
+            context=text[: len(text) - len(ending)],
+            question=question,
+            answers=[str(answer) for answer in row["answers"]],
+            metadata=metadata,
+        )
+        records.append(replace(record, length=len(build_prompt_ids(tokenizer, record)[0])))
+    return records
+
+
+def score_record(record: TaskRecord, prediction: str) -> float:
+    """The LongBench score in [0, 1] of ``prediction`` for one record."""
+    metadata = record.metadata
+    return score_sample(metadata["dataset"], prediction, record.answers, metadata["all_classes"])
+
