@@ -207,10 +207,11 @@ class CompactLayer(CacheLayerMixin):
 
 @dataclass
 class StepCertificates:
-    """Certificates of one forward: per layer with a sampled tail, V̂ and b̂_c [B, Hq, Q]."""
+    """Certificates of one forward: per layer with a sampled tail, V̂, b̂_c and ‖ô‖ [B, Hq, Q]."""
 
     variance: dict[int, torch.Tensor] = field(default_factory=dict)
     range_term: dict[int, torch.Tensor] = field(default_factory=dict)
+    output_norm: dict[int, torch.Tensor] = field(default_factory=dict)
     num_queries: int = 0
 
 
@@ -269,11 +270,13 @@ class CertifiedCache(Cache):
         self._armed_fired = False
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes())
 
-    def record(self, layer_idx: int, variance: torch.Tensor, range_term: torch.Tensor) -> None:
+    def record(self, layer_idx: int, variance: torch.Tensor, range_term: torch.Tensor, output_norm=None) -> None:
         if self._current is None:
             self._current = StepCertificates()
         self._current.variance[layer_idx] = variance.detach()
         self._current.range_term[layer_idx] = range_term.detach()
+        if output_norm is not None:
+            self._current.output_norm[layer_idx] = output_norm.detach()
         self._current.num_queries = variance.shape[-1]
 
     def after_attention(self, module, query: torch.Tensor, scaling: float) -> None:

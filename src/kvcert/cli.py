@@ -16,6 +16,7 @@ import sys
 SUBCOMMANDS: list[str] = [
     "kvcert.bench.cli",
     "kvcert.generation.cli",
+    "kvcert.prereg",
 ]
 
 
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         status = args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as exc:  # user errors: one line, no traceback
+    except (ValueError, FileNotFoundError, KeyError, RuntimeError) as exc:  # user errors: one line, no traceback
         print(f"kvcert {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return int(status or 0)

@@ -78,7 +78,8 @@ def kvcert_attention_forward(
         )
         output = res.output
         if certify:
-            cache.record(module.layer_idx, res.variance, res.range_term)
+            norm = torch.linalg.vector_norm(output.float(), dim=-1)
+            cache.record(module.layer_idx, res.variance, res.range_term, norm)
     if layer is not None:
         cache.after_attention(module, query, scaling)
     return output.transpose(1, 2).contiguous(), None
