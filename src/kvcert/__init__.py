@@ -10,27 +10,37 @@ Tensor-level API (no model needed):
 
 Model-level API: :func:`enable_certified_attention`, :class:`CertifiedCache`,
 :class:`EvictionPress`.
+
+Names are imported on first use, so light modules (the pipeline's planning, the
+pre-registration check) load without torch.
 """
 
-from .attention import CertifiedAttention, certified_attention, hajek_attention
-from .cache import CertifiedCache, CompactLayer
-from .certificate import anytime_radius, bernstein_radius, certificate_reference
-from .design import (
-    RetentionDesign,
-    Sample,
-    inclusion_probabilities,
-    poisson_sample,
-    priority_sample,
-    sample_retention,
-    topk_sample,
-)
-from .integration import enable_certified_attention
-from .press import EvictionPress
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "CertifiedAttention", "CertifiedCache", "CompactLayer", "EvictionPress", "RetentionDesign", "Sample",
-    "anytime_radius", "bernstein_radius", "certificate_reference", "certified_attention", "enable_certified_attention",
-    "hajek_attention", "inclusion_probabilities", "poisson_sample", "priority_sample", "sample_retention", "topk_sample",
-]
+_EXPORTS = {
+    "CertifiedAttention": "attention", "certified_attention": "attention", "hajek_attention": "attention",
+    "CertifiedCache": "cache", "CompactLayer": "cache",
+    "anytime_radius": "certificate", "bernstein_radius": "certificate", "certificate_reference": "certificate",
+    "RetentionDesign": "design", "Sample": "design", "inclusion_probabilities": "design",
+    "poisson_sample": "design", "priority_sample": "design", "sample_retention": "design", "topk_sample": "design",
+    "enable_certified_attention": "integration",
+    "EvictionPress": "press",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kvcert' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -17,6 +17,7 @@ SUBCOMMANDS: list[str] = [
     "kvcert.bench.cli",
     "kvcert.generation.cli",
     "kvcert.prereg",
+    "kvcert.pipeline.cli",
 ]
 
 

@@ -1,7 +1,9 @@
-"""Run one generation job over a records manifest into one resumable shard.
+"""Run generation specs over a records manifest into one resumable shard.
 
-Everything that can be wrong with the inputs — the config, the model path, the
-records file — is checked before the first generation, each in one line.
+Everything that can be wrong with the inputs — the configs, the model path, the
+records file — is checked before the first generation, each in one line. A shard may
+hold several runs (the full cache and the compressed settings of the same examples);
+they share one loaded model.
 """
 
 from __future__ import annotations
@@ -15,8 +17,63 @@ from ..models import load_model, resolve_model_path
 from ..tasks.records import read_jsonl
 from .engine import Engine
 from .provenance import provenance
-from .shards import KEY, ShardWriter, read_records
+from .shards import ShardWriter, read_records, record_key
 from .spec import GenerationSpec
+
+
+def expected_key(record_id: str, spec: GenerationSpec) -> str:
+    return record_key({"example_id": record_id, "condition": spec.condition, "method": spec.method.name,
+                       "budget": float(spec.budget), "seed": spec.seed})
+
+
+def load_records(records_path: str | Path, start: int = 0, stop: int | None = None):
+    records_path = Path(records_path)
+    if not records_path.exists():
+        raise FileNotFoundError(f"records: {records_path} does not exist; build the task manifest first")
+    records = read_jsonl(records_path)[start:stop]
+    ids = [r.id for r in records]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"records: {records_path} holds duplicate ids")
+    return records
+
+
+def run_specs(
+    configs: list[dict],
+    records,
+    out_path: str | Path,
+    prereg_hash: str | None = None,
+    model_and_tokenizer=None,
+    progress: bool = True,
+) -> Path:
+    """Generate every record under every config into the shard ``out_path`` (resumable)."""
+    specs = [GenerationSpec.from_dict(c) for c in configs]
+    if len({s.model for s in specs}) != 1:
+        raise ValueError("configs: the runs of one shard must use the same model")
+    keys = [expected_key(r.id, s) for r in records for s in specs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("configs: two runs of the shard are the same setting")
+    out_path = Path(out_path)
+    if out_path.exists():  # a finished shard: nothing to do if it holds exactly these records
+        done = {record_key(r) for r in read_records(out_path)}
+        if done == set(keys):
+            return out_path
+        raise ValueError(f"{out_path}: the finished shard holds other records than planned; delete it to regenerate")
+    if model_and_tokenizer is None:
+        resolve_model_path(specs[0].model.path)  # a missing path fails here, before loading anything
+    writer = ShardWriter(out_path).open()
+    try:
+        if writer.recovered_tail:
+            print(f"{writer.partial}: dropped a truncated last line; it is recomputed", file=sys.stderr)
+        todo = [(r, s) for r in records for s in specs if not writer.is_done(expected_key(r.id, s))]
+        if todo:
+            model, tokenizer = model_and_tokenizer or load_model(specs[0].model)
+            engines = {id(s): Engine(model, tokenizer, s, provenance(s.to_dict(), prereg_hash)) for s in specs}
+            bar = tqdm(todo, desc=out_path.name, unit="gen", disable=not progress, file=sys.stderr)
+            for record, spec in bar:
+                writer.write(engines[id(spec)].run(record))
+    finally:
+        writer.close()
+    return writer.finalize(keys)
 
 
 def run_job(
@@ -27,37 +84,7 @@ def run_job(
     model_and_tokenizer=None,
     progress: bool = True,
 ) -> Path:
-    """Generate every record of ``records_path`` under ``config`` into the shard ``out_path``.
-
-    Resumes a ``.partial`` shard left by an interrupted run; returns the final path.
-    """
-    spec = GenerationSpec.from_dict(config)
-    records_path = Path(records_path)
-    if not records_path.exists():
-        raise FileNotFoundError(f"records: {records_path} does not exist; build the task manifest first")
-    records = read_jsonl(records_path)
-    ids = [r.id for r in records]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"records: {records_path} holds duplicate ids")
-    out_path = Path(out_path)
-    if out_path.exists():  # a finished shard: nothing to do if it holds exactly these records
-        done = {str(r[KEY]) for r in read_records(out_path)}
-        if done == set(ids):
-            return out_path
-        raise ValueError(f"{out_path}: finished shard holds other records than {records_path}; delete it to regenerate")
-    if model_and_tokenizer is None:
-        resolve_model_path(spec.model.path)  # a missing path fails here, before loading anything
-    writer = ShardWriter(out_path).open()
-    try:
-        todo = [r for r in records if not writer.is_done(r.id)]
-        if writer.recovered_tail:
-            print(f"{writer.partial}: dropped a truncated last line; it is recomputed", file=sys.stderr)
-        if todo:
-            model, tokenizer = model_and_tokenizer or load_model(spec.model)
-            engine = Engine(model, tokenizer, spec, provenance(spec.to_dict(), prereg_hash))
-            bar = tqdm(todo, desc=Path(out_path).name, unit="gen", disable=not progress, file=sys.stderr)
-            for record in bar:
-                writer.write(engine.run(record))
-    finally:
-        writer.close()
-    return writer.finalize(ids)
+    """One config over a whole manifest (``kvcert generate``)."""
+    GenerationSpec.from_dict(config)  # config errors before the records are read
+    records = load_records(records_path)
+    return run_specs([config], records, out_path, prereg_hash, model_and_tokenizer, progress)

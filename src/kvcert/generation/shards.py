@@ -16,7 +16,13 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
-KEY = "example_id"
+def record_key(record: dict) -> str:
+    """What identifies a generation inside a shard: example and run."""
+    budget = record.get("budget")
+    return "|".join(
+        str(x) for x in (record["example_id"], record.get("condition"), record.get("method"),
+                         f"{budget:g}" if isinstance(budget, (int, float)) else budget, record.get("seed"))
+    )
 
 
 class CorruptShardError(ValueError):
@@ -75,7 +81,7 @@ class ShardWriter:
                 with open(self.partial, "r+b") as fh:
                     fh.truncate(good)
             for record in records:
-                self.done.setdefault(str(record[KEY]), record)
+                self.done.setdefault(record_key(record), record)
             if len(self.done) != len(records):  # duplicates from an older writer: rewrite once, first wins
                 tmp = self.partial.with_name(self.partial.name + ".dedup")
                 with open(tmp, "w") as fh:
@@ -91,11 +97,11 @@ class ShardWriter:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def is_done(self, example_id: str) -> bool:
-        return str(example_id) in self.done
+    def is_done(self, key: str) -> bool:
+        return key in self.done
 
     def write(self, record: dict) -> None:
-        key = str(record[KEY])
+        key = record_key(record)
         if key in self.done:
             raise ValueError(f"{self.partial}: record {key!r} already written")
         self._fh.write(json.dumps(record, sort_keys=True) + "\n")
@@ -107,10 +113,10 @@ class ShardWriter:
             self._fh.close()
             self._fh = None
 
-    def finalize(self, expected_ids: Iterable[str]) -> Path:
-        """Atomically publish the shard once every expected id is present."""
+    def finalize(self, expected_keys: Iterable[str]) -> Path:
+        """Atomically publish the shard once every expected record key is present."""
         self.close()
-        missing = [i for i in expected_ids if str(i) not in self.done]
+        missing = [i for i in expected_keys if i not in self.done]
         if missing:
             raise RuntimeError(f"{self.partial}: {len(missing)} records missing (e.g. {missing[0]!r}); rerun to resume")
         os.replace(self.partial, self.final)

@@ -1,0 +1,224 @@
+"""kvcert: the pre-registered pipeline.
+
+verify pre-registration → task manifests → embedded model (shipped, or retrained on
+request) → attention-level replay (C1, C2) → generation shards → score → claims →
+report. Jobs come from the experiment's frozen design grid through
+kvcert.pipeline.plan, the same code behind `kvcert plan`.
+
+    snakemake --cores all                                   # embedded default (smoke)
+    snakemake --profile profiles/slurm --config experiment=paper
+"""
+
+import yaml
+from pathlib import Path
+
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import min_version, validate
+
+from kvcert.pipeline.config import check_pipeline_config
+from kvcert.pipeline.plan import build_plan, load_grid
+
+min_version("8.0")
+
+
+configfile: "configs/pipeline.yaml"
+
+
+CONFIGS = Path(workflow.basedir) / "configs"
+try:
+    check_pipeline_config(config, CONFIGS / "pipeline.schema.yaml", CONFIGS)
+except ValueError as exc:
+    raise WorkflowError(str(exc)) from None
+validate(config, str(CONFIGS / "pipeline.schema.yaml"))
+
+EXP = config["experiment"]
+EXP_CFG = yaml.safe_load((CONFIGS / "experiment" / f"{EXP}.yaml").read_text())
+PREREG = config["prereg"]
+PLAN = build_plan(EXP, load_grid(PREREG, EXP_CFG["grid"]))
+OUT = f"{config['results']}/{EXP}"
+ANALYSIS = Path(workflow.basedir) / "analysis"
+VERIFIED = f"{OUT}/prereg/verified.json"
+COMMON = f"--experiment {EXP} --prereg {PREREG} --configs {CONFIGS}"
+RETRAIN = config["retrain_model"]
+TRAINED = f"{OUT}/model/embedded"
+SHARDS = [f"{OUT}/{s.path}" for s in PLAN.shards]
+REPLAYS = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.parquet" for r in PLAN.replays]
+IMPOSSIBILITY = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.impossibility.json" for r in PLAN.replays]
+PREREG_FILES = [f"{PREREG}/claims.yaml", f"{PREREG}/{EXP_CFG['grid']}"] + sorted(
+    str(p) for p in Path(PREREG, "freeze").glob("*.yaml")
+)
+
+
+def model_inputs(wildcards):
+    return [TRAINED] if RETRAIN and wildcards.model == "embedded" else []
+
+
+def model_path_flag(wildcards):
+    return f"--model-path {TRAINED}" if RETRAIN and wildcards.model == "embedded" else ""
+
+
+wildcard_constraints:
+    model=r"[A-Za-z0-9_.\-]+",
+    task=r"[A-Za-z0-9_]+",
+    cell=r"main|multiturn|locomo",
+    length=r"\d+",
+    index=r"\d{3}",
+
+
+rule all:
+    input:
+        f"{OUT}/report.md",
+        f"{OUT}/report.html",
+        f"{OUT}/claims.json",
+        f"{OUT}/summary.json",
+
+
+rule verify_prereg:
+    input:
+        PREREG_FILES,
+    output:
+        VERIFIED,
+    log:
+        f"{OUT}/logs/verify_prereg.log",
+    params:
+        folder=lambda wildcards, input: Path(input[0]).parent,
+    conda:
+        "environment.yml"
+    shell:
+        "kvcert prereg verify --folder {params.folder} --out {output} 2>&1 | tee {log}"
+
+
+rule train_model:
+    output:
+        directory(TRAINED),
+    log:
+        f"{OUT}/logs/train_model.log",
+    params:
+        recipe=config["train_recipe"],
+    threads: workflow.cores
+    conda:
+        "environment.yml"
+    shell:
+        "kvcert train-model --recipe {params.recipe} --out {output} > {log} 2>&1"
+
+
+rule manifest:
+    input:
+        VERIFIED,
+        model_inputs,
+    output:
+        f"{OUT}/manifests/{{model}}/{{task}}/{{length}}.jsonl",
+    log:
+        f"{OUT}/logs/manifest/{{model}}/{{task}}/{{length}}.log",
+    params:
+        common=COMMON,
+        model_path=model_path_flag,
+    conda:
+        "environment.yml"
+    shell:
+        "kvcert manifest {params.common} --model {wildcards.model} --task {wildcards.task} "
+        "--length {wildcards.length} {params.model_path} --out {output} > {log} 2>&1"
+
+
+rule replay:
+    input:
+        manifest=f"{OUT}/manifests/{{model}}/{{task}}/{{length}}.jsonl",
+        verified=VERIFIED,
+        model=model_inputs,
+    output:
+        draws=f"{OUT}/replay/{{model}}/{{task}}-{{length}}.parquet",
+        impossibility=f"{OUT}/replay/{{model}}/{{task}}-{{length}}.impossibility.json",
+    log:
+        f"{OUT}/logs/replay/{{model}}/{{task}}-{{length}}.log",
+    params:
+        script=ANALYSIS / "replay.py",
+        common=COMMON,
+        model_path=model_path_flag,
+    threads: EXP_CFG.get("threads_per_job", 1)
+    conda:
+        "environment.yml"
+    shell:
+        "python {params.script} {params.common} --model {wildcards.model} {params.model_path} "
+        "--records {input.manifest} --threads {threads} --out {output.draws} "
+        "--impossibility-out {output.impossibility} > {log} 2>&1"
+
+
+rule generate:
+    input:
+        manifest=f"{OUT}/manifests/{{model}}/{{task}}/{{length}}.jsonl",
+        verified=VERIFIED,
+        model=model_inputs,
+    output:
+        f"{OUT}/generations/{{model}}/{{cell}}/{{task}}/{{length}}/shard{{index}}.jsonl",
+    log:
+        f"{OUT}/logs/generate/{{model}}/{{cell}}/{{task}}/{{length}}/shard{{index}}.log",
+    params:
+        common=COMMON,
+        model_path=model_path_flag,
+    threads: EXP_CFG.get("threads_per_job", 1)
+    conda:
+        "environment.yml"
+    shell:
+        "kvcert shard {params.common} --model {wildcards.model} --cell {wildcards.cell} --task {wildcards.task} "
+        "--length {wildcards.length} --index {wildcards.index} --manifest {input.manifest} "
+        "--verified {input.verified} {params.model_path} --threads {threads} --out {output} > {log} 2>&1"
+
+
+rule score:
+    input:
+        shards=SHARDS,
+        verified=VERIFIED,
+    output:
+        f"{OUT}/scores.parquet",
+    log:
+        f"{OUT}/logs/score.log",
+    params:
+        script=ANALYSIS / "score.py",
+        prereg=PREREG,
+    conda:
+        "environment.yml"
+    shell:
+        "python {params.script} --prereg {params.prereg} --verified {input.verified} "
+        "--shards {input.shards} --out {output} > {log} 2>&1"
+
+
+rule claims:
+    input:
+        scores=f"{OUT}/scores.parquet",
+        replay=REPLAYS,
+        verified=VERIFIED,
+    output:
+        f"{OUT}/claims.json",
+    log:
+        f"{OUT}/logs/claims.log",
+    params:
+        script=ANALYSIS / "claims.py",
+        prereg=PREREG,
+    conda:
+        "environment.yml"
+    shell:
+        "python {params.script} --prereg {params.prereg} --verified {input.verified} --scores {input.scores} "
+        "--replay {input.replay} --out {output} > {log} 2>&1"
+
+
+rule report:
+    input:
+        claims=f"{OUT}/claims.json",
+        scores=f"{OUT}/scores.parquet",
+        replay=REPLAYS,
+        impossibility=IMPOSSIBILITY,
+        verified=VERIFIED,
+    output:
+        md=f"{OUT}/report.md",
+        html=f"{OUT}/report.html",
+        summary=f"{OUT}/summary.json",
+    log:
+        f"{OUT}/logs/report.log",
+    params:
+        script=ANALYSIS / "report.py",
+        out_dir=lambda wildcards, output: Path(output.md).parent,
+    conda:
+        "environment.yml"
+    shell:
+        "python {params.script} --verified {input.verified} --claims {input.claims} --scores {input.scores} "
+        "--replay {input.replay} --impossibility {input.impossibility} --out-dir {params.out_dir} > {log} 2>&1"

@@ -1,0 +1,77 @@
+"""Hydra composition of one run's generation config.
+
+Each run of a shard composes ``configs/config.yaml`` with overrides derived from the
+Snakemake wildcards — ``experiment=…, model=…, task=…, method=…, budget=…,
+condition=…, seed=…`` — through hydra's compose API with an absolute config
+directory (no working-directory change, no output folders). The retention design
+and the certificate level δ are then taken from the frozen pre-registration's
+analysis plan, so generation and analysis cannot disagree about them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+
+from .plan import Run
+
+
+def configs_dir() -> Path:
+    """The repository's ``configs/`` folder (``KVCERT_CONFIGS`` overrides)."""
+    import os
+
+    if os.environ.get("KVCERT_CONFIGS"):
+        return Path(os.environ["KVCERT_CONFIGS"]).resolve()
+    return (Path(__file__).resolve().parents[3] / "configs").resolve()
+
+
+def budget_option(budget: float) -> str:
+    return "full" if float(budget) == 1.0 else f"b{float(budget):g}"
+
+
+def run_overrides(experiment: str, model: str, task: str, run: Run) -> list[str]:
+    overrides = [
+        f"experiment={experiment}", f"model={model}", f"task={task}", f"method={run.method}",
+        f"budget={budget_option(run.budget)}", f"condition={run.condition}", f"seed={run.seed}",
+    ]
+    if run.chunk_tokens is not None:
+        overrides.append(f"chunk_tokens={run.chunk_tokens}")
+    return overrides
+
+
+def compose_config(overrides: list[str], config_dir: Path | None = None) -> dict:
+    """The composed config as a plain dict (interpolations resolved)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    directory = str((config_dir or configs_dir()).resolve())
+    try:
+        with initialize_config_dir(config_dir=directory, version_base=None):
+            cfg = compose(config_name="config", overrides=overrides)
+    except HydraException as exc:
+        raise ValueError(f"config: {str(exc).splitlines()[0]}") from None
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def generation_config(composed: dict, analysis_plan: dict, max_new_tokens: int | None) -> dict:
+    """The :class:`~kvcert.generation.spec.GenerationSpec` mapping of one composed run."""
+    method = dict(composed["method"])
+    if method.get("name") != "full":
+        method["design"] = dict(analysis_plan["design"])
+    return {
+        "model": dict(composed["model"]),
+        "method": method,
+        "condition": composed["condition"],
+        "budget": float(composed["budget"]),
+        "seed": int(composed["seed"]),
+        "max_new_tokens": int(max_new_tokens or composed["task"].get("max_new_tokens") or 32),
+        "chunk_tokens": composed.get("chunk_tokens"),
+        "certificate": {"delta": float(analysis_plan["delta"]),
+                        "aggregations": list(composed["certificate"]["aggregations"])},
+    }
+
+
+def analysis_plan(prereg: str | Path) -> dict:
+    return yaml.safe_load((Path(prereg) / "claims.yaml").read_text())["analysis_plan"]

@@ -1,0 +1,186 @@
+"""From a pre-registered design grid to the pipeline's jobs.
+
+A *run* is one generation setting (condition × method × budget × seed, or the full
+cache). A *shard* is one job: a slice of the examples of one (model, task, length)
+under every run of its cell, so the full-cache answer of an example sits in the same
+job as its compressed runs. Shards hold about ``generations_per_shard`` generations.
+Cells: ``main`` (the grid's tasks × lengths × conditions × budgets × methods),
+``multiturn`` and ``locomo`` (their own conditions and budgets, when the grid has them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+NATIVE_LENGTH = 0  # tasks with their own length (LoCoMo)
+
+
+@dataclass(frozen=True)
+class Run:
+    condition: str
+    method: str
+    budget: float
+    seed: int = 0
+    chunk_tokens: int | None = None
+
+    @property
+    def key(self) -> str:
+        if self.condition == "full":
+            return f"full-s{self.seed}"
+        return f"{self.condition}-{self.method}-b{self.budget:g}-s{self.seed}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    model: str
+    task: str
+    length: int
+    examples: int
+    seed: int
+
+    @property
+    def path(self) -> str:
+        return f"manifests/{self.model}/{self.task}/{self.length}.jsonl"
+
+
+@dataclass(frozen=True)
+class Shard:
+    cell: str
+    model: str
+    task: str
+    length: int
+    index: int
+    start: int
+    stop: int
+    runs: tuple[Run, ...]
+
+    @property
+    def path(self) -> str:
+        return f"generations/{self.model}/{self.cell}/{self.task}/{self.length}/shard{self.index:03d}.jsonl"
+
+    @property
+    def generations(self) -> int:
+        return (self.stop - self.start) * len(self.runs)
+
+    @property
+    def manifest(self) -> str:
+        return f"manifests/{self.model}/{self.task}/{self.length}.jsonl"
+
+
+@dataclass
+class Plan:
+    experiment: str
+    grid: dict
+    manifests: list[Manifest] = field(default_factory=list)
+    shards: list[Shard] = field(default_factory=list)
+    replays: list[Manifest] = field(default_factory=list)  # one replay job per (model, length)
+
+    @property
+    def generations(self) -> int:
+        return sum(s.generations for s in self.shards)
+
+    def shard(self, model: str, cell: str, task: str, length: int, index: int) -> Shard:
+        for s in self.shards:
+            if (s.model, s.cell, s.task, s.length, s.index) == (model, cell, task, int(length), int(index)):
+                return s
+        raise KeyError(f"no shard {model}/{cell}/{task}/{length}/{index} in the {self.experiment} plan")
+
+    def manifest(self, model: str, task: str, length: int) -> Manifest:
+        for m in self.manifests:
+            if (m.model, m.task, m.length) == (model, task, int(length)):
+                return m
+        raise KeyError(f"no manifest {model}/{task}/{length} in the {self.experiment} plan")
+
+    def jobs_per_rule(self) -> dict[str, int]:
+        return {
+            "verify_prereg": 1,
+            "manifest": len(self.manifests),
+            "replay": len(self.replays),
+            "generate": len(self.shards),
+            "score": 1,
+            "claims": 1,
+            "report": 1,
+            "all": 1,
+        }
+
+    @property
+    def jobs(self) -> int:
+        return sum(self.jobs_per_rule().values())
+
+
+def _runs(conditions, methods, budgets, seeds, chunk=None) -> tuple[Run, ...]:
+    runs = [Run("full", "full", 1.0, seed) for seed in seeds]
+    for seed in seeds:
+        for cond in conditions:
+            for method in methods:
+                for budget in budgets:
+                    runs.append(Run(cond, method, float(budget), seed, chunk if cond == "streaming" else None))
+    return tuple(runs)
+
+
+def _split(cell, model, task, length, examples, runs, per_shard_generations) -> list[Shard]:
+    per_shard = max(1, per_shard_generations // len(runs))
+    count = math.ceil(examples / per_shard)
+    return [
+        Shard(cell, model, task, length, i, i * per_shard, min(examples, (i + 1) * per_shard), runs)
+        for i in range(count)
+    ]
+
+
+def load_grid(prereg: str | Path, grid_file: str) -> dict:
+    path = Path(prereg) / grid_file
+    if not path.exists():
+        raise FileNotFoundError(f"grid: {path} does not exist")
+    return yaml.safe_load(path.read_text())
+
+
+def build_plan(experiment: str, grid: dict) -> Plan:
+    """Enumerate manifests, shards and replays of a design grid."""
+    plan = Plan(experiment, grid)
+    per = int(grid.get("generations_per_shard", 150))
+    seeds = grid.get("seeds", [0])
+    manifests: dict[tuple, Manifest] = {}
+
+    def need(model, task, length, examples, seed):
+        key = (model, task, length)
+        old = manifests.get(key)
+        if old is None or old.examples < examples:
+            manifests[key] = Manifest(model, task, length, max(examples, old.examples if old else 0), seed)
+
+    main_runs = _runs(grid["conditions"], grid["methods"], grid["budgets"], seeds)
+    for model in grid["models"]:
+        for task, spec in grid["tasks"].items():
+            for length in grid["lengths"]:
+                need(model, task, length, spec["examples"], spec.get("seed", 0))
+                plan.shards += _split("main", model, task, length, spec["examples"], main_runs, per)
+        for cell in ("multiturn", "locomo"):
+            spec = grid.get(cell)
+            if not spec:
+                continue
+            runs = _runs([spec["condition"]], spec["methods"], spec["budgets"], seeds, spec.get("chunk_tokens"))
+            for length in spec.get("lengths", [NATIVE_LENGTH]):
+                need(model, spec["task"], length, spec["examples"], spec.get("seed", 0))
+                plan.shards += _split(cell, model, spec["task"], length, spec["examples"], runs, per)
+        replay = grid.get("replay")
+        if replay:
+            for length in replay["lengths"]:
+                need(model, replay["task"], length, replay["examples"], replay.get("seed", 0))
+                plan.replays.append(Manifest(model, replay["task"], length, replay["examples"], replay.get("seed", 0)))
+    plan.manifests = list(manifests.values())
+    return plan
+
+
+def gpu_hours(plan: Plan, seconds_per_generation: dict) -> float:
+    """Expected device hours from per-generation estimates {model: {length: seconds}}."""
+    total = 0.0
+    for s in plan.shards:
+        table = seconds_per_generation.get(s.model, {})
+        per = table.get(s.length, table.get(str(s.length)))
+        if per is None:
+            raise ValueError(f"seconds_per_generation: no estimate for {s.model} at length {s.length}")
+        total += per * s.generations
+    return total / 3600.0
