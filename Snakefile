@@ -21,7 +21,7 @@ from kvcert.pipeline.plan import build_plan, load_grid
 min_version("8.0")
 
 
-configfile: "configs/pipeline.yaml"
+configfile: Path(workflow.basedir) / "configs" / "pipeline.yaml"
 
 
 CONFIGS = Path(workflow.basedir) / "configs"

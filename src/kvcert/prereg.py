@@ -81,12 +81,12 @@ def freeze(folder: str | Path, reason: str = "", now: datetime | None = None) ->
     if previous and previous[-1].files == files:
         raise PreregError(f"nothing to amend: the files match the freeze {previous[-1].path.name}")
     now = now or datetime.now(timezone.utc)
-    stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    stamp = now.strftime("%Y%m%dT%H%M%S") + f".{now.microsecond:06d}Z"
     target = folder / FREEZE_DIR / f"{stamp}.yaml"
     if target.exists():
         raise PreregError(f"{target}: a freeze record with this time exists already; try again in a second")
     record = {
-        "frozen_utc": now.isoformat(timespec="seconds"),
+        "frozen_utc": now.isoformat(timespec="microseconds"),
         "git_commit": git_commit(folder),
         "reason": reason.strip() or "initial freeze, before any result exists",
         "amends": previous[-1].path.name if previous else None,

@@ -1,0 +1,118 @@
+"""The pipeline: plan counts equal the Snakemake DAG's, config errors, pre-registration freeze."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvcert.pipeline.compose import compose_config, generation_config, run_overrides, analysis_plan
+from kvcert.pipeline.config import PipelineConfigError, check_pipeline_config
+from kvcert.pipeline.plan import Run, build_plan, load_grid
+from kvcert.prereg import PreregError, freeze, verify
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def snakemake(*args, cwd=REPO, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def job_stats(output: str) -> dict[str, int]:
+    block = output.split("Job stats:")[1]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
+
+
+def test_paper_plan_matches_dry_run_and_is_fast():
+    plan = build_plan("paper", load_grid(REPO / "preregistration", "grids/paper.yaml"))
+    main = sum(s.generations for s in plan.shards if s.cell == "main")
+    assert main == 4 * 2 * (4 * 150 + 110) * 13  # 73,840: the paper's ~74k generations
+    assert all(s.generations <= 200 for s in plan.shards)  # a few hundred per GPU job at most
+    t0 = time.time()
+    out = snakemake("-n", "--config", "experiment=paper")
+    elapsed = time.time() - t0
+    assert out.returncode == 0, out.stderr[-2000:]
+    stats = job_stats(out.stdout)
+    expected = plan.jobs_per_rule()
+    assert stats["total"] == plan.jobs
+    for rule, count in expected.items():
+        assert stats[rule] == count, rule
+    assert elapsed <= 30.0
+    plan_cli = subprocess.run([sys.executable, "-m", "kvcert.cli", "plan", "--experiment", "paper"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    last = plan_cli.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"generations={plan.generations} jobs={plan.jobs} gpu_hours=")
+    assert float(last.split("gpu_hours=")[1]) > 0
+
+
+def test_lint_is_clean():
+    out = snakemake("--lint")
+    assert out.returncode == 0 and "Congratulations" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        ({"experimnt": "paper"}, "'experimnt' is unknown .*did you mean 'experiment'"),
+        ({"experiment": "papr"}, "no configs/experiment/papr.yaml"),
+        ({"retrain_model": "maybe"}, "must be true or false"),
+    ],
+)
+def test_config_errors_are_one_line(config, match):
+    base = {"experiment": "smoke", "retrain_model": False, "train_recipe": "embedded", "results": "r", "prereg": "p"}
+    base.update(config)
+    with pytest.raises(PipelineConfigError, match=match) as info:
+        check_pipeline_config(base, REPO / "configs" / "pipeline.schema.yaml", REPO / "configs")
+    assert "\n" not in str(info.value)
+    out = snakemake("-n", "--config", *[f"{k}={v}" for k, v in config.items()])
+    assert out.returncode != 0 and re.search(match, out.stdout + out.stderr)
+
+
+def test_composed_run_config_takes_design_from_prereg():
+    run = Run("streaming", "snapkv-poisson", 0.125, 0, 64)
+    composed = compose_config(run_overrides("smoke", "embedded", "multiturn", run))
+    cfg = generation_config(composed, analysis_plan(REPO / "preregistration"), None)
+    assert cfg["budget"] == 0.125 and cfg["condition"] == "streaming" and cfg["chunk_tokens"] == 64
+    assert cfg["method"]["design"] == {"sinks": 4, "window": 32, "top_fraction": 0.25, "floor": 0.1}
+    assert cfg["certificate"]["delta"] == 0.1
+    with pytest.raises(ValueError, match="config"):
+        compose_config(["method=no-such-method"])
+
+
+def test_freeze_verify_and_amend(tmp_path):
+    prereg = tmp_path / "preregistration"
+    shutil.copytree(REPO / "preregistration", prereg, ignore=shutil.ignore_patterns("freeze"))
+    with pytest.raises(PreregError, match="not frozen"):
+        verify(prereg)
+    first = freeze(prereg)
+    assert verify(prereg).prereg_hash == first.prereg_hash
+    (prereg / "grids" / "smoke.yaml").write_text((prereg / "grids" / "smoke.yaml").read_text() + "# edit\n")
+    with pytest.raises(PreregError, match=r"grids/smoke.yaml was edited after the freeze of .*amend with") as info:
+        verify(prereg)
+    assert "\n" not in str(info.value)
+    with pytest.raises(PreregError, match="reason"):
+        freeze(prereg)
+    second = freeze(prereg, reason="more examples")
+    assert second.amends == first.path.name and second.prereg_hash != first.prereg_hash
+    assert first.path.exists()  # amendments never overwrite
+    assert verify(prereg).path == second.path
+
+
+def test_tampered_preregistration_stops_the_dag(tmp_path):
+    prereg = tmp_path / "preregistration"
+    shutil.copytree(REPO / "preregistration", prereg, ignore=shutil.ignore_patterns("freeze"))
+    freeze(prereg)
+    claims = prereg / "claims.yaml"
+    claims.write_text(claims.read_text().replace("threshold: 0.85", "threshold: 0.80"))
+    out = snakemake("--cores", "1", "--config", f"prereg={prereg}", f"results={tmp_path / 'results'}",
+                    "--", str(tmp_path / "results" / "smoke" / "prereg" / "verified.json"), cwd=tmp_path)
+    assert out.returncode != 0
+    assert "claims.yaml was edited after the freeze" in out.stdout + out.stderr
