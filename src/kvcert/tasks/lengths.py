@@ -1,0 +1,71 @@
+"""Fitting a generated prompt to a target length in tokens of a given tokenizer.
+
+A generator describes its context as a function of a filler count ``n`` (more filler,
+longer prompt); :func:`fit_filler` finds the largest ``n`` whose complete prompt
+(chat template included) has at most ``target_tokens`` tokens. It guesses ``n`` from
+the tokens per filler unit, then gallops and bisects around the guess, so a record
+costs a handful of tokenizations. The result is shorter than the target by less than
+one filler unit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from kvcert.tasks.prompting import prompt_length
+
+_PROBE_UNITS = 8
+
+
+def fit_filler(
+    tokenizer: Any,
+    make_context: Callable[[int], str],
+    question: str,
+    target_tokens: int,
+    max_units: int = 1 << 20,
+) -> tuple[str, int, int]:
+    """Return ``(context, n, length)`` with the largest ``n`` such that the prompt fits.
+
+    ``make_context(n)`` must grow (weakly) in length with ``n``.
+    """
+    cache: dict[int, int] = {}
+
+    def length_of(n: int) -> int:
+        if n not in cache:
+            cache[n] = prompt_length(tokenizer, make_context(n), question)
+        return cache[n]
+
+    base = length_of(0)
+    if base > target_tokens:
+        raise ValueError(
+            f"target_tokens={target_tokens} is too small: the prompt without filler "
+            f"already has {base} tokens"
+        )
+    per_unit = max((length_of(_PROBE_UNITS) - base) / _PROBE_UNITS, 1e-9)
+    guess = int(min(max_units, max(0, (target_tokens - base) / per_unit)))
+
+    # Bracket: low fits, high does not.
+    step = max(1, guess // 64)
+    if length_of(guess) <= target_tokens:
+        low, high = guess, guess + step
+        while length_of(high) <= target_tokens:
+            low = high
+            step *= 2
+            high = low + step
+            if high > max_units:
+                raise ValueError(
+                    f"could not reach {target_tokens} tokens with {max_units} filler units"
+                )
+    else:
+        high, low = guess, max(0, guess - step)
+        while length_of(low) > target_tokens:
+            high = low
+            step *= 2
+            low = max(0, low - step)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if length_of(middle) <= target_tokens:
+            low = middle
+        else:
+            high = middle
+    return make_context(low), low, length_of(low)

@@ -1,0 +1,109 @@
+"""From a task record to the token ids a model sees.
+
+The user message is ``context + PROMPT_SEPARATOR + question``, rendered through the
+tokenizer's own chat template with ``add_generation_prompt=True``, so the model's
+answer follows the returned ids directly. :func:`build_prompt_ids` also returns
+``question_start``: the index of the first token of the question part. Everything
+before it is the *context* part, which a streaming run prefills and compresses before
+it sees the question; the question part holds the question text and the rest of the
+template up to where the answer begins.
+
+The same code path serves the embedded word-level model and real chat models
+(Qwen2.5, Llama-3.1, Mistral instruct). The split is found with a sentinel rendered
+between the two parts, and checked: either tokenizing the two rendered pieces
+separately gives exactly the ids of the whole prompt, or (fast tokenizers) the whole
+prompt's character offsets have a token boundary exactly where the question begins.
+If neither holds, a :class:`ValueError` says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROMPT_SEPARATOR = "\n\n"
+_SENTINEL = "@@KVCERT-QUESTION-STARTS-HERE@@"
+
+
+def user_message(context: str, question: str) -> str:
+    """The text of the single user turn: context, separator, question."""
+    return f"{context}{PROMPT_SEPARATOR}{question}"
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """Render ``messages`` as text through the tokenizer's chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', type(tokenizer).__name__)!r} has no chat "
+            "template; kvcert renders every prompt through one"
+        )
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    if not isinstance(text, str):
+        raise ValueError("apply_chat_template(tokenize=False) did not return a string")
+    return text
+
+
+def render_prompt(tokenizer: Any, context: str, question: str) -> str:
+    """The complete prompt text (chat template applied, generation prompt added)."""
+    return render_chat(tokenizer, [{"role": "user", "content": user_message(context, question)}])
+
+
+def encode_rendered(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of already-rendered text: the template supplies BOS, so none is added."""
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    _check_single_bos(tokenizer, ids)
+    return ids
+
+
+def prompt_length(tokenizer: Any, context: str, question: str) -> int:
+    """Number of tokens of the complete prompt (one rendering, one tokenization)."""
+    return len(encode_rendered(tokenizer, render_prompt(tokenizer, context, question)))
+
+
+def build_prompt_ids(tokenizer: Any, record: Any) -> tuple[list[int], int]:
+    """Return ``(input_ids, question_start)`` for ``record`` (see the module docstring)."""
+    context, question = record.context, record.question
+    if _SENTINEL in context or _SENTINEL in question:
+        raise ValueError("record text contains kvcert's split sentinel")
+    text = render_prompt(tokenizer, context, question)
+    marked = render_prompt(tokenizer, context, _SENTINEL + question)
+    if marked.count(_SENTINEL) != 1:
+        raise ValueError(
+            "the chat template does not render the user message verbatim (sentinel "
+            f"found {marked.count(_SENTINEL)} times); cannot locate the question"
+        )
+    split = marked.index(_SENTINEL)
+    if marked[:split] + marked[split + len(_SENTINEL):] != text:
+        raise ValueError(
+            "the chat template renders differently when the question changes; "
+            "cannot split context from question"
+        )
+    ids = encode_rendered(tokenizer, text)
+
+    # 1) the two rendered pieces tokenize independently to exactly the whole prompt
+    head = list(tokenizer(text[:split], add_special_tokens=False)["input_ids"])
+    tail = list(tokenizer(text[split:], add_special_tokens=False)["input_ids"])
+    if head + tail == ids:
+        return ids, len(head)
+
+    # 2) a token boundary of the whole prompt sits exactly at the split
+    if getattr(tokenizer, "is_fast", False):
+        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)[
+            "offset_mapping"
+        ]
+        for index, (start, end) in enumerate(offsets):
+            if end > split:
+                if start >= split:
+                    return ids, index
+                break
+    raise ValueError(
+        f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r}: no token boundary where the "
+        "question starts (a token spans the context/question junction); cannot split the prompt"
+    )
+
+
+def _check_single_bos(tokenizer: Any, ids: list[int]) -> None:
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+        raise ValueError("the rendered prompt starts with a doubled BOS token")

@@ -1,0 +1,112 @@
+"""The task record: one prompt with its gold answers, and its JSONL storage.
+
+Every task generator and loader in :mod:`kvcert.tasks` emits :class:`TaskRecord`
+objects; everything downstream (generation, scoring, analysis) reads them. The JSONL
+reader checks every line against the schema and names the missing or mistyped field
+together with the file and line number.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+# name -> (expected type(s), human-readable type)
+_SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "id": (str, "str"),
+    "task": (str, "str"),
+    "context": (str, "str"),
+    "question": (str, "str"),
+    "answers": (list, "list[str]"),
+    "metadata": (dict, "dict"),
+    "length": (int, "int"),
+}
+
+
+class RecordError(ValueError):
+    """A record does not follow the :class:`TaskRecord` schema."""
+
+
+@dataclass
+class TaskRecord:
+    """One evaluation item.
+
+    ``context`` is the part of the prompt a streaming run prefills and compresses
+    before it sees ``question``; :func:`kvcert.tasks.prompting.build_prompt_ids`
+    joins the two and renders them through the model's chat template. ``length`` is
+    the number of tokens of that complete prompt under the tokenizer the record was
+    generated for. ``metadata`` always holds ``target_tokens``; the needle task adds
+    ``depth`` (percent) and ``num_needles``, the multi-turn task ``turn_distance``,
+    ``fact_turn`` and ``num_turns``.
+    """
+
+    id: str
+    task: str
+    context: str
+    question: str
+    answers: list[str]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    length: int = 0
+
+    def __post_init__(self) -> None:
+        validate_record(asdict(self))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "record") -> "TaskRecord":
+        validate_record(data, where)
+        return cls(**{name: data[name] for name in _SCHEMA})
+
+
+def validate_record(data: dict[str, Any], where: str = "record") -> None:
+    """Raise :class:`RecordError` naming the first missing or mistyped field."""
+    if not isinstance(data, dict):
+        raise RecordError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    for name, (types, type_name) in _SCHEMA.items():
+        if name not in data:
+            raise RecordError(f"{where}: missing field {name!r}")
+        value = data[name]
+        # bool is an int subclass; a length of True is a bug, not a number.
+        if not isinstance(value, types) or (name == "length" and isinstance(value, bool)):
+            raise RecordError(
+                f"{where}: field {name!r} must be {type_name}, got {type(value).__name__}"
+            )
+    if not all(isinstance(a, str) for a in data["answers"]):
+        raise RecordError(f"{where}: field 'answers' must be a list of strings")
+    if not data["answers"]:
+        raise RecordError(f"{where}: field 'answers' is empty")
+    if "target_tokens" not in data["metadata"]:
+        raise RecordError(f"{where}: field 'metadata' lacks 'target_tokens'")
+
+
+def write_jsonl(records: Iterable[TaskRecord], path: str | Path) -> int:
+    """Write records one JSON object per line; return how many were written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = 0
+    with path.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
+            count += 1
+    return count
+
+
+def read_jsonl(path: str | Path) -> list[TaskRecord]:
+    """Read and validate a JSONL file of records (blank lines are skipped)."""
+    path = Path(path)
+    records = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RecordError(f"{where}: not valid JSON ({exc.msg})") from exc
+            records.append(TaskRecord.from_dict(data, where))
+    return records
