@@ -27,7 +27,7 @@ import torch
 
 from ..cache import CertifiedCache
 from ..press import EvictionPress
-from ..tasks.metrics import score as score_answer
+from ..tasks.scoring import score_record
 from ..tasks.prompting import build_prompt_ids
 from .signals import CertificateTrace, confidence
 from .spec import GenerationSpec, MethodSpec
@@ -141,7 +141,7 @@ class Engine:
 
         answer_tokens = [t for t in tokens if t not in self.eos]
         answer = self.tokenizer.decode(answer_tokens, skip_special_tokens=True).strip()
-        value = float(score_answer(record.task, answer, record.answers)) if record.answers else None
+        value = score_record(record, answer) if record.answers else None
         m = spec.method
         return {
             "example_id": record.id,
