@@ -1,0 +1,16 @@
+"""kvcert_kernels: Triton kernels for kvcert (the repository's top-level ``kernels/`` folder).
+
+* :func:`certified_decode` — fused decode attention over the compacted cache: the
+  Hájek-corrected output, its log-sum-exp, the variance estimate V̂ and the range term
+  b̂_c of the certificate in one pass (split-K with an exact merge; grouped-query
+  attention; ragged per-head lengths; fp16 / bf16 / fp32 inputs, fp32 accumulation).
+* :mod:`kvcert_kernels.reference` — the float64 torch reference the tests compare with.
+* :mod:`kvcert_kernels.bench` — ``kvcert bench kernel`` (GPU timing with
+  ``triton.testing.do_bench``).
+
+See ``kernels/NOTES.md`` for the design and what has been verified where.
+"""
+
+from .certified_decode import certified_decode, decode_bytes, default_num_splits, interpreting
+
+__all__ = ["certified_decode", "decode_bytes", "default_num_splits", "interpreting"]

@@ -1,0 +1,95 @@
+"""Float64 torch reference for :func:`kvcert_kernels.certified_decode`.
+
+A thin layer over :func:`kvcert.certificate.certificate_reference` (the library's
+two-pass definition of ô, V̂ and b̂_c) that adds what the kernel's interface has and
+that function lacks: grouped-query heads, per-head lengths, padding slots whose keys and
+values may hold anything, the log-sum-exp, and the convention for a head with no valid
+slot (output 0, lse −inf, V̂ = b̂_c = 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kvcert.certificate import certificate_reference
+
+
+def decode_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    log_pi: torch.Tensor | None,
+    centre: torch.Tensor | None,
+    scaling: float,
+    lengths: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(output [B, Hq, D], lse, V̂, b̂_c [B, Hq]) in float64; layouts as the kernel's."""
+    q = (query[:, :, 0] if query.ndim == 4 else query).to(torch.float64)
+    bsz, hq, d = q.shape
+    hkv, seq_len = key.shape[1], key.shape[2]
+    group = hq // hkv
+    k = key.to(torch.float64)
+    v = value.to(torch.float64)
+    lp = torch.zeros(bsz, hkv, seq_len, dtype=torch.float64) if log_pi is None else log_pi.to(torch.float64).cpu()
+    lp = lp.to(k.device)
+    valid = torch.isfinite(lp)
+    if lengths is not None:
+        valid &= torch.arange(seq_len, device=k.device) < lengths.to(k.device).unsqueeze(-1)
+    lp = torch.where(valid, lp, torch.inf)
+    k = torch.where(valid.unsqueeze(-1), k, 0.0)
+    v = torch.where(valid.unsqueeze(-1), v, 0.0)
+    qg = q.reshape(bsz, hkv, group, d)
+    c = None if centre is None else centre.to(torch.float64)
+    ref = certificate_reference(qg, k, v, lp, scaling, centre=c)
+    logits = qg @ k.transpose(-1, -2) * scaling - lp.unsqueeze(-2)
+    lse = torch.logsumexp(logits, dim=-1)
+    empty = ~valid.any(-1, keepdim=True).expand(bsz, hkv, group)
+    output = torch.where(empty.unsqueeze(-1), 0.0, ref.output)
+    variance = torch.where(empty, 0.0, ref.variance)
+    range_term = torch.where(empty, 0.0, ref.range_bound)
+    lse = torch.where(empty, -torch.inf, lse)
+    return (
+        output.reshape(bsz, hq, -1),
+        lse.reshape(bsz, hq),
+        variance.reshape(bsz, hq),
+        range_term.reshape(bsz, hq),
+    )
+
+
+def variance_scale(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    log_pi: torch.Tensor | None,
+    centre: torch.Tensor | None,
+    scaling: float,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """S = Σ (1 − π_i) w_i² (‖v_i − c‖² + ‖ô − c‖²) [B, Hq], float64.
+
+    The size of the terms the one-pass formula V̂ = (C − 2 B·(ô − c) + A‖ô − c‖²)/l²
+    cancels, hence the scale at which its fp32 rounding acts: the natural denominator of
+    V̂'s error where V̂ itself is (near) 0, e.g. for a head whose only tail token is
+    also its only token.
+    """
+    q = (query[:, :, 0] if query.ndim == 4 else query).to(torch.float64)
+    bsz, hq, d = q.shape
+    hkv, seq_len = key.shape[1], key.shape[2]
+    group = hq // hkv
+    out = decode_reference(query, key, value, log_pi, centre, scaling, lengths)[0].reshape(bsz, hkv, group, -1)
+    k, v = key.to(torch.float64), value.to(torch.float64)
+    lp = torch.zeros(bsz, hkv, seq_len, dtype=torch.float64) if log_pi is None else log_pi.to(torch.float64).cpu()
+    lp = lp.to(k.device)
+    valid = torch.isfinite(lp)
+    if lengths is not None:
+        valid &= torch.arange(seq_len, device=k.device) < lengths.to(k.device).unsqueeze(-1)
+    lp = torch.where(valid, lp, torch.inf)
+    k = torch.where(valid.unsqueeze(-1), k, 0.0)
+    v = torch.where(valid.unsqueeze(-1), v, 0.0)
+    c = torch.zeros(bsz, hkv, v.shape[-1], dtype=torch.float64, device=k.device) if centre is None else centre.to(torch.float64)
+    logits = q.reshape(bsz, hkv, group, d) @ k.transpose(-1, -2) * scaling - lp.unsqueeze(-2)
+    w = torch.softmax(logits, dim=-1).nan_to_num(0.0)
+    one_minus = (-torch.expm1(lp)).clamp(min=0).unsqueeze(-2)
+    dev2 = (v - c.unsqueeze(-2)).pow(2).sum(-1).unsqueeze(-2)
+    out2 = (out - c.unsqueeze(-2)).pow(2).sum(-1, keepdim=True)
+    return (one_minus * w.pow(2) * (dev2 + out2)).sum(-1).reshape(bsz, hq)

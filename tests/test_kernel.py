@@ -1,0 +1,363 @@
+"""The fused certified decode kernel (kernels/, package kvcert_kernels) against float64 torch.
+
+With a CUDA device (and TRITON_INTERPRET unset) the tests run the compiled kernels on
+the GPU. Without one they run in Triton's CPU interpreter, which needs
+``TRITON_INTERPRET=1`` before triton is first imported — and a plain ``pytest`` run has
+imported it long before this file (transformers does, from conftest). So, unless the run
+was started with TRITON_INTERPRET=1, the first kernel test runs this file once more in a
+fresh ``python -m pytest`` subprocess with the variable set, and every kernel test here
+reports its own outcome from that run (failures carry the inner run's message).
+
+Inputs are fresh random draws each run (the seed is in every failure message). Output
+buffers, and the split-K workspace, are filled with NaN before each launch, and every
+element is checked: finite where the reference is, and within a relative tolerance
+(1e-5 for fp32 inputs, 1e-2 for 16-bit ones) of the float64 reference.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from kvcert import attention as attn  # noqa: E402
+from kvcert.attention import hajek_attention, squared_deviation  # noqa: E402
+from kvcert_kernels import certified_decode  # noqa: E402
+from kvcert_kernels.reference import decode_reference, variance_scale  # noqa: E402
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+RTOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+BLOCK_N = 16  # small key blocks: several blocks per split even at interpreter-sized caches
+
+
+IN_PROCESS = ON_GPU or isinstance(tl.zeros, InterpretedFunction)
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter_run() -> tuple[dict, str]:
+    """Run this file under TRITON_INTERPRET=1 in a fresh process; {test name: (outcome, message)}."""
+    root = Path(__file__).resolve().parents[1]
+    report = Path(tempfile.mkdtemp(prefix="kvcert-kernel-")) / "interpreter.xml"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve()),
+           f"--junitxml={report}"]
+    try:
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+        tail = (proc.stdout + proc.stderr)[-4000:]
+        results = {}
+        if report.exists():
+            for case in ET.parse(report).getroot().iter("testcase"):
+                outcome, message = "passed", ""
+                for child in case:
+                    if child.tag in ("failure", "error", "skipped"):
+                        outcome, message = child.tag, (child.get("message") or "") + "\n" + (child.text or "")
+                results[case.get("name")] = (outcome, message)
+        return results, tail
+    finally:
+        shutil.rmtree(report.parent, ignore_errors=True)
+
+
+def kernel_test(fn):
+    """Run the test here when the kernels can run in this process, else report its outcome
+    from the interpreter subprocess (see the module docstring)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if IN_PROCESS:
+            return fn(*args, **kwargs)
+        current = os.environ.get("PYTEST_CURRENT_TEST", "")
+        name = current.split("::")[-1].rsplit(" (", 1)[0]
+        results, tail = _interpreter_run()
+        if name not in results:
+            pytest.fail(f"{name}: not run by the TRITON_INTERPRET=1 subprocess; its output:\n{tail}")
+        outcome, message = results[name]
+        if outcome == "skipped":
+            pytest.skip(message.strip().splitlines()[0] if message.strip() else "skipped in the subprocess")
+        if outcome != "passed":
+            pytest.fail(f"{name} under TRITON_INTERPRET=1 ({outcome}):\n{message[-3000:]}", pytrace=False)
+
+    return wrapper
+
+
+@pytest.fixture
+def seed():
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def make_case(seed, dtype, group=2, batch=2, hkv=3, length=77, dim=32, poison_padding=True):
+    """Ragged heads with padding, a certainty-only head and single-token heads.
+
+    Heads (b, h): (0, 0) every slot, a few +inf padding slots inside; (0, 1) ragged
+    (length − 23); (0, 2) one kept token (everything else padding); (1, 0) certainty tokens
+    only; (1, 1) lengths = 1; (1, 2) ragged (length − 5). Keys and values of invalid slots
+    are NaN (``poison_padding``): the kernel must never let them in.
+    """
+    g = _gen(seed)
+    hq = hkv * group
+    q = torch.randn(batch, hq, 1, dim, generator=g) * 1.5
+    k = torch.randn(batch, hkv, length, dim, generator=g)
+    v = torch.randn(batch, hkv, length, dim, generator=g) + torch.randn(batch, hkv, 1, dim, generator=g)
+    u = torch.rand(batch, hkv, length, generator=g)
+    lp = torch.where(u < 0.3, 0.0, torch.log(torch.rand(batch, hkv, length, generator=g) * 0.95 + 0.05))
+    lengths = torch.full((batch, hkv), length, dtype=torch.int32)
+    pad = torch.zeros(batch, hkv, length, dtype=torch.bool)
+    pad[0, 0, torch.randperm(length, generator=g)[:5]] = True
+    if hkv > 1:
+        lengths[0, 1] = length - 23
+    if hkv > 2:
+        keep = int(torch.randint(length, (1,), generator=g))
+        pad[0, 2] = True
+        pad[0, 2, keep] = False
+        lp[0, 2, keep] = -1.2
+    if batch > 1:
+        lp[1, 0] = 0.0
+        lengths[1, 1 % hkv] = 1
+        lp[1, 1 % hkv, 0] = -0.7
+        if hkv > 2:
+            lengths[1, 2] = length - 5
+    lp = lp.masked_fill(pad, float("inf"))
+    invalid = pad | (torch.arange(length) >= lengths.unsqueeze(-1))
+    centre = torch.where(invalid.unsqueeze(-1), 0.0, v).sum(2) / (~invalid).sum(2, keepdim=True).clamp(min=1)
+    centre = centre + 0.3 * torch.randn(centre.shape, generator=g)  # any centre: V̂ does not depend on it
+    k, v, q = k.to(dtype), v.to(dtype), q.to(dtype)
+    if poison_padding:
+        k = k.masked_fill(invalid.unsqueeze(-1), float("nan"))
+        v = v.masked_fill(invalid.unsqueeze(-1), float("nan"))
+    to = lambda t: t.to(DEVICE)  # noqa: E731
+    return to(q), to(k), to(v), to(lp), to(centre.float()), to(lengths)
+
+
+def check(name, got, ref, rtol, seed, floor=None):
+    """Every element finite where the reference is, and |got − ref| ≤ rtol·max(|ref|, floor)."""
+    got = got.detach().to("cpu", torch.float64).reshape(ref.shape)
+    ref = ref.to("cpu", torch.float64)
+    finite = torch.isfinite(ref)
+    assert torch.isfinite(got[finite]).all(), f"{name}: non-finite elements (unwritten?) [seed {seed}]"
+    assert torch.equal(got[~finite], ref[~finite]), f"{name}: infinite elements differ [seed {seed}]"
+    if floor is not None:
+        floor = floor.to("cpu", torch.float64)
+        floor = floor.reshape(ref.shape) if floor.numel() == ref.numel() else floor.expand_as(ref)
+    scale = ref.abs() if floor is None else torch.maximum(ref.abs(), floor)
+    err = ((got - ref).abs() / scale.clamp(min=1e-30)).where(finite, 0.0)
+    worst = float(err.max())
+    assert worst <= rtol, f"{name}: relative error {worst:.3g} > {rtol} [seed {seed}]"
+    return worst
+
+
+def check_rows(name, got, ref, rtol, seed):
+    """Every element finite; per head ‖got − ref‖₂ ≤ rtol · ‖ref‖₂ (rows of zeros: exactly zero)."""
+    got = got.detach().to("cpu", torch.float64).reshape(ref.shape)
+    ref = ref.to("cpu", torch.float64)
+    assert torch.isfinite(got).all(), f"{name}: non-finite elements (unwritten?) [seed {seed}]"
+    err = torch.linalg.vector_norm(got - ref, dim=-1)
+    size = torch.linalg.vector_norm(ref, dim=-1)
+    worst = float((err / size.clamp(min=1e-30)).max())
+    assert worst <= rtol, f"{name}: relative error {worst:.3g} > {rtol} [seed {seed}]"
+    return worst
+
+
+def check_all(res, ref, dtype, seed, certificate=True, var_scale=None):
+    """Output per head in norm; lse relative to max(|lse|, 1);
+    V̂ relative to max(V̂, S) with S the size of the terms its one-pass formula cancels
+    (:func:`kvcert_kernels.reference.variance_scale`; V̂ ≈ 0 for a lone tail token); b̂_c plainly."""
+    out, lse, var, rng = res
+    r_out, r_lse, r_var, r_rng = ref
+    rtol = RTOL[dtype]
+    check_rows("output", out, r_out, rtol, seed)
+    check("lse", lse, r_lse, rtol, seed, floor=torch.ones(()))
+    if certificate:
+        check("variance", var, r_var, rtol, seed, floor=var_scale)
+        check("range_term", rng, r_rng, rtol, seed)
+    else:
+        assert var is None and rng is None
+
+
+def reference(q, k, v, lp, c, scale, lengths=None):
+    return decode_reference(q, k, v, lp, c, scale, lengths), variance_scale(q, k, v, lp, c, scale, lengths)
+
+
+CASES = [  # dtype, group (query heads per KV head), num_splits
+    (torch.float32, 2, 1),
+    (torch.float32, 2, 3),
+    (torch.float32, 4, 5),
+    (torch.float32, 1, 2),
+    (torch.bfloat16, 2, 1),
+    (torch.bfloat16, 4, 3),
+    (torch.float16, 2, 2),
+]
+
+
+@pytest.mark.parametrize("dtype,group,splits", CASES, ids=lambda x: str(x).replace("torch.", ""))
+@kernel_test
+def test_kernel_matches_float64_reference(seed, dtype, group, splits):
+    q, k, v, lp, c, lengths = make_case(seed, dtype, group=group)
+    scale = q.shape[-1] ** -0.5
+    res = certified_decode(q, k, v, lp, c, scale, lengths=lengths, num_splits=splits, block_n=BLOCK_N, poison=True)
+    assert res[0].shape == q.shape and res[0].dtype == dtype
+    assert res[1].shape == res[2].shape == res[3].shape == q.shape[:3]
+    ref, vs = reference(q, k, v, lp, c, scale, lengths)
+    check_all(res, ref, dtype, seed, var_scale=vs)
+
+
+@kernel_test
+def test_special_heads_are_exact(seed):
+    """Certainty-only head: V̂ = b̂_c = 0 exactly; a single kept token: ô = v_i, V̂ = 0."""
+    q, k, v, lp, c, lengths = make_case(seed, torch.float32)
+    out, lse, var, rng = certified_decode(q, k, v, lp, c, 0.2, lengths=lengths, num_splits=2, block_n=BLOCK_N, poison=True)
+    group = q.shape[1] // k.shape[1]
+    heads = lambda h: slice(h * group, (h + 1) * group)  # noqa: E731
+    assert torch.all(var[1, heads(0)] == 0) and torch.all(rng[1, heads(0)] == 0)
+    keep = int(torch.isfinite(lp[0, 2]).nonzero())
+    torch.testing.assert_close(out[0, heads(2), 0], v[0, 2, keep].expand(group, -1), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out[1, heads(1), 0], v[1, 1, 0].expand(group, -1), rtol=1e-6, atol=1e-6)
+    for b, h, slot in ((0, 2, keep), (1, 1, 0)):  # V̂ = 0 up to rounding of its one-pass terms
+        size = -torch.expm1(lp[b, h, slot]) * 2 * (v[b, h, slot] - c[b, h]).pow(2).sum()
+        assert float(var[b, heads(h)].abs().max()) <= 1e-5 * float(size)
+    assert torch.all(rng[0, heads(2)] > 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@kernel_test
+def test_without_certificate(seed, dtype):
+    q, k, v, lp, c, lengths = make_case(seed, dtype)
+    scale = q.shape[-1] ** -0.5
+    res = certified_decode(
+        q, k, v, lp, c, scale, lengths=lengths, certificate=False, num_splits=3, block_n=BLOCK_N, poison=True
+    )
+    check_all(res, reference(q, k, v, lp, c, scale, lengths)[0], dtype, seed, certificate=False)
+
+
+@kernel_test
+def test_layouts_strides_and_caller_buffers(seed):
+    """3-d query, strided cache views (a capacity buffer, as in CompactLayer), head dim 40, no
+    lengths, caller-provided NaN-filled output buffers, log π given as None in a second call."""
+    g = _gen(seed)
+    b, hkv, group, length, cap, d = 2, 2, 3, 50, 64, 40
+    q = torch.randn(b, hkv * group, d, generator=g).to(DEVICE)
+    kbuf = torch.randn(b, hkv, cap, d, generator=g).to(DEVICE)
+    vbuf = torch.randn(b, hkv, cap, d, generator=g).to(DEVICE)
+    lpbuf = torch.log(torch.rand(b, hkv, cap, generator=g) * 0.9 + 0.1).to(DEVICE)
+    k, v, lp = kbuf[:, :, :length], vbuf[:, :, :length], lpbuf[:, :, :length]
+    c = v.mean(2)
+    scale = d**-0.5
+    bufs = (
+        torch.full((b, hkv * group, d), float("nan"), device=DEVICE),
+        *(torch.full((b, hkv * group), float("nan"), device=DEVICE) for _ in range(3)),
+    )
+    res = certified_decode(q, k, v, lp, c, scale, num_splits=2, block_n=BLOCK_N, out=bufs)
+    assert all(r is o for r, o in zip(res, bufs))
+    ref, vs = reference(q, k, v, lp, c, scale)
+    check_all(res, ref, torch.float32, seed, var_scale=vs)
+    res = certified_decode(q, k, v, None, None, scale, num_splits=1, block_n=BLOCK_N, poison=True)
+    ref, vs = reference(q, k, v, None, None, scale)
+    check_all(res, ref, torch.float32, seed, var_scale=vs)
+    assert torch.all(res[2] == 0) and torch.all(res[3] == 0)
+
+
+@kernel_test
+def test_empty_head_convention(seed):
+    """A head with no valid slot: output 0, lse −inf, V̂ = b̂_c = 0 (no NaN)."""
+    q, k, v, lp, c, lengths = make_case(seed, torch.float32, batch=1, hkv=2)
+    lengths[0, 1] = 0
+    scale = q.shape[-1] ** -0.5
+    for splits in (1, 3):
+        res = certified_decode(q, k, v, lp, c, scale, lengths=lengths, num_splits=splits, block_n=BLOCK_N, poison=True)
+        ref, vs = reference(q, k, v, lp, c, scale, lengths)
+        check_all(res, ref, torch.float32, seed, var_scale=vs)
+        assert torch.all(res[0][0, 2:] == 0) and torch.all(torch.isneginf(res[1][0, 2:]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@kernel_test
+def test_kernel_equals_torch_hajek_attention(seed, dtype):
+    """The kernel and the library's torch path agree, certificate included (the torch path
+    reads the cached ‖v_i − c‖², the kernel recomputes it from the values)."""
+    q, k, v, lp, c, _ = make_case(seed, dtype, poison_padding=False)
+    scale = q.shape[-1] ** -0.5
+    sq = squared_deviation(v, c)
+    torch_res = hajek_attention(q, k, v, lp, scale, certificate=True, sq_dev=sq, centre=c)
+    out, _, var, rng = certified_decode(q, k, v, lp, c, scale, num_splits=2, block_n=BLOCK_N, poison=True)
+    # two fp32 results, or two bf16-level ones (the torch path also rounds ô to bf16 before
+    # ‖ô − c‖, which the centre, near ô, amplifies in b̂_c), not one result vs float64
+    rtol = 1e-5 if dtype == torch.float32 else 3e-2
+    check_rows("output", out, torch_res.output.double(), rtol, seed)
+    vs = variance_scale(q, k, v, lp, c, scale)
+    check("variance", var, torch_res.variance.double(), rtol, seed, floor=vs)
+    check("range_term", rng, torch_res.range_term.double(), rtol, seed)
+
+
+@kernel_test
+def test_dispatch_uses_kernel_for_decode_steps(seed, monkeypatch):
+    """hajek_attention runs the kernel for a decode step on a kernel device and the torch
+    code otherwise; the device test is forced on here so the kernel really runs on the CPU."""
+    calls = []
+    real = attn._decode_kernel()
+    assert real is not None
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("certificate"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attn, "_kernel_fn", spy)
+    q, k, v, lp, c, _ = make_case(seed, torch.float32, poison_padding=False)
+    scale = q.shape[-1] ** -0.5
+
+    monkeypatch.setattr(attn, "_on_kernel_device", lambda t: False)
+    torch_res = hajek_attention(q, k, v, lp, scale, certificate=True, centre=c)
+    assert calls == [] and not attn.use_decode_kernel(q, k, v, None)
+
+    monkeypatch.setattr(attn, "_on_kernel_device", lambda t: True)
+    assert attn.use_decode_kernel(q, k, v, None)
+    kern_res = hajek_attention(q, k, v, lp, scale, certificate=True, centre=c)
+    assert calls == [True]
+    ref_out = torch_res.output.double()
+    check_rows("output", kern_res.output, ref_out, 1e-5, seed)
+    check("variance", kern_res.variance, torch_res.variance.double(), 1e-5, seed, floor=variance_scale(q, k, v, lp, c, scale))
+    check("range_term", kern_res.range_term, torch_res.range_term.double(), 1e-5, seed)
+    plain = hajek_attention(q, k, v, lp, scale)
+    assert calls == [True, False] and plain.variance is None
+    check_rows("output", plain.output, ref_out, 1e-5, seed)
+
+    # not a decode step, an extra mask, the environment switch, autograd: the torch path
+    q2 = torch.cat([q, q], dim=2)
+    hajek_attention(q2, k, v, lp, scale, certificate=True, centre=c)
+    mask = torch.ones(1, 1, 1, k.shape[2], dtype=torch.bool, device=DEVICE)
+    hajek_attention(q, k, v, lp, scale, extra_mask=mask)
+    monkeypatch.setenv("KVCERT_DECODE_KERNEL", "0")
+    hajek_attention(q, k, v, lp, scale)
+    monkeypatch.delenv("KVCERT_DECODE_KERNEL")
+    hajek_attention(q.clone().requires_grad_(), k, v, lp, scale)
+    assert calls == [True, False]
+
+
+def test_kernel_module_is_importable_by_package_name():
+    mod = importlib.import_module("kvcert_kernels.certified_decode")
+    assert mod.certified_decode is certified_decode
+    assert importlib.import_module("kvcert_kernels.bench").run_benchmark
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU this is the benchmark itself (kernels/gpu_check.sh)")
+def test_bench_kernel_without_gpu_says_so(capsys):
+    from kvcert.cli import main
+
+    assert main(["bench", "kernel"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1 and "GPU" in lines[0]
