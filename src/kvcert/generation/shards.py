@@ -42,14 +42,20 @@ def _scan(path: Path, allow_truncated_tail: bool) -> tuple[list[dict], int]:
         if number == len(lines):  # the text after the last newline
             if raw == b"" or allow_truncated_tail:
                 break  # nothing, or a truncated tail that resuming recomputes
-            raise CorruptShardError(f"{path}:{number}: truncated line (no newline at end); rerun the shard to resume it")
+            raise CorruptShardError(
+                f"{path}:{number}: truncated line (no newline at end); rename the file to "
+                f"{partial_path(path).name} and rerun: the shard resumes from its last complete line"
+            )
         try:
             record = json.loads(raw)
             if not isinstance(record, dict):
                 raise ValueError("not a JSON object")
         except ValueError as exc:
+            fix = "delete that line"
+            if not allow_truncated_tail:  # a finished shard is never rerun while it exists: back to .partial
+                fix += f", rename the file to {partial_path(path).name}"
             raise CorruptShardError(
-                f"{path}:{number}: line does not parse ({exc}); delete that line (or the file) to recompute it"
+                f"{path}:{number}: line does not parse ({exc}); {fix} and rerun to recompute it"
             ) from None
         records.append(record)
         good_bytes += len(raw) + 1
