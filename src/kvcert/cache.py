@@ -303,10 +303,10 @@ class CertifiedCache(Cache):
             if self._keep_recent is not None:
                 start = layer.length - layer.undecided
                 end = max(start, layer.length - self._keep_recent)
+            self.peak_nbytes = max(self.peak_nbytes, self.nbytes())  # this layer is still full here
             if end > start:
                 self._armed.compress_layer(layer, obs, start=start, end=end, round_index=self.press_rounds)
             self._armed_fired = True
-            self.peak_nbytes = max(self.peak_nbytes, self.nbytes() + layer.nbytes())
 
     # --- reporting -------------------------------------------------------------------
     def nbytes(self) -> int:
