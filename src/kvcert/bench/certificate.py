@@ -12,14 +12,16 @@ over sizes and samplers).
 
 from __future__ import annotations
 
-import torch
-
-from ..attention import hajek_attention, squared_deviation
-from ..design import priority_sample, sample_retention, topk_sample
 from .timing import interleaved_medians
+
+# torch and the library are imported inside the functions, so `kvcert --help` stays fast.
 
 
 def certificate_ratio(retained: int, repeats: int, seed: int = 0) -> tuple[float, float, float]:
+    import torch
+
+    from ..attention import hajek_attention, squared_deviation
+
     gen = torch.Generator().manual_seed(seed)
     hq, hkv, d = 32, 8, 128
     q = torch.randn(1, hq, 1, d, generator=gen)
@@ -43,6 +45,10 @@ def certificate_ratio(retained: int, repeats: int, seed: int = 0) -> tuple[float
 
 
 def sampling_ratios(tokens: int, repeats: int, seed: int = 0) -> dict[str, float]:
+    import torch
+
+    from ..design import priority_sample, sample_retention, topk_sample
+
     gen = torch.Generator().manual_seed(seed)
     scores = torch.rand(8, tokens, generator=gen).pow(4)
     budget = 0.25
@@ -59,6 +65,8 @@ def sampling_ratios(tokens: int, repeats: int, seed: int = 0) -> dict[str, float
 
 
 def run(args) -> int:
+    import torch
+
     torch.set_grad_enabled(False)
     repeats = args.repeats
     worst_cert = 0.0

@@ -13,19 +13,20 @@ Last line: ``kv_bytes_ratio_25=<ratio> decode_time_ratio_25=<ratio>`` (25 % vs f
 
 from __future__ import annotations
 
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
-from ..cache import CertifiedCache
-from ..integration import enable_certified_attention
-from ..press import EvictionPress
-from ..scorers.base import LayerObservation
 from .timing import interleaved_medians
+
+# torch, transformers and the library are imported inside the functions, so that
+# `kvcert --help` and the pipeline's light commands stay fast.
 
 BUDGETS = (0.125, 0.25, 0.5)
 
 
-def bench_model(seed: int = 0) -> LlamaForCausalLM:
+def bench_model(seed: int = 0):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ..integration import enable_certified_attention
+
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
@@ -35,8 +36,14 @@ def bench_model(seed: int = 0) -> LlamaForCausalLM:
     return enable_certified_attention(model)
 
 
-def filled_cache(model, length: int, budget: float | None, seed: int, record: bool = True) -> CertifiedCache:
+def filled_cache(model, length: int, budget: float | None, seed: int, record: bool = True):
     """A cache holding ``length`` random tokens per layer, compacted to ``budget`` (None = full)."""
+    import torch
+
+    from ..cache import CertifiedCache
+    from ..press import EvictionPress
+    from ..scorers.base import LayerObservation
+
     cfg = model.config
     gen = torch.Generator().manual_seed(seed)
     heads, dim = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
@@ -54,8 +61,10 @@ def filled_cache(model, length: int, budget: float | None, seed: int, record: bo
     return cache
 
 
-def decode_steps(model, cache: CertifiedCache, steps: int, token: int = 7):
+def decode_steps(model, cache, steps: int, token: int = 7):
     """Decode ``steps`` tokens, then drop them again so every repeat sees the same cache."""
+    import torch
+
     x = torch.tensor([[token]])
     lengths = [(layer.length, layer.seen, layer.kept.clone(), layer.undecided) for layer in cache.layers]
     for _ in range(steps):
@@ -67,6 +76,8 @@ def decode_steps(model, cache: CertifiedCache, steps: int, token: int = 7):
 
 
 def run(args) -> int:
+    import torch
+
     torch.set_grad_enabled(False)
     model = bench_model()
     steps = args.steps

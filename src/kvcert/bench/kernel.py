@@ -9,8 +9,6 @@ measured device-to-device copy. Without a CUDA GPU it says so in one line and ex
 
 from __future__ import annotations
 
-import torch
-
 DEFAULT_RETAINED = [4096, 8192, 16384, 32768, 65536, 131072]
 
 
@@ -26,6 +24,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    import torch
+
     if not torch.cuda.is_available():
         print("kvcert bench kernel: no CUDA GPU on this machine; nothing measured (run it where a GPU is)")
         return 0
