@@ -1,0 +1,28 @@
+"""claims.json + scores + replay + impossibility → report.md, report.html, figures/*.png.
+
+    python analysis/report.py --claims claims.json --scores scores.parquet \
+        [--replay replay.parquet ...] [--impossibility impossibility.json ...] --out-dir results/smoke/report
+
+Logic: :func:`kvcert.analysis.steps.report_step`.
+"""
+
+import argparse
+
+from kvcert.analysis.steps import report_step
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--claims", required=True, help="claims JSON from analysis/claims.py")
+    p.add_argument("--scores", default=None, help="scores table from analysis/score.py")
+    p.add_argument("--replay", nargs="*", default=[], help="replay tables (one per model)")
+    p.add_argument("--impossibility", nargs="*", default=[], help="impossibility JSON files (one per model)")
+    p.add_argument("--out-dir", required=True, help="report folder")
+    a = p.parse_args()
+    paths = report_step(a.claims, a.scores, a.replay, a.impossibility, a.out_dir)
+    print(paths["markdown"])
+    print(paths["html"])
+
+
+if __name__ == "__main__":
+    main()

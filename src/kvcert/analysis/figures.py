@@ -1,0 +1,215 @@
+"""The report's figures, one function per figure, each saved as a PNG (matplotlib, Agg).
+
+* :func:`induced_failure_figure` — induced-failure rate by budget × condition (the
+  paper's Fig. 1), one panel per prompt length, with C3's kill line;
+* :func:`auc_figure` — prediction (C4) vs attribution (C6) AUC of the certificate and
+  of output confidence, with bootstrap intervals (the paper's Fig. 3);
+* :func:`coverage_figure` — per-replay-cell coverage, setting vs later queries, per-step
+  and anytime radius (C1);
+* :func:`tightness_figure` — certificate / realised error per replay draw (C2);
+* :func:`recompute_figure` — recomputation gain vs recompute rate for certificate,
+  confidence and random gating (C7);
+* :func:`multiturn_figure` — multi-turn recall by turn distance.
+
+Every function returns the PNG path, or None when it has no data to draw.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+COLORS = {"certificate": "#1f77b4", "confidence": "#d62728", "random": "#7f7f7f", "full": "#2ca02c",
+          "topk": "#ff7f0e", "poisson": "#9467bd", "gated": "#1f77b4", "aware": "#1f77b4", "streaming": "#d62728"}
+DPI = 130
+
+
+def _save(fig, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def induced_failure_figure(rates: pd.DataFrame, path: Path, threshold: float | None = None) -> Path | None:
+    """``rates``: :func:`kvcert.analysis.labels.induced_failure_rates`."""
+    rates = rates.dropna(subset=["induced_failure_rate"])
+    if rates.empty:
+        return None
+    lengths = sorted(rates["target_tokens"].unique())
+    fig, axes = plt.subplots(1, len(lengths), figsize=(5.2 * len(lengths), 4.0), sharey=True, squeeze=False)
+    for ax, length in zip(axes[0], lengths):
+        part = rates[rates["target_tokens"] == length]
+        for (cond, sampler), d in part.groupby(["condition", "sampler"]):
+            d = d.sort_values("budget")
+            ax.plot(100 * d["budget"], 100 * d["induced_failure_rate"], marker="o" if sampler == "poisson" else "s",
+                    ls="-" if sampler == "poisson" else "--", color=COLORS.get(cond, None), label=f"{cond}, {sampler}")
+        if threshold is not None:
+            ax.axhline(100 * threshold, color="k", lw=0.8, ls=":", label=f"C3 kill line ({100 * threshold:g} %)")
+        ax.set_xscale("log", base=2)
+        budgets = sorted(part["budget"].unique())
+        ax.set_xticks([100 * b for b in budgets], [f"{100 * b:g}" for b in budgets])
+        ax.set_xlabel("KV budget (% of prompt tokens kept)")
+        ax.set_title(f"prompt length {length} tokens" if length > 0 else "all lengths")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("induced-failure rate (% of full-cache-correct)")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle("Cache-induced failures by budget and condition")
+    return _save(fig, path)
+
+
+def _ci(stat: Mapping) -> tuple[float, float, float]:
+    est = stat.get("estimate")
+    lo, hi = stat.get("ci", [None, None])
+    nan = float("nan")
+    return (nan if est is None else est, nan if lo is None else lo, nan if hi is None else hi)
+
+
+def auc_figure(claims: list[Mapping], path: Path) -> Path | None:
+    """Bars: certificate vs confidence AUC, pooled and per length, for C4 and C6 (by statistic name)."""
+    panels = []
+    for claim in claims:
+        stats = claim.get("details", {}).get("statistics", {})
+        for prefix, title in (("certificate", "failure prediction"), ("attribution", "attribution: induced vs inherent")):
+            if f"auc_{prefix}" in stats:
+                panels.append((claim, prefix, f"{claim['id']}: {title}"))
+    if not panels:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.0), sharey=True, squeeze=False)
+    for ax, (claim, prefix, title) in zip(axes[0], panels):
+        groups = [("pooled", claim["details"]["statistics"])]
+        groups += [(f"{k} tok", v) for k, v in sorted(claim["details"].get("by_length", {}).items(), key=lambda kv: int(kv[0]))]
+        x = np.arange(len(groups))
+        for offset, (name, key) in zip((-0.18, 0.18), (("certificate", f"auc_{prefix}"), ("confidence", f"auc_{prefix}_confidence"))):
+            vals = [_ci(g.get(key, {})) for _, g in groups]
+            est = np.array([v[0] for v in vals], dtype=float)
+            err = np.array([[max(0.0, v[0] - v[1]) for v in vals], [max(0.0, v[2] - v[0]) for v in vals]], dtype=float)
+            ax.bar(x + offset, est, width=0.34, color=COLORS[name], label=name if name == "certificate" else "−mean log-prob",
+                   yerr=np.nan_to_num(err), capsize=3)
+        thr = next((t["threshold"] for t in claim["tests"] if t["statistic"] == f"auc_{prefix}"), None)
+        ax.axhline(0.5, color="k", lw=0.8, ls=":", label="chance")
+        if thr is not None:
+            ax.axhline(thr, color="k", lw=0.8, ls="--", label=f"kill line {thr:g}")
+        ax.set_xticks(x, [g[0] for g in groups])
+        ax.set_ylim(0.3, 1.0)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("prompt length")
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][0].set_ylabel("ROC AUC (90 % bootstrap interval)")
+    axes[0][-1].legend(fontsize=8, loc="upper right")
+    return _save(fig, path)
+
+
+def coverage_figure(cells: pd.DataFrame, path: Path, delta: float, kill: float | None = None) -> Path | None:
+    """``cells``: :func:`kvcert.analysis.replay.replay_cells` (coverage per replay cell)."""
+    if cells.empty:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8), sharey=True)
+    low = min(0.8, float(cells[["coverage", "coverage_anytime"]].min().min()) - 0.02, (kill or 1.0) - 0.05)
+    bins = np.linspace(max(0.0, low), 1.0, 41)
+    for ax, col, title in ((axes[0], "coverage", "per-step radius ε_δ"), (axes[1], "coverage_anytime", "anytime radius")):
+        for kind, d in cells.groupby("query_kind"):
+            ax.hist(d[col].clip(lower=bins[0]), bins=bins, histtype="step", lw=1.8, ls="-" if kind == "setting" else "--",
+                    label=f"{kind} query ({len(d)} cells, pooled {d[col].mean():.3f})",
+                    color=COLORS["certificate"] if kind == "setting" else COLORS["confidence"])
+        ax.axvline(1 - delta, color="k", lw=0.9, ls="--", label=f"nominal {1 - delta:g}")
+        if kill is not None:
+            ax.axvline(kill, color="k", lw=0.9, ls=":", label=f"C1 kill line {kill:g}")
+        ax.set_xlabel("coverage per replay cell (fraction of draws with error ≤ radius)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("replay cells (count)")
+    axes[1].legend(fontsize=8, loc="upper left")
+    return _save(fig, path)
+
+
+def tightness_figure(replay: pd.DataFrame, path: Path) -> Path | None:
+    """Histogram of ε_δ / ‖ô − o‖ per draw (log scale), setting vs later queries."""
+    if replay.empty:
+        return None
+    err = replay["error"].to_numpy(float)
+    ratio = np.where(err > 0, replay["radius"].to_numpy(float) / np.where(err > 0, err, 1.0), np.nan)
+    ok = np.isfinite(ratio) & (ratio > 0)
+    if not ok.any():
+        return None
+    lo, hi = np.quantile(ratio[ok], [0.001, 0.999])
+    bins = np.logspace(np.log10(max(lo, 1e-3)), np.log10(max(hi, lo * 1.01)), 50)
+    fig, ax = plt.subplots(figsize=(6.2, 3.8))
+    kinds = replay["query_kind"].to_numpy()
+    for kind in ("setting", "later"):
+        m = ok & (kinds == kind)
+        if m.any():
+            ax.hist(ratio[m], bins=bins, histtype="step", lw=1.8, density=True,
+                    label=f"{kind} query (median {np.median(ratio[m]):.2f})",
+                    color=COLORS["certificate"] if kind == "setting" else COLORS["confidence"])
+    ax.axvline(1.0, color="k", lw=0.9, ls="--", label="radius = error")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("certificate / realised error, ε_δ / ‖ô − o‖ (ratio, log scale)")
+    ax.set_ylabel("density (per draw)")
+    ax.set_title("Tightness of the certificate (values < 1 are misses)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def recompute_figure(claim: Mapping | None, path: Path) -> Path | None:
+    """Gain vs recompute rate per gate from C7's statistics ``gain_<gate>@<rate>``."""
+    if not claim:
+        return None
+    stats = claim.get("details", {}).get("statistics", {})
+    rates = claim.get("details", {}).get("rates") or []
+    if not rates or f"gain_certificate@{rates[0]:g}" not in stats:
+        return None
+    fig, ax = plt.subplots(figsize=(6.2, 4.0))
+    r = 100 * np.array(rates)
+    for gate in ("certificate", "confidence", "random"):
+        vals = [_ci(stats[f"gain_{gate}@{x:g}"]) for x in rates]
+        est = 100 * np.array([v[0] for v in vals])
+        lo = 100 * np.array([v[1] for v in vals])
+        hi = 100 * np.array([v[2] for v in vals])
+        label = {"certificate": "certificate gate", "confidence": "confidence gate (−mean log-prob)",
+                 "random": "random gate (expected)"}[gate]
+        ax.plot(r, est, marker="o", color=COLORS[gate], label=label)
+        ax.fill_between(r, lo, hi, color=COLORS[gate], alpha=0.15)
+    rate = claim["details"].get("rate")
+    if rate is not None:
+        ax.axvline(100 * rate, color="k", lw=0.8, ls=":", label=f"pre-registered rate {100 * rate:g} %")
+    ax.set_xlabel("recompute rate (% of runs regenerated with the full cache)")
+    ax.set_ylabel("accuracy gain (percentage points)")
+    ax.set_title(f"{claim['id']}: recomputation gain at matched rates")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def multiturn_figure(table: pd.DataFrame, path: Path, budget: str = "") -> Path | None:
+    """Recall by turn-distance bin for full, top-k, Poisson and certificate-gated."""
+    bins = table[table["bin"] != "overall"].dropna(subset=["full"]) if not table.empty else table
+    if bins.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6.6, 4.0))
+    x = np.arange(len(bins))
+    for col, label, style in (("full", "full cache", dict(ls="-", lw=4, alpha=0.45, marker="s", ms=9)),
+                              ("topk", "top-k", dict(ls="--", marker="v")),
+                              ("poisson", "Poisson, ungated", dict(ls=":", marker="^")),
+                              ("gated", "certificate-gated", dict(ls="-", marker="o"))):
+        ax.plot(x, 100 * bins[col].to_numpy(float), color=COLORS[col], label=label, **style)
+    ax.set_xticks(x, bins["bin"])
+    ax.set_ylim(-3, 103)
+    ax.set_xlabel("turn distance (turns between the fact and the question)")
+    ax.set_ylabel("recall (% of questions answered)")
+    ax.set_title(f"Multi-turn recall (streaming{', budget ' + budget if budget else ''})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,366 @@
+"""Generation shards → one scored row per generation, checked against the frozen pre-registration.
+
+Reads shards with :func:`kvcert.generation.shards.read_records` (a corrupt line stops
+the analysis naming path:line) and refuses, in one line each:
+
+* a record missing a required field (``REQUIRED_FIELDS``; the message names the field,
+  the file and the line);
+* a record whose ``prereg_hash`` differs from the verified freeze (the message names the
+  file and both hashes): records of another pre-registration are never scored against
+  this one (DESIGN.md §3);
+* two grid records with the same generation key (``model, task, target_tokens,
+  example_id, condition, method, budget, seed``), which would be counted twice.
+
+A record whose ``started_utc`` precedes the freeze time is kept in the table, flagged
+``pre_freeze``, listed in the report and excluded from scoring (compared at the
+one-second resolution of ``started_utc``).
+
+Derived columns (``analysis_plan`` of ``claims.yaml``):
+
+* ``correct`` — score ≥ the pass mark (``correctness``: the default, or the longest
+  matching task-name prefix); NaN when the record has no score;
+* ``cert_signal`` — ``certificate.<field>.<aggregation>`` reduced over decode steps
+  with ``over_steps`` (``certificate_signal``); ``gate_signal`` — the same with the
+  ``multiturn_gate`` choices. NaN for the full cache and deterministic samplers (top-k
+  cannot certify: Theorem 1). A randomized run whose certificate is null had no
+  sampled tail at any step — every kept token had π = 1, so the Hájek output equals
+  the exact one and its radius is 0: its signals are 0.
+* ``confidence`` — the primary confidence signal (``confidence_signal.primary``, mean
+  token log-probability); ``confidence_secondary`` likewise (min log-probability). A
+  failure score is its negative.
+* ``full_correct`` — correctness of the full-cache run of the same
+  ``(model, task, target_tokens, example_id, seed)``; ``label`` — ``correct``,
+  ``induced`` (compressed wrong, full cache right), ``inherent`` (both wrong),
+  ``unknown`` (no full-cache run) or ``full`` (the full-cache run itself).
+* ``unit`` — the bootstrap unit ``model|task|target_tokens|example_id``.
+* ``kind`` — ``grid``, ``recompute`` (a record with ``recompute_of``) or ``escalation``
+  (a record with ``escalation``): only grid records enter the claims.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..generation.shards import read_records
+from ..prereg import Freeze, verify
+
+REQUIRED_FIELDS: tuple[str, ...] = (
+    "example_id", "task", "target_tokens", "prompt_tokens", "question_tokens", "model", "condition", "method",
+    "scorer", "sampler", "allocation", "budget", "seed", "answer", "tokens", "token_logprobs", "mean_logprob",
+    "min_logprob", "answers", "score", "certificate", "kept_fraction", "prefill_seconds", "decode_seconds",
+    "decode_steps", "kv_bytes_peak", "kv_bytes_final", "metadata", "started_utc", "config_hash", "prereg_hash",
+    "git_commit", "kvcert_version",
+)
+
+GENERATION_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "condition", "method", "budget", "seed")
+FULL_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "seed")
+UNIT_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id")
+RANDOMIZED_SAMPLERS = ("poisson", "priority")
+CERT_FIELDS = ("steps", "anytime_steps", "relative_steps")
+OVER_STEPS = ("mean", "max", "min", "last", "first")
+
+METADATA_KEY = b"kvcert"
+
+
+class RecordRefused(ValueError):
+    """A generation record the analysis will not score (missing field, foreign pre-registration, duplicate)."""
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    """Which number of a record's certificate is its signal (``certificate_signal`` / ``multiturn_gate``)."""
+
+    field: str = "relative_steps"
+    aggregation: str = "mean"
+    over_steps: str = "mean"
+
+    def __post_init__(self) -> None:
+        if self.field not in CERT_FIELDS:
+            raise ValueError(f"certificate_signal.field: must be one of {CERT_FIELDS}, got {self.field!r}")
+        if self.over_steps not in OVER_STEPS:
+            raise ValueError(f"certificate_signal.over_steps: must be one of {OVER_STEPS}, got {self.over_steps!r}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "SignalSpec":
+        return cls(str(d["field"]), str(d["aggregation"]), str(d["over_steps"]))
+
+    def value(self, certificate: Mapping | None, randomized: bool) -> float:
+        """The signal of one record (see the module docstring for null certificates)."""
+        if not randomized:
+            return math.nan
+        if certificate is None:
+            return 0.0
+        steps = certificate[self.field][self.aggregation]
+        vals = [float(v) for v in steps if v is not None and math.isfinite(float(v))]
+        if not vals:
+            return math.nan
+        if self.over_steps == "mean":
+            return sum(vals) / len(vals)
+        if self.over_steps == "max":
+            return max(vals)
+        if self.over_steps == "min":
+            return min(vals)
+        return vals[-1] if self.over_steps == "last" else vals[0]
+
+
+@dataclass(frozen=True)
+class ScoringPlan:
+    """The parts of ``analysis_plan`` that turn a record into a row."""
+
+    pass_default: float
+    pass_by_prefix: dict[str, float]
+    certificate: SignalSpec
+    gate: SignalSpec
+    confidence_primary: str = "mean_logprob"
+    confidence_secondary: str = "min_logprob"
+
+    @classmethod
+    def from_plan(cls, plan: Mapping) -> "ScoringPlan":
+        corr = plan["correctness"]
+        conf = plan.get("confidence_signal") or {}
+        return cls(
+            pass_default=float(corr["default"]),
+            pass_by_prefix={str(k): float(v) for k, v in (corr.get("by_task_prefix") or {}).items()},
+            certificate=SignalSpec.from_dict(plan["certificate_signal"]),
+            gate=SignalSpec.from_dict(plan["multiturn_gate"]),
+            confidence_primary=str(conf.get("primary", "mean_logprob")),
+            confidence_secondary=str(conf.get("secondary", "min_logprob")),
+        )
+
+    def pass_mark(self, task: str) -> float:
+        """The longest matching task-name prefix's pass mark, else the default."""
+        best, mark = -1, self.pass_default
+        for prefix, value in self.pass_by_prefix.items():
+            if task.startswith(prefix) and len(prefix) > best:
+                best, mark = len(prefix), value
+        return mark
+
+
+def load_claims_file(prereg_folder: str | Path) -> dict:
+    """The parsed ``claims.yaml`` of a pre-registration folder."""
+    import yaml
+
+    path = Path(prereg_folder) / "claims.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no claims.yaml in the pre-registration folder")
+    return yaml.safe_load(path.read_text())
+
+
+def verified_freeze(prereg_folder: str | Path, verified_json: str | Path | None = None) -> Freeze:
+    """Verify the pre-registration now; if ``verified_json`` (``kvcert prereg verify --out``) is given, it must agree."""
+    freeze = verify(prereg_folder)
+    if verified_json is not None:
+        data = json.loads(Path(verified_json).read_text())
+        if data.get("prereg_hash") != freeze.prereg_hash:
+            raise RecordRefused(
+                f"{verified_json}: records were checked against prereg_hash {data.get('prereg_hash')}, but "
+                f"{prereg_folder} now verifies as {freeze.prereg_hash}; rerun `kvcert prereg verify`"
+            )
+    return freeze
+
+
+def _parse_utc(text: str) -> datetime:
+    t = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def _float(x) -> float:
+    return math.nan if x is None else float(x)
+
+
+def flatten(record: Mapping, plan: ScoringPlan) -> dict:
+    """One record → one row (the derived columns that need no other record)."""
+    sampler = record.get("sampler")
+    randomized = sampler in RANDOMIZED_SAMPLERS
+    cert = record.get("certificate")
+    score = record.get("score")
+    correct = math.nan if score is None else float(float(score) >= plan.pass_mark(record["task"]))
+    meta = record.get("metadata") or {}
+    kept = record.get("kept_fraction") or []
+    kind = "recompute" if record.get("recompute_of") else "escalation" if record.get("escalation") else "grid"
+    return {
+        "model": str(record["model"]),
+        "task": str(record["task"]),
+        "target_tokens": -1 if record["target_tokens"] is None else int(record["target_tokens"]),
+        "example_id": str(record["example_id"]),
+        "condition": str(record["condition"]),
+        "method": str(record["method"]),
+        "scorer": record.get("scorer"),
+        "sampler": sampler,
+        "allocation": record.get("allocation"),
+        "budget": float(record["budget"]),
+        "seed": int(record["seed"]),
+        "kind": kind,
+        "score": _float(score),
+        "correct": correct,
+        "confidence": _float(record.get(plan.confidence_primary)),
+        "confidence_secondary": _float(record.get(plan.confidence_secondary)),
+        "cert_signal": plan.certificate.value(cert, randomized),
+        "gate_signal": plan.gate.value(cert, randomized),
+        "turn_distance": _float(meta.get("turn_distance")),
+        "depth": _float(meta.get("depth")),
+        "dataset": None if meta.get("dataset") is None else str(meta.get("dataset")),
+        "prompt_tokens": int(record["prompt_tokens"]),
+        "decode_steps": int(record["decode_steps"]),
+        "kept_fraction": sum(kept) / len(kept) if kept else math.nan,
+        "kv_bytes_peak": int(record["kv_bytes_peak"]),
+        "prefill_seconds": float(record["prefill_seconds"]),
+        "decode_seconds": float(record["decode_seconds"]),
+        "started_utc": str(record["started_utc"]),
+        "config_hash": str(record["config_hash"]),
+        "prereg_hash": record["prereg_hash"],
+        "git_commit": str(record["git_commit"]),
+        "kvcert_version": str(record["kvcert_version"]),
+    }
+
+
+def check_record(record: Mapping, where: str, prereg_hash: str) -> None:
+    """Raise :class:`RecordRefused` for a missing required field or a foreign pre-registration hash."""
+    for name in REQUIRED_FIELDS:
+        if name not in record:
+            raise RecordRefused(
+                f"{where}: generation record lacks the required field {name!r}; it was not written by this "
+                "kvcert's generation engine (regenerate the shard)"
+            )
+    if record["prereg_hash"] != prereg_hash:
+        raise RecordRefused(
+            f"{where}: record prereg_hash {record['prereg_hash']} differs from the verified freeze's {prereg_hash}; "
+            "records generated under another pre-registration cannot be scored against this one"
+        )
+
+
+def _load_one(args: tuple[str, ScoringPlan, str]) -> dict[str, list]:
+    """Read, check and flatten one shard into columns (runs in a worker process for many shards)."""
+    path, plan, prereg_hash = args
+    shard = Path(path)
+    cols: dict[str, list] = {c: [] for c in _COLUMNS}
+    for number, record in enumerate(read_records(shard), start=1):
+        where = f"{shard}:{number}"
+        check_record(record, where, prereg_hash)
+        try:
+            row = flatten(record, plan)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise RecordRefused(f"{where}: malformed generation record ({type(exc).__name__}: {exc})") from None
+        row["shard"] = shard.name
+        row["line"] = number
+        for c in _COLUMNS:
+            cols[c].append(row[c])
+    return cols
+
+
+def load_shards(paths: Iterable[str | Path], plan: ScoringPlan, freeze: Freeze, jobs: int = 1) -> pd.DataFrame:
+    """Read, check and flatten every record of ``paths``; add the cross-record columns.
+
+    With ``jobs`` > 1 the shards are parsed by that many worker processes; a refused
+    record stops the whole load with its message.
+    """
+    tasks = [(str(p), plan, freeze.prereg_hash) for p in paths]
+    cols: dict[str, list] = {c: [] for c in _COLUMNS}
+    if jobs > 1 and len(tasks) >= 2 * jobs:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            parts = list(pool.map(_load_one, tasks, chunksize=max(1, len(tasks) // (4 * jobs))))
+    else:
+        parts = [_load_one(t) for t in tasks]
+    for part in parts:
+        for c in _COLUMNS:
+            cols[c].extend(part[c])
+    return derive(pd.DataFrame(cols, columns=_COLUMNS), freeze)
+
+
+_COLUMNS = [
+    "model", "task", "target_tokens", "example_id", "condition", "method", "scorer", "sampler", "allocation", "budget",
+    "seed", "kind", "score", "correct", "confidence", "confidence_secondary", "cert_signal", "gate_signal",
+    "turn_distance", "depth", "dataset", "prompt_tokens", "decode_steps", "kept_fraction", "kv_bytes_peak",
+    "prefill_seconds", "decode_seconds", "started_utc", "config_hash", "prereg_hash", "git_commit", "kvcert_version",
+    "shard", "line",
+]
+
+
+def derive(df: pd.DataFrame, freeze: Freeze) -> pd.DataFrame:
+    """Add pre_freeze, unit, full_correct and label; refuse duplicate grid generations."""
+    df = df.copy()
+    # started_utc is stamped to the second: compare at that resolution (a record stamped in the
+    # freeze's own second is not flagged; one stamped in any earlier second is)
+    frozen = _parse_utc(freeze.frozen_utc).replace(microsecond=0)
+    started = pd.to_datetime(df["started_utc"], utc=True, format="ISO8601")
+    df["pre_freeze"] = (started < pd.Timestamp(frozen)).to_numpy(dtype=bool)
+    df["unit"] = (
+        df["model"].astype(str) + "|" + df["task"].astype(str) + "|" + df["target_tokens"].astype(str) + "|"
+        + df["example_id"].astype(str)
+    )
+    grid = df["kind"].eq("grid")
+    dup = df[grid].duplicated(list(GENERATION_KEY), keep=False)
+    if dup.any():
+        rows = df[grid][dup].sort_values(list(GENERATION_KEY)).head(2)
+        where = ", ".join(f"{r.shard}:{r.line}" for r in rows.itertuples())
+        raise RecordRefused(
+            f"{where}: the same generation ({', '.join(GENERATION_KEY)}) appears twice; remove the duplicate shard"
+        )
+    scored = grid & ~df["pre_freeze"]
+    full = df[scored & df["condition"].eq("full")][list(FULL_KEY) + ["correct"]].rename(columns={"correct": "full_correct"})
+    df = df.merge(full, on=list(FULL_KEY), how="left")
+    is_full = df["condition"].eq("full")
+    corr, fc = df["correct"], df["full_correct"]
+    label = np.where(
+        is_full, "full",
+        np.where(corr.isna() | fc.isna(), "unknown", np.where(corr == 1.0, "correct", np.where(fc == 1.0, "induced", "inherent"))),
+    )
+    df["label"] = label
+    return df
+
+
+def scored(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows the claims use: grid generations after the freeze with a score."""
+    return df[df["kind"].eq("grid") & ~df["pre_freeze"] & df["correct"].notna()]
+
+
+# --- Parquet with provenance --------------------------------------------------------------
+def write_table(df: pd.DataFrame, path: str | Path, provenance: Mapping) -> Path:
+    """Write ``df`` as Parquet with ``provenance`` (JSON) in the file's schema metadata."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    meta = dict(table.schema.metadata or {})
+    meta[METADATA_KEY] = json.dumps(provenance, sort_keys=True, default=str).encode()
+    pq.write_table(table.replace_schema_metadata(meta), path)
+    return path
+
+
+def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[pd.DataFrame, dict]:
+    """A Parquet table written by :func:`write_table` and its provenance."""
+    table = pq.read_table(path, columns=columns)
+    meta = (table.schema.metadata or {}).get(METADATA_KEY)
+    return table.to_pandas(), (json.loads(meta) if meta else {})
+
+
+def score_shards(
+    shards: Iterable[str | Path], prereg_folder: str | Path, verified_json: str | Path | None = None, jobs: int = 1
+) -> tuple[pd.DataFrame, dict]:
+    """Verify the pre-registration, load every shard, and return (table, provenance)."""
+    freeze = verified_freeze(prereg_folder, verified_json)
+    claims = load_claims_file(prereg_folder)
+    plan = ScoringPlan.from_plan(claims["analysis_plan"])
+    shards = list(shards)
+    df = load_shards(shards, plan, freeze, jobs)
+    provenance = {
+        "prereg_hash": freeze.prereg_hash,
+        "frozen_utc": freeze.frozen_utc,
+        "freeze_record": freeze.path.name,
+        "freeze_git_commit": freeze.git_commit,
+        "shards": len(shards),
+        "records": int(len(df)),
+        "pre_freeze": int(df["pre_freeze"].sum()) if len(df) else 0,
+    }
+    return df, provenance

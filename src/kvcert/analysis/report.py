@@ -1,0 +1,362 @@
+"""The claim report: ``report.md``, a self-contained ``report.html`` and ``figures/*.png``.
+
+Order (issue "Claim scoring and the report"): the claim table first — our verdict and
+number beside the paper's — then the figures (induced failures by budget × condition,
+prediction vs attribution AUC, replay coverage and tightness, recompute-gain curves,
+multi-turn recall), the replay, impossibility, multi-turn and failure-label tables, the
+per-claim details, and the provenance block (pre-registration hash and freeze time,
+git commits, config hashes, generations per cell, generations started before the
+freeze — listed, and excluded from scoring). ``failure_labels.csv`` holds the full
+per-cell failure-label table.
+
+The report is assembled once as a list of blocks and rendered twice: Markdown (figures
+linked as files) and HTML (figures embedded as base64 PNG, no external resource).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pandas as pd
+
+from . import figures
+from .labels import failure_label_table, induced_failure_rates
+from .load import scored
+from .multiturn import PAPER as MULTITURN_PAPER
+from .multiturn import multiturn_table
+from .replay import IMPOSSIBILITY_HEADER, replay_cells, summarize_replay
+
+MARK = {"pass": "✓", "fail": "✗", "unclear": "?"}
+OP_TEXT = {">=": "≥", ">": ">", "<=": "≤", "<": "<"}
+
+
+# --- a tiny document model --------------------------------------------------------------------
+@dataclass
+class Block:
+    kind: str  # heading | paragraph | table | figure | code
+    text: str = ""
+    level: int = 2
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    path: Path | None = None
+
+
+class Document:
+    def __init__(self) -> None:
+        self.blocks: list[Block] = []
+
+    def heading(self, text: str, level: int = 2) -> None:
+        self.blocks.append(Block("heading", text, level))
+
+    def paragraph(self, text: str) -> None:
+        self.blocks.append(Block("paragraph", text))
+
+    def table(self, header: Sequence[str], rows: Sequence[Sequence]) -> None:
+        self.blocks.append(Block("table", header=[str(h) for h in header], rows=[[str(c) for c in r] for r in rows]))
+
+    def figure(self, path: Path | None, caption: str) -> None:
+        if path is None:
+            self.paragraph(f"*{caption}: no data.*")
+        else:
+            self.blocks.append(Block("figure", caption, path=path))
+
+    def code(self, text: str) -> None:
+        self.blocks.append(Block("code", text))
+
+    def markdown(self, base: Path) -> str:
+        out = []
+        for b in self.blocks:
+            if b.kind == "heading":
+                out.append(f"{'#' * b.level} {b.text}\n")
+            elif b.kind == "paragraph":
+                out.append(b.text + "\n")
+            elif b.kind == "table":
+                cell = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
+                out.append("| " + " | ".join(cell(h) for h in b.header) + " |")
+                out.append("|" + "---|" * len(b.header))
+                out.extend("| " + " | ".join(cell(c) for c in r) + " |" for r in b.rows)
+                out.append("")
+            elif b.kind == "figure":
+                out.append(f"![{b.text}]({b.path.relative_to(base).as_posix()})\n\n*{b.text}*\n")
+            elif b.kind == "code":
+                out.append("```\n" + b.text + "\n```\n")
+        return "\n".join(out)
+
+    def html(self, title: str) -> str:
+        body = []
+        for b in self.blocks:
+            if b.kind == "heading":
+                body.append(f"<h{b.level}>{html.escape(b.text)}</h{b.level}>")
+            elif b.kind == "paragraph":
+                body.append(f"<p>{_inline(b.text)}</p>")
+            elif b.kind == "table":
+                head = "".join(f"<th>{html.escape(h)}</th>" for h in b.header)
+                rows = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in b.rows)
+                body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+            elif b.kind == "figure":
+                data = base64.b64encode(b.path.read_bytes()).decode()
+                body.append(f'<figure><img alt="{html.escape(b.text)}" src="data:image/png;base64,{data}">'
+                            f"<figcaption>{html.escape(b.text)}</figcaption></figure>")
+            elif b.kind == "code":
+                body.append(f"<pre>{html.escape(b.text)}</pre>")
+        return (
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+        )
+
+
+CSS = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}"
+    "table{border-collapse:collapse;margin:0.5em 0 1.5em;font-size:0.88em}th,td{border:1px solid #ccc;padding:3px 7px;"
+    "text-align:left;vertical-align:top}th{background:#f0f0f0}figure{margin:1em 0}img{max-width:100%}"
+    "figcaption{font-style:italic;font-size:0.9em}pre{background:#f6f6f6;padding:0.6em;overflow-x:auto;font-size:0.85em}"
+    "strong.holds{color:#1a7f37}strong.killed{color:#b42318}strong.inconclusive{color:#9a6700}"
+)
+
+
+def _inline(text: str) -> str:
+    """Escape, then render **bold** (verdict words get a colour class)."""
+    parts = html.escape(text).split("**")
+    out = []
+    for i, p in enumerate(parts):
+        if i % 2:
+            cls = p if p in ("holds", "killed", "inconclusive") else ""
+            out.append(f'<strong class="{cls}">{p}</strong>' if cls else f"<strong>{p}</strong>")
+        else:
+            out.append(p)
+    return "".join(out)
+
+
+def fmt(x, digits: int = 3) -> str:
+    if x is None:
+        return "–"
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if math.isnan(x):
+        return "–"
+    return f"{x:.{digits}f}"
+
+
+def fmt_ci(stat: Mapping, digits: int = 3) -> str:
+    lo, hi = (stat.get("ci") or [None, None])
+    return f"{fmt(stat.get('estimate'), digits)} [{fmt(lo, digits)}, {fmt(hi, digits)}]"
+
+
+# --- sections -----------------------------------------------------------------------------------
+def claim_rows(claims: list[Mapping]) -> list[list[str]]:
+    rows = []
+    for c in claims:
+        tests = "; ".join(f"{t['statistic']} = {fmt_ci(t)} {MARK[t['outcome']]}" for t in c["tests"])
+        thresholds = "; ".join(f"{t['statistic']} {OP_TEXT.get(t['op'], t['op'])} {t['threshold']:g}"
+                               f"{'†' if t.get('ours') else ''}" for t in c["tests"])
+        paper = c.get("paper") or {}
+        agree = "" if not paper.get("verdict") else ("same" if paper["verdict"] == c["verdict"] else "differs")
+        rows.append([c["id"], c["statement"], tests, thresholds, f"**{c['verdict']}**", str(paper.get("value", "–")),
+                     str(paper.get("verdict", "–")), agree, "; ".join(c.get("reasons") or [])])
+    return rows
+
+
+CLAIM_HEADER = ["claim", "statement", "ours: statistic = estimate [90 % CI] (test)", "passes when", "our verdict",
+                "paper", "paper's verdict", "agreement", "why inconclusive / notes"]
+
+
+def replay_rows(replay: pd.DataFrame, delta: float) -> list[list[str]]:
+    summary = summarize_replay(replay, delta)
+    rows = []
+    for group, blocks in (("pooled", {"all": summary["pooled"]}), ("query kind", summary.get("by_kind", {})),
+                          ("budget", summary.get("by_budget", {})), ("model", summary.get("by_model", {}))):
+        for name, b in blocks.items():
+            rows.append([group, name, b["cells"], b["observations"], fmt(b["coverage"]), fmt(b["coverage_anytime"]),
+                         fmt(b["spearman"]), fmt(b["spearman_within_head_median"]), fmt(b["tightness_median"], 2),
+                         f"{fmt(b['tightness_q10'], 2)}–{fmt(b['tightness_q90'], 2)}"])
+    return rows
+
+
+REPLAY_HEADER = ["group", "value", "cells", "draws × queries", "coverage (ε_δ)", "coverage (anytime)", "Spearman pooled",
+                 "Spearman within head (median)", "tightness ε/err (median)", "tightness q10–q90"]
+
+
+def generations_per_cell(scores: pd.DataFrame) -> list[list[str]]:
+    keys = ["model", "target_tokens", "task", "condition", "method", "budget"]
+    counts = scores.groupby(keys, dropna=False).size().reset_index(name="n")
+    return [[*[str(r[k]) for k in keys], str(r["n"])] for _, r in counts.iterrows()]
+
+
+def provenance_section(doc: Document, claims_doc: Mapping, scores: pd.DataFrame | None, scores_prov: Mapping,
+                       replay_prov: Sequence[Mapping]) -> None:
+    doc.heading("Provenance")
+    prov = claims_doc.get("provenance", {})
+    lines = [
+        f"pre-registration hash: {scores_prov.get('prereg_hash') or prov.get('prereg_hash')}",
+        f"frozen (UTC): {scores_prov.get('frozen_utc') or prov.get('frozen_utc')}  record: {scores_prov.get('freeze_record', '–')}",
+        f"freeze commit: {scores_prov.get('freeze_git_commit', '–')}",
+        f"analysis commit: {prov.get('analysis_git_commit', '–')}",
+        f"experiment: {claims_doc.get('experiment', '–')}",
+        f"bootstrap: {prov.get('bootstrap', '–')}",
+    ]
+    if scores is not None and len(scores):
+        for col, label in (("git_commit", "generation commits"), ("config_hash", "config hashes"),
+                           ("kvcert_version", "kvcert versions")):
+            vc = scores[col].value_counts()
+            shown = ", ".join(f"{k} ({v})" for k, v in vc.head(12).items())
+            more = f" … and {len(vc) - 12} more" if len(vc) > 12 else ""
+            lines.append(f"{label}: {len(vc)} distinct — {shown}{more}")
+        kinds = scores["kind"].value_counts().to_dict()
+        lines.append(f"records: {len(scores)} ({', '.join(f'{k}: {v}' for k, v in kinds.items())}); "
+                     f"only grid records after the freeze are scored")
+    for rp in replay_prov:
+        lines.append(f"replay: model {rp.get('model')}, {rp.get('examples')} examples, budgets {rp.get('budgets')}, "
+                     f"{rp.get('draws')} draws, {rp.get('later_queries')} later queries, layers {rp.get('layers')}, "
+                     f"commit {rp.get('git_commit')}")
+    doc.code("\n".join(lines))
+    if scores is None or not len(scores):
+        return
+    pre = scores[scores["pre_freeze"]]
+    doc.heading("Generations started before the freeze (excluded from scoring)", 3)
+    if pre.empty:
+        doc.paragraph("None.")
+    else:
+        doc.table(["shard:line", "model", "task", "example", "condition", "method", "budget", "started (UTC)"],
+                  [[f"{r.shard}:{r.line}", r.model, r.task, r.example_id, r.condition, r.method, f"{r.budget:g}",
+                    r.started_utc] for r in pre.itertuples()])
+    doc.heading("Generations per cell", 3)
+    doc.table(["model", "length", "task", "condition", "method", "budget", "generations"], generations_per_cell(scores))
+
+
+def build_report(
+    claims_doc: Mapping, scores: pd.DataFrame | None, scores_provenance: Mapping | None, replay: pd.DataFrame | None,
+    impossibility: Sequence[Mapping], out_dir: str | Path, replay_provenance: Sequence[Mapping] = (),
+) -> dict[str, Path]:
+    """Write report.md, report.html, failure_labels.csv and figures/*.png under ``out_dir``."""
+    out = Path(out_dir)
+    fig_dir = out / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    claims = list(claims_doc.get("claims", []))
+    plan = claims_doc.get("analysis_plan", {})
+    grid = claims_doc.get("grid") or {}
+    delta = float(plan.get("delta", 0.1))
+    by_stat = {t["statistic"]: c for c in claims for t in c["tests"]}
+    scores_ok = scored(scores) if scores is not None and len(scores) else None
+    replay = replay if replay is not None else pd.DataFrame()
+    tasks = list(grid["tasks"]) if grid.get("tasks") else None
+
+    doc = Document()
+    title = f"kvcert claim report — {claims_doc.get('experiment', 'experiment')}"
+    doc.heading(title, 1)
+    verdicts = pd.Series([c["verdict"] for c in claims]).value_counts().to_dict()
+    n_gen = 0 if scores_ok is None else len(scores_ok)
+    doc.paragraph(
+        f"Reproduction of the pre-registered claims of Xie, *Error Certificates for KV-Cache Eviction via Randomized "
+        f"Design* (arXiv 2607.21475). {n_gen} scored generations, {len(replay)} replay draws × queries. Verdicts: "
+        + ", ".join(f"{v} {k}" for k, v in verdicts.items()) + ". Tests use 90 % bootstrap percentile intervals "
+        "(✓ pass, ✗ fail, ? unclear); † marks thresholds set by this project before any run."
+    )
+    doc.heading("Claims")
+    doc.table(CLAIM_HEADER, claim_rows(claims))
+
+    # figures
+    doc.heading("Figures")
+    c3 = by_stat.get("induced_failure_rate")
+    rates = induced_failure_rates(scores_ok, tasks) if scores_ok is not None else pd.DataFrame()
+    thr3 = next((t["threshold"] for t in c3["tests"]), None) if c3 else None
+    doc.figure(figures.induced_failure_figure(rates, fig_dir / "induced_failure.png", thr3) if len(rates) else None,
+               "Fig. 1 — induced-failure rate (among examples the full cache answers correctly) by KV budget, "
+               "condition and sampler")
+    doc.figure(figures.auc_figure(claims, fig_dir / "auc_prediction_attribution.png"),
+               "Fig. 3 — certificate vs output confidence: failure prediction (C4) and attribution of failures to "
+               "the cache (C6), ROC AUC with 90 % bootstrap intervals")
+    cells = replay_cells(replay) if len(replay) else pd.DataFrame()
+    c1 = by_stat.get("coverage")
+    doc.figure(figures.coverage_figure(cells, fig_dir / "coverage.png", delta,
+                                       c1["tests"][0]["threshold"] if c1 else None) if len(cells) else None,
+               f"Coverage of the certificate at δ = {delta:g} per replay cell, the query that set π vs later decode queries")
+    doc.figure(figures.tightness_figure(replay, fig_dir / "tightness.png") if len(replay) else None,
+               "Tightness: certificate radius over realised attention error per replay draw")
+    doc.figure(figures.recompute_figure(by_stat.get("gain_ratio_certificate_over_random"), fig_dir / "recompute_gain.png"),
+               "Recomputation gain vs recompute rate (C7): certificate, confidence and random gating at matched rates")
+    mt_cell = grid.get("multiturn") or {}
+    gate = plan.get("multiturn_gate") or {}
+    table = (multiturn_table(scores_ok, mt_cell, float(gate.get("threshold", 0.1)))
+             if scores_ok is not None and mt_cell else pd.DataFrame())
+    budget_txt = ", ".join(f"{100 * float(b):g} %" for b in mt_cell.get("budgets", []))
+    doc.figure(figures.multiturn_figure(table, fig_dir / "multiturn_recall.png", budget_txt) if len(table) else None,
+               "Multi-turn recall by turn distance: full cache, top-k, Poisson and certificate-gated")
+
+    # tables
+    doc.heading("Attention-level replay (C1, C2)")
+    if len(replay):
+        doc.table(REPLAY_HEADER, replay_rows(replay, delta))
+    else:
+        doc.paragraph("No replay draws.")
+    doc.heading("Impossibility demonstration (Theorem 1)")
+    if impossibility:
+        doc.paragraph("Deterministic top-k on one real layer: the evicted values are altered; everything retained "
+                      "(positions, keys, values, scores) hashes identically while the true error moves. Paper: "
+                      "permuting evicted values moved the true error 64×.")
+        header = [h.strip() for h in IMPOSSIBILITY_HEADER.splitlines()[0].strip("|").split("|")]
+        doc.table(["model", "layer", *header],
+                  [[r["model"], r["layer"], *[c.strip() for c in r["table_row"].strip().strip("|").split("|")]]
+                   for r in impossibility])
+    else:
+        doc.paragraph("Not run.")
+    doc.heading("Multi-turn recall")
+    if len(table):
+        doc.paragraph(f"Certificate-gated = the Poisson run, recomputed with the full cache when the gate fires "
+                      f"({gate.get('field')} {gate.get('aggregation')} over heads, {gate.get('over_steps')} over steps "
+                      f"> {gate.get('threshold')}). Paper: gated {MULTITURN_PAPER['overall']['gated']} vs top-k "
+                      f"{MULTITURN_PAPER['overall']['topk']} overall; {MULTITURN_PAPER['26-30']['gated']} vs "
+                      f"{MULTITURN_PAPER['26-30']['topk']} at 26–30 turns.")
+        doc.table(["turn distance", "runs", "full cache", "top-k", "Poisson", "certificate-gated", "recomputed"],
+                  [[r["bin"], r["n"], fmt(r["full"]), fmt(r["topk"]), fmt(r["poisson"]), fmt(r["gated"]),
+                    fmt(r["recomputed"])] for _, r in table.iterrows()])
+    else:
+        doc.paragraph("No multi-turn runs.")
+    doc.heading("Failure labels")
+    if scores_ok is not None:
+        labels = failure_label_table(scores_ok)
+        labels.to_csv(out / "failure_labels.csv", index=False)
+        pooled = failure_label_table(scores_ok if tasks is None else scores_ok[scores_ok["task"].isin(tasks)],
+                                     by=["condition", "budget", "method"])
+        doc.paragraph("Pooled over models, lengths and the main tasks; per model × length × task × condition × budget "
+                      "× method in `failure_labels.csv`.")
+        doc.table(["condition", "budget", "method", "runs", "correct", "cache-induced", "inherent", "no full run",
+                   "induced-failure rate", "induced share of failures"],
+                  [[r["condition"], f"{r['budget']:g}", r["method"], r["runs"], r["correct"], r["induced"],
+                    r["inherent"], r["unknown"], fmt(r["induced_failure_rate"]), fmt(r["induced_share_of_failures"])]
+                   for _, r in pooled.iterrows()])
+    else:
+        doc.paragraph("No generations.")
+
+    doc.heading("Claim details")
+    for c in claims:
+        doc.heading(f"{c['id']} — {c['statement']}", 3)
+        doc.paragraph(f"Metric: {c['metric']} Kill: {c['kill']}. Verdict: **{c['verdict']}**"
+                      + (f" ({'; '.join(c['reasons'])})" if c.get("reasons") else "") + ".")
+        cell = c.get("cell", {})
+        doc.paragraph("Cell: " + ", ".join(f"{k} {v}" for k, v in cell.items() if k != "minimum")
+                      + f" (minimum {cell.get('minimum')}).")
+        stats = c.get("details", {}).get("statistics", {})
+        if stats:
+            doc.table(["statistic", "estimate [90 % CI]", "resamples", "skipped"],
+                      [[n, fmt_ci(s, 4), s["resamples"], s["skipped"]] for n, s in stats.items()])
+        breakdown = c.get("details", {}).get("by_model_length") or []
+        if breakdown:
+            keys = [k for k in breakdown[0] if k not in ("model", "target_tokens")]
+            doc.table(["model", "length", *keys],
+                      [[b["model"], b["target_tokens"], *[fmt(b.get(k)) if isinstance(b.get(k), float) else b.get(k, "–")
+                                                         for k in keys]] for b in breakdown])
+
+    provenance_section(doc, claims_doc, scores, scores_provenance or {}, replay_provenance)
+
+    md = out / "report.md"
+    md.write_text(doc.markdown(out))
+    page = out / "report.html"
+    page.write_text(doc.html(title))
+    return {"markdown": md, "html": page, "figures": fig_dir}

@@ -1,0 +1,315 @@
+"""Statistics of the claims: AUC, Spearman, weighted quantiles, the unit bootstrap,
+percentile intervals and the verdict rules.
+
+Implements ``analysis_plan.bootstrap`` and ``verdict_rules`` of
+``preregistration/claims.yaml``:
+
+* **Bootstrap over units.** A unit is an example ``(model, task, target_tokens,
+  example_id)`` with all its records (a replay cell for the replay claims). Drawing U
+  units with replacement is the same as giving unit u a multiplicity ``c_u``
+  (``c ~ Multinomial(U, 1/U)``) and every record the multiplicity of its unit. Each
+  statistic below is written for such integer weights, so ``statistic(weights)`` is
+  exactly the statistic of the resampled data set (ties included) — without building
+  it. ``resamples`` draws from ``numpy.random.default_rng(seed)``; the interval is the
+  two-sided percentile interval at ``level``. A resample where a statistic is undefined
+  (an AUC with one class present, a ratio with a zero denominator) is skipped and
+  counted; with more than 10 % skipped the test is unclear.
+* **AUC.** Point estimates with :func:`sklearn.metrics.roc_auc_score`; the resamples use
+  :class:`AUCIndex`, the Mann–Whitney form of the same area (P(score₊ > score₋) + ½
+  P(tie), the trapezoidal ROC area sklearn computes) on weights, vectorised over
+  resamples — equal to sklearn on the resampled data to rounding (tests check it).
+* **Spearman.** Point estimates with :func:`scipy.stats.spearmanr`; resamples with
+  weighted mid-ranks (:class:`SpearmanIndex`), again equal to the resampled data's.
+* **Verdicts** (``verdict_rules``): a test compares a statistic with a threshold through
+  its interval — it *passes* when the interval lies entirely on the claim's side,
+  *fails* when entirely on the other side, and is *unclear* otherwise. A claim holds
+  when every test passes, is killed when any test fails, and is inconclusive otherwise
+  or when a cell is below the pre-registered minimum size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+from sklearn.metrics import roc_auc_score
+
+#: the largest share of skipped resamples a test tolerates before it is unclear
+MAX_SKIPPED_FRACTION = 0.10
+
+OUTCOMES = ("pass", "fail", "unclear")
+VERDICTS = ("holds", "killed", "inconclusive")
+OPS = (">=", ">", "<=", "<")
+
+
+# --- the bootstrap ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class BootstrapPlan:
+    """``analysis_plan.bootstrap``: number of resamples, seed, interval level.
+
+    ``chunk`` resamples are evaluated at once (memory: chunk × records floats).
+    """
+
+    resamples: int = 1000
+    seed: int = 0
+    level: float = 0.90
+    chunk: int = 64
+
+    def __post_init__(self) -> None:
+        if self.resamples < 1:
+            raise ValueError(f"bootstrap.resamples: must be >= 1, got {self.resamples}")
+        if not 0.0 < self.level < 1.0:
+            raise ValueError(f"bootstrap.level: must lie in (0, 1), got {self.level}")
+
+    @classmethod
+    def from_plan(cls, analysis_plan: Mapping) -> "BootstrapPlan":
+        b = analysis_plan.get("bootstrap") or {}
+        return cls(resamples=int(b.get("resamples", 1000)), seed=int(b.get("seed", 0)), level=float(b.get("level", 0.9)))
+
+
+def encode_units(units: Sequence | pd.Series | np.ndarray) -> tuple[np.ndarray, int]:
+    """Integer codes 0..U−1 of each record's unit, and U."""
+    codes, uniques = pd.factorize(pd.Series(units), sort=True)
+    if (codes < 0).any():
+        raise ValueError("units: a record has no unit (missing value)")
+    return codes.astype(np.int64), len(uniques)
+
+
+def weight_chunks(codes: np.ndarray, n_units: int, plan: BootstrapPlan) -> Iterator[np.ndarray]:
+    """Per resample, the weight of every record (its unit's multiplicity): chunks [b, n]."""
+    rng = np.random.default_rng(plan.seed)
+    done = 0
+    while done < plan.resamples:
+        b = min(plan.chunk, plan.resamples - done)
+        picks = rng.integers(0, n_units, size=(b, n_units))
+        flat = (picks + (np.arange(b) * n_units)[:, None]).ravel()
+        counts = np.bincount(flat, minlength=b * n_units).reshape(b, n_units).astype(np.float64)
+        yield counts[:, codes]
+        done += b
+
+
+@dataclass
+class Estimate:
+    """A statistic: point estimate, percentile interval, resamples used and skipped."""
+
+    name: str
+    estimate: float
+    ci_low: float
+    ci_high: float
+    level: float
+    resamples: int
+    skipped: int
+    samples: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
+
+    @property
+    def skipped_fraction(self) -> float:
+        return self.skipped / self.resamples if self.resamples else 1.0
+
+    def to_dict(self) -> dict:
+        return {
+            "estimate": _num(self.estimate), "ci": [_num(self.ci_low), _num(self.ci_high)], "level": self.level,
+            "resamples": self.resamples, "skipped": self.skipped,
+        }
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if np.isfinite(x) else None
+
+
+Statistic = Callable[[np.ndarray], Mapping[str, tuple[np.ndarray, np.ndarray]]]
+
+
+def percentile_interval(samples: np.ndarray, level: float) -> tuple[float, float]:
+    """Two-sided percentile interval of ``samples`` at ``level`` (NaN when empty)."""
+    samples = np.asarray(samples, dtype=np.float64)
+    if samples.size == 0:
+        return float("nan"), float("nan")
+    lo, hi = np.percentile(samples, [50.0 * (1.0 - level), 50.0 * (1.0 + level)])
+    return float(lo), float(hi)
+
+
+def bootstrap(
+    statistic: Statistic,
+    codes: np.ndarray,
+    n_units: int,
+    plan: BootstrapPlan,
+    point: Mapping[str, float] | None = None,
+) -> dict[str, Estimate]:
+    """Paired bootstrap of every statistic ``statistic(weights)`` returns.
+
+    ``statistic`` maps a weight matrix [b, n] (one row per resample, one column per
+    record) to ``{name: (values [b], valid [b])}``; all names share the same resamples
+    (paired differences). Point estimates come from ``point`` where given, else from
+    the statistic at unit weights.
+    """
+    n = len(codes)
+    at_one = statistic(np.ones((1, n)))
+    values: dict[str, list[np.ndarray]] = {name: [] for name in at_one}
+    valid: dict[str, list[np.ndarray]] = {name: [] for name in at_one}
+    if n_units > 0:
+        for w in weight_chunks(codes, n_units, plan):
+            for name, (v, ok) in statistic(w).items():
+                values[name].append(np.asarray(v, dtype=np.float64))
+                valid[name].append(np.asarray(ok, dtype=bool) & np.isfinite(v))
+    out = {}
+    for name, (v1, ok1) in at_one.items():
+        est = float(point[name]) if point and name in point else (float(v1[0]) if bool(ok1[0]) else float("nan"))
+        v = np.concatenate(values[name]) if values[name] else np.empty(0)
+        ok = np.concatenate(valid[name]) if valid[name] else np.empty(0, dtype=bool)
+        kept = v[ok]
+        lo, hi = percentile_interval(kept, plan.level)
+        out[name] = Estimate(name, est, lo, hi, plan.level, int(v.size), int((~ok).sum()), kept)
+    return out
+
+
+# --- weighted statistics ------------------------------------------------------------------
+def weighted_mean(values: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Σ w·x / Σ w per resample row; valid where Σ w > 0."""
+    total = w.sum(axis=1)
+    num = w @ np.asarray(values, dtype=np.float64)
+    ok = total > 0
+    return np.where(ok, num / np.where(ok, total, 1.0), np.nan), ok
+
+
+class RankIndex:
+    """Sort order and tie groups of one score vector, shared by every resample."""
+
+    def __init__(self, scores: np.ndarray):
+        scores = np.asarray(scores, dtype=np.float64)
+        if np.isnan(scores).any():
+            raise ValueError("scores: NaN values cannot be ranked; drop them first")
+        self.order = np.argsort(scores, kind="mergesort")
+        s = scores[self.order]
+        self.starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]]) if s.size else np.empty(0, dtype=np.int64)
+        self.group_of_sorted = np.cumsum(np.r_[True, s[1:] != s[:-1]]) - 1 if s.size else np.empty(0, dtype=np.int64)
+        self.no_ties = self.starts.size == s.size
+
+    def group_sums(self, w: np.ndarray) -> np.ndarray:
+        """Per tie group (ascending score), the sum of ``w`` [b, n] → [b, groups]."""
+        if self.no_ties:  # every group is one record
+            return w[:, self.order]
+        return np.add.reduceat(w[:, self.order], self.starts, axis=1)
+
+    def midranks(self, w: np.ndarray) -> np.ndarray:
+        """Weighted mid-ranks (up to a constant) of every record, in original order [b, n]."""
+        g = self.group_sums(w)
+        mid = np.cumsum(g, axis=1)
+        mid -= 0.5 * g
+        ranks = np.empty_like(w)
+        ranks[:, self.order] = mid if self.no_ties else mid[:, self.group_of_sorted]
+        return ranks
+
+
+class AUCIndex:
+    """Weighted ROC AUC of ``scores`` for binary ``labels`` (1 = positive), per resample.
+
+    AUC = Σ_groups P_g (N_below_g + ½ N_g) / (P·N): the probability that a positive
+    outranks a negative, ties counting one half — the area under the trapezoidal ROC
+    curve, as :func:`sklearn.metrics.roc_auc_score` computes it.
+    """
+
+    def __init__(self, scores: np.ndarray, labels: np.ndarray):
+        self.index = RankIndex(scores)
+        labels = np.asarray(labels, dtype=np.float64)
+        if not np.isin(labels, (0.0, 1.0)).all():
+            raise ValueError("labels: must be 0/1")
+        self.labels_sorted = labels[self.index.order]
+
+    def __call__(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ws = w[:, self.index.order]  # one gather into score order
+        pos = ws * self.labels_sorted
+        if not self.index.no_ties:
+            ws = np.add.reduceat(ws, self.index.starts, axis=1)
+            pos = np.add.reduceat(pos, self.index.starts, axis=1)
+        neg = ws - pos
+        p, n = pos.sum(axis=1), neg.sum(axis=1)
+        below_half = np.cumsum(neg, axis=1) - 0.5 * neg  # negatives ranked below, ties counting one half
+        num = np.einsum("ij,ij->i", pos, below_half)
+        ok = (p > 0) & (n > 0)
+        return np.where(ok, num / np.where(ok, p * n, 1.0), np.nan), ok
+
+
+def auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """ROC AUC with scikit-learn; NaN when only one class is present."""
+    labels = np.asarray(labels)
+    if labels.size == 0 or np.unique(labels).size < 2:
+        return float("nan")
+    return float(roc_auc_score(labels, np.asarray(scores, dtype=np.float64)))
+
+
+class SpearmanIndex:
+    """Weighted Spearman correlation of (x, y) per resample: weighted Pearson of weighted mid-ranks."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray):
+        self.rx = RankIndex(x)
+        self.ry = RankIndex(y)
+
+    def __call__(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return weighted_pearson(self.rx.midranks(w), self.ry.midranks(w), w)
+
+
+def weighted_pearson(a: np.ndarray, b: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise weighted Pearson correlation of a and b [r, n] with weights w [r, n]."""
+    total = w.sum(axis=1, keepdims=True)
+    safe = np.where(total > 0, total, 1.0)
+    ma = (w * a).sum(axis=1, keepdims=True) / safe
+    mb = (w * b).sum(axis=1, keepdims=True) / safe
+    da, db = a - ma, b - mb
+    cov = (w * da * db).sum(axis=1)
+    va = (w * da * da).sum(axis=1)
+    vb = (w * db * db).sum(axis=1)
+    ok = (total[:, 0] > 0) & (va > 0) & (vb > 0)
+    return np.where(ok, cov / np.sqrt(np.where(ok, va * vb, 1.0)), np.nan), ok
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman rank correlation with SciPy (NaN when a variable is constant)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.size < 2 or np.all(x == x[0]) or np.all(y == y[0]):
+        return float("nan")
+    return float(scipy_stats.spearmanr(x, y).statistic)
+
+
+def weighted_quantile(values: np.ndarray, q: float, w: np.ndarray) -> np.ndarray:
+    """Inverted-CDF quantile per resample row (``numpy.quantile(method="inverted_cdf")`` at unit weights).
+
+    The smallest value whose cumulative weight reaches q · total; [b].
+    """
+    values = np.asarray(values, dtype=np.float64)
+    order = np.argsort(values, kind="mergesort")
+    cum = np.cumsum(w[:, order], axis=1)
+    target = q * cum[:, -1:]
+    idx = (cum < target - 1e-12 * np.maximum(cum[:, -1:], 1.0)).sum(axis=1)
+    return values[order][np.minimum(idx, values.size - 1)]
+
+
+# --- verdicts -----------------------------------------------------------------------------
+def test_outcome(ci_low: float, ci_high: float, op: str, threshold: float, skipped_fraction: float = 0.0) -> str:
+    """pass / fail / unclear of one test from its interval (``verdict_rules``)."""
+    if op not in OPS:
+        raise ValueError(f"op: must be one of {OPS}, got {op!r}")
+    if not (np.isfinite(ci_low) and np.isfinite(ci_high)) or skipped_fraction > MAX_SKIPPED_FRACTION:
+        return "unclear"
+    t = float(threshold)
+    if op == ">=":
+        return "pass" if ci_low >= t else "fail" if ci_high < t else "unclear"
+    if op == ">":
+        return "pass" if ci_low > t else "fail" if ci_high <= t else "unclear"
+    if op == "<=":
+        return "pass" if ci_high <= t else "fail" if ci_low > t else "unclear"
+    return "pass" if ci_high < t else "fail" if ci_low >= t else "unclear"
+
+
+def claim_verdict(outcomes: Sequence[str], cells_ok: bool) -> str:
+    """holds / killed / inconclusive: too-small cells first, then any fail kills, all pass hold."""
+    if not cells_ok or not outcomes:
+        return "inconclusive"
+    if any(o == "fail" for o in outcomes):
+        return "killed"
+    if all(o == "pass" for o in outcomes):
+        return "holds"
+    return "inconclusive"

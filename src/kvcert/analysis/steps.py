@@ -1,0 +1,190 @@
+"""The four analysis steps the workflow runs, each file in → file out.
+
+The thin scripts in the top-level ``analysis/`` folder only parse arguments and call
+these; the report benchmark calls them too.
+
+* :func:`replay_step` — model config + task records → replay draws (Parquet) and the
+  impossibility rows (JSON).
+* :func:`score_step` — generation shards → one row per generation (Parquet, with the
+  freeze it was verified against in the file's metadata).
+* :func:`claims_step` — scores + replay → ``claims.json`` (every claim of
+  ``claims.yaml`` with its tests, intervals, verdict and the paper's outcome).
+* :func:`report_step` — claims + scores + replay + impossibility → report.md,
+  report.html, figures/*.png.
+
+Every step verifies the pre-registration first (:func:`kvcert.prereg.verify`) and
+refuses inputs stamped with another pre-registration hash.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from ..generation.provenance import git_commit
+from ..prereg import verify
+from .claims import evaluate_claims, main_tasks
+from .load import RecordRefused, load_claims_file, read_table, score_shards, write_table
+from .replay import empty_replay, summarize_replay
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON: numpy scalars to Python, NaN/inf to null, tuples to lists, paths to str."""
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return [jsonable(v) for v in obj.tolist()]
+    if isinstance(obj, (np.bool_, bool)):
+        return bool(obj)
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(float(obj)) else None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json(data: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(jsonable(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
+    return path
+
+
+def load_grid(prereg: str | Path, experiment: str) -> dict:
+    path = Path(prereg) / "grids" / f"{experiment}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no design grid for experiment {experiment!r}")
+    return yaml.safe_load(path.read_text())
+
+
+# --- score ----------------------------------------------------------------------------------------
+def score_step(shards: Sequence[str | Path], prereg: str | Path, out: str | Path,
+               verified: str | Path | None = None, jobs: int = 1) -> Path:
+    df, provenance = score_shards(shards, prereg, verified, jobs)
+    return write_table(df, out, provenance)
+
+
+# --- replay ---------------------------------------------------------------------------------------
+def _model_section(config_path: str | Path) -> dict:
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load(str(config_path)), resolve=True)
+    if not isinstance(data, dict):
+        raise ValueError(f"{config_path}: not a mapping")
+    model = data.get("model", data)
+    if not isinstance(model, dict) or "path" not in model:
+        raise ValueError(f"{config_path}: no model section (name, path, dtype, device) found")
+    return model
+
+
+def replay_step(model_config: str | Path, records: str | Path, prereg: str | Path, out: str | Path,
+                impossibility_out: str | Path, seed: int = 0, max_layers: int | None = None,
+                max_examples: int | None = None) -> tuple[Path, Path]:
+    """Replay every record of ``records`` with the model of ``model_config`` (settings from ``analysis_plan``)."""
+    from ..design import RetentionDesign
+    from ..models import ModelSpec, load_model
+    from ..tasks.records import read_jsonl
+    from .replay import impossibility_for_model, replay_layers, replay_model
+
+    freeze = verify(prereg)
+    plan = load_claims_file(prereg)["analysis_plan"]
+    rp, design = plan["replay"], RetentionDesign(**plan["design"])
+    spec = ModelSpec(**{k: v for k, v in _model_section(model_config).items() if k in ModelSpec.__dataclass_fields__})
+    recs = read_jsonl(records)[:max_examples]
+    if not recs:
+        raise ValueError(f"{records}: no task records to replay")
+    model, tokenizer = load_model(spec)
+    t0 = time.perf_counter()
+    draws = replay_model(model, tokenizer, recs, [float(b) for b in rp["budgets"]], int(rp["draws"]),
+                         int(rp["later_queries"]), float(plan["delta"]), design, seed, max_layers, model_name=spec.name)
+    rows = impossibility_for_model(model, tokenizer, recs[0], design=design, seed=seed, model_name=spec.name)
+    num_layers = model.config.get_text_config().num_hidden_layers
+    provenance = {
+        "model": spec.name, "model_path": spec.path, "examples": len(recs), "records": Path(records).name,
+        "budgets": rp["budgets"], "draws": rp["draws"], "later_queries": rp["later_queries"], "delta": plan["delta"],
+        "design": plan["design"], "seed": seed, "layers": replay_layers(num_layers, max_layers),
+        "prereg_hash": freeze.prereg_hash, "frozen_utc": freeze.frozen_utc, "git_commit": git_commit(),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    path = write_table(draws, out, provenance)
+    imp = write_json({"model": spec.name, "prereg_hash": freeze.prereg_hash, "rows": rows}, impossibility_out)
+    return path, imp
+
+
+# --- claims ---------------------------------------------------------------------------------------
+def _read_replays(paths: Sequence[str | Path], prereg_hash: str) -> tuple[pd.DataFrame, list[dict]]:
+    frames, provs = [], []
+    for p in paths:
+        df, prov = read_table(p)
+        if prov.get("prereg_hash") != prereg_hash:
+            raise RecordRefused(f"{p}: replay prereg_hash {prov.get('prereg_hash')} differs from the verified "
+                                f"freeze's {prereg_hash}")
+        frames.append(df)
+        provs.append(prov)
+    return (pd.concat(frames, ignore_index=True) if frames else empty_replay()), provs
+
+
+def _read_scores(path: str | Path, prereg_hash: str) -> tuple[pd.DataFrame, dict]:
+    df, prov = read_table(path)
+    if prov.get("prereg_hash") != prereg_hash:
+        raise RecordRefused(f"{path}: scores were verified against prereg_hash {prov.get('prereg_hash')}, "
+                            f"not the current freeze's {prereg_hash}; rerun the score step")
+    return df, prov
+
+
+def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | Path, experiment: str,
+                out: str | Path) -> dict:
+    """Evaluate every claim and write ``claims.json``; returns its content."""
+    freeze = verify(prereg)
+    doc = load_claims_file(prereg)
+    grid = load_grid(prereg, experiment)
+    df, scores_prov = _read_scores(scores, freeze.prereg_hash)
+    rp, replay_prov = _read_replays(replay, freeze.prereg_hash)
+    t0 = time.perf_counter()
+    results = evaluate_claims(doc, df, rp, main_tasks(grid))
+    plan = doc["analysis_plan"]
+    content = {
+        "experiment": experiment,
+        "paper": doc.get("paper", {}),
+        "verdict_rules": doc.get("verdict_rules"),
+        "analysis_plan": plan,
+        "grid": grid,
+        "provenance": {
+            "prereg_hash": freeze.prereg_hash, "frozen_utc": freeze.frozen_utc, "freeze_record": freeze.path.name,
+            "analysis_git_commit": git_commit(), "bootstrap": plan.get("bootstrap"), "scores": scores_prov,
+            "replay": replay_prov, "seconds": round(time.perf_counter() - t0, 2),
+        },
+        "replay_summary": summarize_replay(rp, float(plan["delta"])) if len(rp) else None,
+        "claims": [r.to_dict() for r in results],
+    }
+    write_json(content, out)
+    return jsonable(content)
+
+
+# --- report ---------------------------------------------------------------------------------------
+def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[str | Path],
+                impossibility: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:
+    from .report import build_report
+
+    doc = json.loads(Path(claims).read_text())
+    prereg_hash = doc["provenance"]["prereg_hash"]
+    df, scores_prov = _read_scores(scores, prereg_hash) if scores else (None, {})
+    rp, replay_prov = _read_replays(replay, prereg_hash)
+    rows = []
+    for p in impossibility:
+        data = json.loads(Path(p).read_text())
+        if data.get("prereg_hash") != prereg_hash:
+            raise RecordRefused(f"{p}: impossibility prereg_hash {data.get('prereg_hash')} differs from {prereg_hash}")
+        rows.extend(data.get("rows", []))
+    return build_report(doc, df, scores_prov, rp, rows, out_dir, replay_prov)

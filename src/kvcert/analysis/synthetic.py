@@ -1,0 +1,194 @@
+"""Synthetic generation records: the engine's record schema with planted effects.
+
+Used by the known-answer tests (records built so a claim's verdict is known) and by
+``kvcert bench report`` (paper-shaped records at paper scale). Nothing here is a
+result: every number is drawn from the stated generative model.
+
+:func:`make_record` builds one record with every field the engine writes
+(:data:`kvcert.analysis.load.REQUIRED_FIELDS`); its certificate trace is constant over
+decode steps, so every aggregation of it equals ``signal``.
+
+:func:`paper_records` simulates the paper's main grid — models × lengths × tasks ×
+examples × 13 runs (the full cache, and {aware, streaming} × {12.5, 25, 50} % ×
+{top-k, Poisson}) — under a simple latent model: an example is answerable by the full
+cache with probability ``p_full``; eviction damage grows as the budget shrinks and
+is larger when streaming; a damaged run of an answerable example fails (cache-induced),
+an unanswerable one fails anyway (inherent); the Poisson run's certificate grows with
+the damage, the answer's log-probability falls with failure of either kind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+AGGREGATIONS = ("max", "mean", "rms")
+GRID_BUDGETS = (0.125, 0.25, 0.5)
+GRID_CONDITIONS = ("aware", "streaming")
+GRID_SAMPLERS = ("topk", "poisson")
+
+
+def certificate_block(signal: float, steps: int, layers: int, delta: float = 0.1) -> dict:
+    """A certificate trace whose every step and aggregation equals ``signal`` (relative and absolute)."""
+    per_step = [float(signal)] * steps
+    return {
+        "delta": delta,
+        "steps": {a: list(per_step) for a in AGGREGATIONS},
+        "anytime_steps": {a: [float(signal) * (1.0 + 0.1 * math.log1p(t)) for t in range(steps)] for a in AGGREGATIONS},
+        "relative_steps": {a: list(per_step) for a in AGGREGATIONS},
+        "variance_mean_steps": [float(signal) ** 2 / 10.0] * steps,
+        "first_step_layers": {a: [float(signal)] * layers for a in AGGREGATIONS},
+    }
+
+
+def make_record(
+    example_id: str, *, model: str = "m", task: str = "needle", target_tokens: int = 512, condition: str = "aware",
+    sampler: str | None = "poisson", budget: float = 0.25, seed: int = 0, score: float | None = 1.0,
+    signal: float | None = None, mean_logprob: float | None = -0.5, prereg_hash: str = "h",
+    started_utc: str = "2030-01-01T00:00:00+00:00", turn_distance: int | None = None, decode_steps: int = 4,
+    layers: int = 4, **extra,
+) -> dict:
+    """One generation record (``condition="full"`` gives the full-cache run)."""
+    full = condition == "full"
+    if full:
+        sampler, budget = None, 1.0
+    method = "full" if full else f"snapkv-{sampler}"
+    randomized = sampler in ("poisson", "priority")
+    cert = certificate_block(signal, decode_steps, layers) if randomized and signal is not None else None
+    tokens = list(range(5, 5 + decode_steps))
+    lp = -0.5 if mean_logprob is None else float(mean_logprob)
+    metadata = {"target_tokens": target_tokens, "depth": 50}
+    if turn_distance is not None:
+        metadata["turn_distance"] = turn_distance
+    record = {
+        "example_id": example_id, "task": task, "target_tokens": target_tokens, "prompt_tokens": target_tokens,
+        "question_tokens": 20, "model": model, "condition": condition, "method": method,
+        "scorer": None if full else "snapkv", "sampler": sampler, "allocation": None if full else "uniform",
+        "budget": float(budget), "seed": seed, "answer": "x", "tokens": tokens,
+        "token_logprobs": [lp] * decode_steps, "mean_logprob": mean_logprob,
+        "min_logprob": None if mean_logprob is None else lp - 1.0, "answers": ["x"], "score": score,
+        "certificate": cert, "kept_fraction": [float(budget)] * layers, "prefill_seconds": 0.01,
+        "decode_seconds": 0.01, "decode_steps": decode_steps, "kv_bytes_peak": 1000, "kv_bytes_final": 500,
+        "metadata": metadata, "started_utc": started_utc, "config_hash": "c0ffee", "prereg_hash": prereg_hash,
+        "git_commit": "0" * 40, "kvcert_version": "0.1.0",
+    }
+    record.update(extra)
+    return record
+
+
+def paper_records(
+    models: Sequence[str], lengths: Sequence[int], tasks: dict[str, int], prereg_hash: str, started_utc: str,
+    seed: int = 0, p_full: float = 0.6, decode_steps: int = 16, layers: int = 28,
+) -> Iterator[dict]:
+    """Paper-shaped records (see the module docstring); ``tasks`` maps task name → examples."""
+    rng = np.random.default_rng(seed)
+    damage_scale = {"aware": 0.6, "streaming": 1.8}
+    for model in models:
+        for length in lengths:
+            for task, n in tasks.items():
+                for i in range(n):
+                    eid = f"{task}-{length}-{i}"
+                    answerable = rng.random() < p_full
+                    base = dict(model=model, task=task, target_tokens=length, decode_steps=decode_steps, layers=layers,
+                                prereg_hash=prereg_hash, started_utc=started_utc)
+                    yield make_record(eid, condition="full", score=float(answerable),
+                                      mean_logprob=float(-0.3 - (0 if answerable else 1.0) + 0.5 * rng.normal()), **base)
+                    for cond in GRID_CONDITIONS:
+                        for budget in GRID_BUDGETS:
+                            damage = damage_scale[cond] * (0.5 - budget) * rng.lognormal(0.0, 0.8)
+                            for sampler in GRID_SAMPLERS:
+                                broken = rng.random() < 1.0 - math.exp(-damage)
+                                ok = answerable and not broken if answerable else rng.random() < 0.05
+                                signal = float(0.05 + 0.2 * damage + 0.05 * rng.random()) if sampler == "poisson" else None
+                                lp = float(-0.3 - (0.0 if ok else 1.0) + 0.5 * rng.normal())
+                                yield make_record(eid, condition=cond, sampler=sampler, budget=budget, score=float(ok),
+                                                  signal=signal, mean_logprob=lp, **base)
+
+
+def multiturn_records(
+    model: str, n: int, prereg_hash: str, started_utc: str, seed: int = 0, length: int = 2048, budget: float = 0.1,
+    decode_steps: int = 8, layers: int = 4,
+) -> Iterator[dict]:
+    """The multi-turn cell: full cache, top-k and Poisson runs per example, turn distance 1–30.
+
+    Top-k forgets a fact with probability growing with its distance; the Poisson run
+    forgets it as often, and its certificate is high exactly when it forgot.
+    """
+    rng = np.random.default_rng(seed)
+    base = dict(model=model, task="multiturn", target_tokens=length, condition="streaming", budget=budget,
+                decode_steps=decode_steps, layers=layers, prereg_hash=prereg_hash, started_utc=started_utc)
+    for i in range(n):
+        distance = 1 + i % 30
+        eid = f"multiturn-{i}"
+        full_ok = rng.random() < 0.97
+        forget = min(0.98, 0.3 + distance / 30.0)
+        extra = dict(turn_distance=distance)
+        yield make_record(eid, **{**base, "condition": "full"}, score=float(full_ok), **extra)
+        yield make_record(eid, sampler="topk", score=float(full_ok and rng.random() > forget), **base, **extra)
+        lost = rng.random() < forget
+        yield make_record(eid, sampler="poisson", score=float(full_ok and not lost),
+                          signal=float(0.2 + 0.1 * rng.random() if lost else 0.05 * rng.random()), **base, **extra)
+
+
+def frozen_copy(source: str | Path, dest: str | Path):
+    """Copy a pre-registration (claims.yaml, grids/) to ``dest`` and freeze the copy; returns the freeze."""
+    from ..prereg import freeze
+
+    source, dest = Path(source), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(source / "claims.yaml", dest / "claims.yaml")
+    if (source / "grids").exists():
+        shutil.copytree(source / "grids", dest / "grids", dirs_exist_ok=True)
+    return freeze(dest)
+
+
+def write_shard(records, path: str | Path) -> Path:
+    """Write records as a finished JSONL shard (one object per line)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    return path
+
+
+def replay_frame(
+    cells: int, draws: int, later: int, seed: int = 0, overshoot: float = 1.05, informative: bool = True,
+    layers: int = 32, heads: int = 8, budgets: Sequence[float] = GRID_BUDGETS,
+):
+    """A replay table (the columns of :func:`kvcert.analysis.replay.replay_model`) with a known certificate.
+
+    ``cells`` groups of (example, layer, head, budget), each with ``draws`` draws of the
+    setting query and ``later`` later queries. The radius has a per-group scale; the
+    error is radius × U(0.05, ``overshoot``), so coverage is 0.95 / (overshoot − 0.05);
+    with ``informative=False`` the radius is drawn independently of the error.
+    """
+    import pandas as pd
+
+    from .replay import REPLAY_COLUMNS
+
+    rng = np.random.default_rng(seed)
+    steps = later + 1
+    n = cells * draws * steps
+    cell = np.repeat(np.arange(cells), draws * steps)
+    radius = rng.lognormal(0.0, 1.0, cells)[cell] * rng.lognormal(0.0, 0.2, n)
+    error = radius * rng.uniform(0.05, overshoot, n)
+    if not informative:
+        radius = rng.lognormal(0.0, 1.0, n)
+    budgets = np.asarray(budgets, dtype=float)
+    nb = budgets.size
+    step = np.tile(np.arange(steps), cells * draws)
+    anytime = radius * (1.0 + 0.2 * step)
+    df = pd.DataFrame({
+        "model": "synthetic", "example_id": (cell // (nb * layers * heads)).astype(str), "target_tokens": 512,
+        "layer": ((cell // nb) % layers).astype(np.int16), "head": ((cell // (nb * layers)) % heads).astype(np.int16),
+        "kv_head": (((cell // (nb * layers)) % heads) // 2).astype(np.int16), "budget": budgets[cell % nb],
+        "query_kind": np.where(step == 0, "setting", "later"), "step": step.astype(np.int16),
+        "draw": np.tile(np.repeat(np.arange(draws), steps), cells).astype(np.int32), "kept": 100,
+        "error": error, "radius": radius, "anytime_radius": anytime, "variance": radius**2 / 4.0,
+        "range_term": radius / 10.0, "output_norm": 1.0, "covered": error <= radius, "covered_anytime": error <= anytime,
+    })
+    return df[REPLAY_COLUMNS]

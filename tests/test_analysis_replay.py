@@ -1,0 +1,120 @@
+"""Attention-level replay on a (random-init) Llama: the vectorised draws equal
+certified_attention evaluated one draw and one query at a time; summaries and the
+impossibility rows."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from kvcert import certified_attention, enable_certified_attention
+from kvcert.analysis.replay import (
+    CELL_KEY, REPLAY_COLUMNS, _seed, capture, impossibility_for_model, replay_cells, replay_layers, replay_model,
+    summarize_replay,
+)
+from kvcert.certificate import anytime_radius
+from kvcert.design import DEFAULT_DESIGN, inclusion_probabilities, poisson_sample
+from kvcert.scorers import SnapKVScorer
+from kvcert.tasks import build_prompt_ids, generate
+from kvcert.training.tokenizer import build_tokenizer
+
+BUDGETS, DRAWS, LATER, DELTA, SEED = [0.25, 0.5], 12, 2, 0.1, 5
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = build_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    model = enable_certified_attention(LlamaForCausalLM(config).eval())
+    records = generate("needle", tok, n_examples=2, target_tokens=300, seed=123)
+    df = replay_model(model, tok, records, BUDGETS, DRAWS, LATER, DELTA, seed=SEED, model_name="tiny")
+    return model, tok, records, df
+
+
+def test_shape_and_columns(setup):
+    _, _, records, df = setup
+    assert list(df.columns) == REPLAY_COLUMNS
+    assert len(df) == len(records) * 2 * 4 * len(BUDGETS) * (1 + LATER) * DRAWS  # examples × layers × heads × ...
+    assert set(df["query_kind"]) == {"setting", "later"} and (df.loc[df["step"] == 0, "query_kind"] == "setting").all()
+    assert (df["covered"] == (df["error"] <= df["radius"])).all()
+    assert (df["anytime_radius"] >= df["radius"] - 1e-15).all()  # δ_t ≤ δ widens the radius
+    assert (df["kv_head"] == df["head"] // 2).all()
+
+
+def _independent(model, tok, record, layer, budget, draw, step):
+    """One draw, one query, through the public certified_attention (not the vectorised causal path)."""
+    ids, _ = build_prompt_ids(tok, record)
+    cap = capture(model, ids, [layer], LATER)
+    obs, n = cap.prompt[layer], len(ids)
+    pi = inclusion_probabilities(SnapKVScorer()(obs)[0], budget, DEFAULT_DESIGN)
+    gen = torch.Generator().manual_seed(_seed(SEED, record.id, layer, budget))
+    sample = poisson_sample(pi.unsqueeze(0).expand(DRAWS, -1, -1).contiguous(), gen)
+    k, v = cap.keys[layer].double(), cap.values[layer].double()
+    idx = sample.indices[draw]  # [Hkv, K]
+    kk = k[:, :n].gather(1, idx.unsqueeze(-1).expand(-1, -1, k.shape[-1]))
+    vv = v[:, :n].gather(1, idx.unsqueeze(-1).expand(-1, -1, v.shape[-1]))
+    lp = sample.log_pi[draw].double()
+    valid = sample.valid[draw].unsqueeze(-1).double()
+    centre = (vv * valid).sum(1) / valid.sum(1)
+    q = (obs.query[0, :, -1] if step == 0 else cap.later[layer][step - 1]).double()
+    keys = torch.cat([kk, k[:, n : n + step]], 1)
+    values = torch.cat([vv, v[:, n : n + step]], 1)
+    log_pi = torch.cat([lp, torch.zeros(k.shape[0], step, dtype=torch.float64)], 1)
+    res = certified_attention(q[None, :, None], keys[None], values[None], log_pi[None], DELTA, obs.scaling, centre[None])
+    full_k, full_v = k[:, : n + step], v[:, : n + step]
+    g = q.shape[0] // k.shape[0]
+    logits = torch.einsum("hgd,hld->hgl", q.reshape(k.shape[0], g, -1), full_k) * obs.scaling
+    exact = torch.einsum("hgl,hld->hgd", torch.softmax(logits, -1), full_v).reshape(q.shape[0], -1)
+    error = torch.linalg.vector_norm(res.output[0, :, 0] - exact, dim=-1)
+    anyr = anytime_radius(res.variance, res.range_term, DELTA, step + 1)[0, :, 0]
+    return error, res.radius[0, :, 0], anyr
+
+
+@pytest.mark.parametrize("layer,budget,draw,step", [(0, 0.25, 3, 0), (1, 0.5, 7, 2), (1, 0.25, 0, 1)])
+def test_vectorised_draws_equal_certified_attention(setup, layer, budget, draw, step):
+    model, tok, records, df = setup
+    error, radius, anyr = _independent(model, tok, records[0], layer, budget, draw, step)
+    rows = df[(df["example_id"] == records[0].id) & (df["layer"] == layer) & (df["budget"] == budget)
+              & (df["draw"] == draw) & (df["step"] == step)].sort_values("head")
+    torch.testing.assert_close(torch.tensor(rows["error"].to_numpy()), error, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(torch.tensor(rows["radius"].to_numpy()), radius, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(torch.tensor(rows["anytime_radius"].to_numpy()), anyr, rtol=1e-9, atol=1e-12)
+
+
+def test_summaries(setup):
+    _, _, records, df = setup
+    cells = replay_cells(df)
+    assert len(cells) == len(records) * 2 * 4 * len(BUDGETS) * 2 and list(cells.columns[: len(CELL_KEY)]) == CELL_KEY
+    assert cells["n"].sum() == len(df)
+    s = summarize_replay(df, DELTA)
+    assert s["pooled"]["coverage"] == pytest.approx(df["covered"].mean())
+    assert set(s["by_kind"]) == {"setting", "later"} and -1 <= s["pooled"]["spearman"] <= 1
+    assert s["pooled"]["cells"] == len(cells)
+
+
+def test_layers_subset_and_checks(setup):
+    model, tok, records, _ = setup
+    assert replay_layers(32, 4) == [0, 10, 21, 31] and replay_layers(2, None) == [0, 1]
+    df = replay_model(model, tok, records[:1], [0.5], 3, 0, DELTA, max_layers=1, model_name="tiny")
+    assert set(df["layer"]) == {0} and set(df["query_kind"]) == {"setting"} and len(df) == 4 * 3
+    config = copy.deepcopy(model.config)
+    config._attn_implementation = "sdpa"
+    plain = LlamaForCausalLM(config)
+    with pytest.raises(ValueError, match="enable_certified_attention"):
+        replay_model(plain, tok, records[:1], [0.5], 3, 0, DELTA)
+
+
+def test_impossibility_rows(setup):
+    model, tok, records, _ = setup
+    rows = impossibility_for_model(model, tok, records[0], budget=0.25, model_name="tiny")
+    assert [r["mode"] for r in rows] == ["permute", "shift"]
+    for r in rows:
+        assert r["identical_retained_state"] and r["retained_hash_before"] == r["retained_hash_after"]
+        assert r["layer"] == 1 and r["table_row"].startswith(f"| {r['mode']} | 0.25 |")
+    assert rows[1]["error_after"] > 10 * rows[1]["error_before"]  # the shift moves the true error by orders

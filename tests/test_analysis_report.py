@@ -1,0 +1,102 @@
+"""The analysis steps end to end on synthetic records: claims.json, report.md, a
+self-contained report.html, figures, provenance (pre-freeze generations listed), and
+refusal of inputs from another pre-registration."""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from unittest.mock import patch
+
+import pytest
+import torch
+
+from kvcert.analysis.load import RecordRefused, write_table
+from kvcert.analysis.steps import claims_step, report_step, score_step, write_json
+from kvcert.analysis.synthetic import frozen_copy, multiturn_records, paper_records, replay_frame, write_shard
+from kvcert.impossibility import impossibility_demo
+from kvcert.scorers.base import LayerObservation
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    prereg = tmp / "preregistration"
+    fr = frozen_copy(ROOT / "preregistration", prereg)
+    h, started = fr.prereg_hash, "2030-01-01T00:00:00+00:00"
+    records = list(paper_records(["embedded"], [512, 2048], {"needle": 16, "multikey": 16}, h, started,
+                                 decode_steps=4, layers=4))
+    records += list(multiturn_records("embedded", 40, h, started))
+    records[1]["started_utc"] = "1999-12-31T23:59:59+00:00"  # an aware run started before the freeze
+    shards = [write_shard(records[:300], tmp / "shards" / "a.jsonl"), write_shard(records[300:], tmp / "shards" / "b.jsonl")]
+    # the score step through its entry-point script, as the workflow runs it
+    argv = [str(ROOT / "analysis" / "score.py"), "--shards", *map(str, shards), "--prereg", str(prereg),
+            "--out", str(tmp / "scores.parquet")]
+    with patch.object(sys, "argv", argv):
+        runpy.run_path(argv[0], run_name="__main__")
+    replay = write_table(replay_frame(24, 20, 4, seed=0, layers=2, heads=2), tmp / "replay.parquet",
+                         {"prereg_hash": h, "model": "synthetic", "examples": 2, "budgets": [0.125, 0.25, 0.5]})
+    gen = torch.Generator().manual_seed(0)
+    obs = LayerObservation(torch.randn(1, 4, 40, 16, generator=gen, dtype=torch.float64),
+                           torch.randn(1, 2, 200, 16, generator=gen, dtype=torch.float64),
+                           torch.randn(1, 2, 200, 16, generator=gen, dtype=torch.float64), None, 0.25)
+    res = impossibility_demo(obs, budget=0.25, mode="shift")
+    imp = write_json({"model": "synthetic", "prereg_hash": h, "rows": [{
+        "model": "synthetic", "layer": 0, "mode": res.mode, "table_row": res.table_row(),
+        "identical_retained_state": res.identical_retained_state}]}, tmp / "imp.json")
+    content = claims_step(tmp / "scores.parquet", [replay], prereg, "smoke", tmp / "claims.json")
+    paths = report_step(tmp / "claims.json", tmp / "scores.parquet", [replay], [imp], tmp / "report")
+    return {"tmp": tmp, "prereg": prereg, "hash": h, "content": content, "paths": paths, "shards": shards,
+            "replay": replay, "frozen": fr.frozen_utc}
+
+
+def test_claims_json(run):
+    doc = json.loads((run["tmp"] / "claims.json").read_text())
+    assert [c["id"] for c in doc["claims"]] == [f"C{i}" for i in range(1, 8)]
+    for c in doc["claims"]:
+        assert {"id", "statement", "value", "ci", "threshold", "verdict", "paper", "tests"} <= set(c)
+        assert c["verdict"] in ("holds", "killed", "inconclusive") and c["paper"]["verdict"]
+    assert doc["provenance"]["prereg_hash"] == run["hash"]
+    assert doc["claims"][0]["cell"]["generations"] == 48  # replay cells: 24 groups × 2 query kinds
+
+
+def test_report_markdown_order_and_provenance(run):
+    md = run["paths"]["markdown"].read_text()
+    assert md.index("## Claims") < md.index("## Figures") < md.index("## Provenance")
+    assert "| C1 |" in md and "| C7 |" in md
+    assert run["hash"] in md and run["frozen"] in md
+    assert "a.jsonl:2" in md  # the pre-freeze generation is listed
+    assert "Generations per cell" in md
+    for name in ("induced_failure", "auc_prediction_attribution", "coverage", "tightness", "recompute_gain",
+                 "multiturn_recall"):
+        assert (run["paths"]["figures"] / f"{name}.png").exists(), name
+        assert f"figures/{name}.png" in md
+    assert (run["tmp"] / "report" / "failure_labels.csv").exists()
+
+
+def test_report_html_is_self_contained(run):
+    page = run["paths"]["html"].read_text()
+    assert page.count("data:image/png;base64,") == 6
+    assert "src=\"http" not in page and "<link" not in page and "figures/" not in page.split("<body>")[1].split("<pre>")[0]
+    assert '<strong class="' in page
+
+
+def test_inputs_from_another_preregistration_are_refused(run, tmp_path):
+    bad = write_table(replay_frame(2, 2, 0), tmp_path / "bad.parquet", {"prereg_hash": "0" * 64})
+    with pytest.raises(RecordRefused, match="bad.parquet"):
+        claims_step(run["tmp"] / "scores.parquet", [bad], run["prereg"], "smoke", tmp_path / "c.json")
+    other = tmp_path / "other"
+    frozen_copy(ROOT / "preregistration", other)
+    (other / "grids" / "smoke.yaml").write_text((other / "grids" / "smoke.yaml").read_text() + "# amended\n")
+    from kvcert.prereg import freeze
+
+    freeze(other, reason="test amendment", now=datetime(2099, 1, 1, tzinfo=timezone.utc))
+    with pytest.raises(RecordRefused, match="rerun the score step"):
+        claims_step(run["tmp"] / "scores.parquet", [], other, "smoke", tmp_path / "c.json")
+    with pytest.raises(RecordRefused, match="differs from the verified freeze"):
+        score_step(run["shards"], other, tmp_path / "s.parquet")

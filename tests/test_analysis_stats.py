@@ -1,0 +1,130 @@
+"""Statistics of the claims: AUC and Spearman against direct computation, the unit
+bootstrap against explicit resampling, weighted quantiles, and the verdict rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+from sklearn.metrics import roc_auc_score
+
+from kvcert.analysis.stats import (
+    AUCIndex, BootstrapPlan, SpearmanIndex, auc, bootstrap, claim_verdict, encode_units, percentile_interval,
+    test_outcome as outcome_of, weight_chunks, weighted_mean, weighted_quantile,
+)
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(3)
+    n = 120
+    units = rng.integers(0, 30, n)
+    y = (rng.random(n) < 0.4).astype(float)
+    score = np.round(y * 0.8 + rng.normal(size=n), 1)  # rounded: ties happen
+    return units, y, score
+
+
+def test_auc_equals_sklearn_on_unit_and_integer_weights(data):
+    _, y, score = data
+    ones = np.ones((1, y.size))
+    value, ok = AUCIndex(score, y)(ones)
+    assert ok[0] and value[0] == pytest.approx(roc_auc_score(y, score), abs=1e-12)
+    assert auc(score, y) == pytest.approx(roc_auc_score(y, score), abs=1e-12)
+    w = np.random.default_rng(0).integers(0, 4, (3, y.size)).astype(float)
+    got, _ = AUCIndex(score, y)(w)
+    for row, g in zip(w, got):
+        rep = row.astype(int)
+        assert g == pytest.approx(roc_auc_score(np.repeat(y, rep), np.repeat(score, rep)), abs=1e-12)
+
+
+def test_auc_one_class_is_undefined():
+    value, ok = AUCIndex(np.array([0.1, 0.2]), np.array([1.0, 1.0]))(np.ones((1, 2)))
+    assert not ok[0] and np.isnan(value[0])
+    assert np.isnan(auc([0.1, 0.2], [1, 1]))
+
+
+def test_weighted_spearman_equals_scipy_on_replicated_data(data):
+    _, y, score = data
+    x = score + np.random.default_rng(1).normal(size=score.size) * 0.5
+    w = np.vstack([np.ones(score.size), np.random.default_rng(2).integers(0, 3, score.size)]).astype(float)
+    got, ok = SpearmanIndex(x, score)(w)
+    assert ok.all()
+    assert got[0] == pytest.approx(scipy_stats.spearmanr(x, score).statistic, abs=1e-12)
+    rep = w[1].astype(int)
+    assert got[1] == pytest.approx(scipy_stats.spearmanr(np.repeat(x, rep), np.repeat(score, rep)).statistic, abs=1e-12)
+
+
+def test_bootstrap_equals_explicit_unit_resampling(data):
+    units, y, score = data
+    codes, n_units = encode_units(units)
+    plan = BootstrapPlan(resamples=40, seed=11, level=0.9, chunk=16)
+    index = AUCIndex(score, y)
+    est = bootstrap(lambda w: {"auc": index(w)}, codes, n_units, plan)["auc"]
+    # the same resamples, built explicitly: draw units, stack all their records
+    rng = np.random.default_rng(11)
+    explicit = []
+    for done in range(0, 40, 16):
+        picks = rng.integers(0, n_units, size=(min(16, 40 - done), n_units))
+        for row in picks:
+            idx = np.concatenate([np.flatnonzero(codes == u) for u in row])
+            if np.unique(y[idx]).size == 2:
+                explicit.append(roc_auc_score(y[idx], score[idx]))
+    assert est.resamples == 40 and est.skipped == 40 - len(explicit)
+    np.testing.assert_allclose(np.sort(est.samples), np.sort(explicit), atol=1e-12)
+    lo, hi = percentile_interval(np.array(explicit), 0.9)
+    assert (est.ci_low, est.ci_high) == pytest.approx((lo, hi))
+    assert est.estimate == pytest.approx(roc_auc_score(y, score))
+
+
+def test_bootstrap_weights_are_unit_multiplicities():
+    codes = np.array([0, 0, 1, 2, 2, 2])
+    for w in weight_chunks(codes, 3, BootstrapPlan(resamples=10, seed=0)):
+        assert np.all(w[:, 0] == w[:, 1]) and np.all(w[:, 3] == w[:, 5])
+        per_unit = w[:, [0, 2, 3]]
+        assert np.all(per_unit.sum(axis=1) == 3)  # U units drawn per resample
+
+
+def test_bootstrap_is_deterministic_and_counts_skips():
+    codes = np.arange(6)
+    y = np.array([1, 0, 0, 0, 0, 0], dtype=float)  # one positive: often absent from a resample
+    score = np.arange(6, dtype=float)
+    index = AUCIndex(score, y)
+    a = bootstrap(lambda w: {"auc": index(w)}, codes, 6, BootstrapPlan(200, 5))["auc"]
+    b = bootstrap(lambda w: {"auc": index(w)}, codes, 6, BootstrapPlan(200, 5))["auc"]
+    assert a.skipped == b.skipped and a.skipped > 0.2 * 200  # P(no positive) = (5/6)^6 ≈ 0.33
+    np.testing.assert_array_equal(a.samples, b.samples)
+    assert a.skipped_fraction > 0.10
+    assert outcome_of(0.0, 0.0, ">=", 0.5, a.skipped_fraction) == "unclear"
+
+
+def test_weighted_mean_and_quantile():
+    x = np.array([3.0, 1.0, 2.0, 5.0])
+    w = np.array([[1, 1, 1, 1], [0, 2, 1, 1], [0, 0, 0, 0]], dtype=float)
+    m, ok = weighted_mean(x, w)
+    assert m[:2] == pytest.approx([2.75, 9 / 4]) and list(ok) == [True, True, False]
+    q = weighted_quantile(x, 0.5, w[:2])
+    assert q[0] == np.quantile(x, 0.5, method="inverted_cdf")
+    assert q[1] == np.quantile(np.repeat(x, [0, 2, 1, 1]), 0.5, method="inverted_cdf")
+    for level in (0.1, 0.3, 0.75, 0.9):
+        assert weighted_quantile(x, level, w[:1])[0] == np.quantile(x, level, method="inverted_cdf")
+
+
+@pytest.mark.parametrize("lo,hi,op,thr,expected", [
+    (0.7, 0.9, ">=", 0.6, "pass"), (0.6, 0.9, ">=", 0.6, "pass"), (0.4, 0.59, ">=", 0.6, "fail"),
+    (0.5, 0.7, ">=", 0.6, "unclear"), (0.01, 0.2, ">", 0.0, "pass"), (-0.2, 0.0, ">", 0.0, "fail"),
+    (0.0, 0.2, ">", 0.0, "unclear"), (0.1, 0.2, "<=", 0.3, "pass"), (0.4, 0.5, "<", 0.3, "fail"),
+    (float("nan"), 0.2, ">=", 0.1, "unclear"),
+])
+def test_outcomes(lo, hi, op, thr, expected):
+    assert outcome_of(lo, hi, op, thr) == expected
+
+
+def test_verdict_rules():
+    assert claim_verdict(["pass", "pass"], True) == "holds"
+    assert claim_verdict(["pass", "fail"], True) == "killed"
+    assert claim_verdict(["unclear", "fail"], True) == "killed"
+    assert claim_verdict(["pass", "unclear"], True) == "inconclusive"
+    assert claim_verdict(["pass", "pass"], False) == "inconclusive"
+    assert claim_verdict(["fail"], False) == "inconclusive"
+    with pytest.raises(ValueError, match="op"):
+        outcome_of(0.1, 0.2, "=>", 0.0)
