@@ -1,0 +1,176 @@
+"""Faults the pipeline survives without losing or duplicating a record (local runs).
+
+Each test runs the reduced smoke experiment of :mod:`smoke_pipeline` through the real
+Snakefile and compares its records with one uninterrupted reference run (timing fields
+aside):
+
+* SIGKILL in the middle of a generation shard (plus a half-written last line): the rerun
+  resumes from the last complete record, keeps the records already written byte for
+  byte, recomputes the cut one, and ends with the reference's records;
+* a second Snakemake run on the same results folder is refused by Snakemake's lock, with
+  the message saying what to do, while the first completes;
+* determinism: a rerun from scratch with the same seeds and config gives the same
+  manifest (byte for byte) and the same records;
+* a corrupt finished shard (a line that does not parse, a line cut short) stops scoring
+  with its path and line number; following the message (rename to ``.partial``, rerun)
+  resumes the shard and the recomputed records equal the reference's.
+
+The Slurm side (submission, retried and failing jobs) is tests/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from smoke_pipeline import (
+    GENERATE_LOG, MANIFEST, MODEL, REPO, SHARD_SIZE, SHARDS, VERIFIED, assert_same_records, complete_lines,
+    reference, seed_workdir, shard_records, snakemake, start_snakemake, wait_for_lines,
+)
+
+pytestmark = pytest.mark.slow
+
+LOCK_MESSAGE = "Directory cannot be locked"
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    return reference(tmp_path_factory)
+
+
+def _descendants_alive(workdir: Path) -> list[str]:
+    """Processes still running in ``workdir`` (a killed run must leave none)."""
+    alive = []
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        try:
+            if proc.info["cwd"] == str(workdir) and proc.pid != os.getpid():
+                alive.append(" ".join(proc.info["cmdline"] or [])[:120])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return alive
+
+
+def test_sigkill_mid_shard_resumes_without_loss_or_duplicate(ref, tmp_path):
+    prereg, refdir = ref
+    run = seed_workdir(tmp_path / "run", refdir, MODEL, VERIFIED, MANIFEST)
+    shard = run / SHARDS[0]
+    partial = shard.with_name(shard.name + ".partial")
+
+    proc = start_snakemake(run, prereg, "--cores", "1", "--", SHARDS[0], log=tmp_path / "killed.log")
+    try:
+        wait_for_lines(partial, 3, proc)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # the run had ended already: wait_for_lines says how
+            pass
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _descendants_alive(run) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _descendants_alive(run), "SIGKILL left processes of the run behind"
+    assert not shard.exists()
+    kept = complete_lines(partial)
+    assert 3 <= len(kept) < SHARD_SIZE, f"killed too late: {len(kept)} records written"
+    # A kill in the middle of a write leaves a line cut short: simulate that tail too.
+    next_line = complete_lines(refdir / SHARDS[0])[len(kept)]
+    with open(partial, "ab") as fh:
+        fh.write(next_line[: len(next_line) // 2])
+
+    # The killed Snakemake left its lock: the rerun is refused and says how to go on.
+    refused = snakemake(run, prereg, "--cores", "1", "--", SHARDS[0])
+    assert refused.returncode != 0
+    assert LOCK_MESSAGE in refused.stdout + refused.stderr and "--unlock" in refused.stdout + refused.stderr
+
+    unlock = snakemake(run, prereg, "--unlock")
+    assert unlock.returncode == 0, unlock.stderr[-2000:]
+    rerun = snakemake(run, prereg, "--cores", "1", "--", SHARDS[0])
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+
+    assert shard.exists() and not partial.exists()
+    final = complete_lines(shard)
+    assert final[: len(kept)] == kept, "records written before the kill were recomputed or changed"
+    assert len(final) == SHARD_SIZE
+    log = (run / GENERATE_LOG.format(name="shard000")).read_text()
+    assert "dropped a truncated last line; it is recomputed" in log
+    assert_same_records(run, refdir, shards=SHARDS[:1])
+
+
+@pytest.fixture(scope="module")
+def second_run(ref, tmp_path_factory):
+    """A second run from scratch (model copied); while it holds its lock a third one is started."""
+    prereg, refdir = ref
+    base = tmp_path_factory.mktemp("second-run")
+    run = seed_workdir(base / "run", refdir, MODEL)
+    first = start_snakemake(run, prereg, "--cores", "2", "--", *SHARDS, log=base / "first.log")
+    try:
+        locks = run / ".snakemake" / "locks"
+        deadline = time.monotonic() + 300
+        while not (locks.is_dir() and any(locks.iterdir())):
+            assert first.poll() is None, (base / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the first run never took its lock"
+            time.sleep(0.1)
+        concurrent = snakemake(run, prereg, "--cores", "2", "--", *SHARDS)
+        assert first.wait(timeout=900) == 0, (base / "first.log").read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    return run, concurrent
+
+
+def test_second_run_on_same_results_is_refused(second_run):
+    _, concurrent = second_run
+    out = concurrent.stdout + concurrent.stderr
+    assert concurrent.returncode != 0
+    assert LOCK_MESSAGE in out
+    assert "no other Snakemake process is trying to create the same files" in out
+    assert "--unlock" in out  # what to do once the other run is known to be gone
+
+
+def test_rerun_with_same_seeds_gives_identical_records(ref, second_run):
+    _, refdir = ref
+    run, _ = second_run
+    assert (run / MANIFEST).read_bytes() == (refdir / MANIFEST).read_bytes()
+    assert_same_records(run, refdir)
+    for shard in SHARDS:  # only the timing fields may differ, byte for byte otherwise
+        assert shard_records(run / shard) == shard_records(refdir / shard)
+
+
+def _score(run: Path, prereg: Path):
+    return snakemake(run, prereg, "--cores", "1", "--", "results/smoke/scores.parquet")
+
+
+@pytest.mark.skipif(not (REPO / "analysis" / "score.py").exists(), reason="analysis/score.py has not landed yet")
+def test_corrupt_shard_is_named_at_scoring_and_resumed(ref, tmp_path):
+    prereg, refdir = ref
+    run = seed_workdir(tmp_path / "run", refdir, MODEL, VERIFIED, MANIFEST, *SHARDS)
+    bad, cut = run / SHARDS[0], run / SHARDS[1]
+    lines = complete_lines(bad)
+    bad.write_bytes(b"".join(lines[:2]) + b'{"example_id": "needle-s1000\n' + b"".join(lines[3:]))
+    out = _score(run, prereg)
+    assert out.returncode != 0
+    assert f"{SHARDS[0]}:3: line does not parse" in out.stdout + out.stderr
+    assert "Error in rule score" in out.stdout + out.stderr
+
+    bad.write_bytes(b"".join(lines))  # repaired; now cut the other shard in its last line
+    whole = complete_lines(cut)
+    cut.write_bytes(b"".join(whole[:-1]) + whole[-1][:40])
+    out = _score(run, prereg)
+    assert out.returncode != 0
+    message = f"{SHARDS[1]}:{SHARD_SIZE}: truncated line (no newline at end); rename the file to shard001.jsonl.partial"
+    assert message in out.stdout + out.stderr
+
+    # Do what the message says: the shard resumes, the cut record is recomputed, scoring passes.
+    cut.rename(cut.with_name(cut.name + ".partial"))
+    out = _score(run, prereg)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    final = complete_lines(cut)
+    assert final[: SHARD_SIZE - 1] == whole[: SHARD_SIZE - 1]  # kept as written
+    assert_same_records(run, refdir)
+    assert (run / "results/smoke/scores.parquet").exists()
