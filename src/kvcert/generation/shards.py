@@ -11,6 +11,7 @@ anything that does not parse.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -77,9 +78,25 @@ class ShardWriter:
         self.done: dict[str, dict] = {}
         self.recovered_tail = False
         self._fh = None
+        self._lock = None
+
+    def _acquire(self) -> None:
+        """One writer per shard: an advisory lock the OS drops if the writer dies."""
+        lock_path = self.final.with_name(self.final.name + ".lock")
+        self._lock = open(lock_path, "a")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.close()
+            self._lock = None
+            raise RuntimeError(
+                f"{self.final}: another process is writing this shard (lock {lock_path}); "
+                "wait for it to finish or stop it (scancel / kill), then rerun"
+            ) from None
 
     def open(self) -> "ShardWriter":
         self.final.parent.mkdir(parents=True, exist_ok=True)
+        self._acquire()
         if self.partial.exists():
             records, good = _scan(self.partial, allow_truncated_tail=True)
             if good < self.partial.stat().st_size:
@@ -118,14 +135,23 @@ class ShardWriter:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+        if self._lock is not None:
+            Path(self._lock.name).unlink(missing_ok=True)
+            self._lock.close()  # closing drops the flock
+            self._lock = None
 
     def finalize(self, expected_keys: Iterable[str]) -> Path:
         """Atomically publish the shard once every expected record key is present."""
-        self.close()
-        missing = [i for i in expected_keys if i not in self.done]
-        if missing:
-            raise RuntimeError(f"{self.partial}: {len(missing)} records missing (e.g. {missing[0]!r}); rerun to resume")
-        os.replace(self.partial, self.final)
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        try:
+            missing = [i for i in expected_keys if i not in self.done]
+            if missing:
+                raise RuntimeError(f"{self.partial}: {len(missing)} records missing (e.g. {missing[0]!r}); rerun to resume")
+            os.replace(self.partial, self.final)
+        finally:
+            self.close()  # the lock is released only after the rename
         return self.final
 
 
