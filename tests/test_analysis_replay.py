@@ -13,8 +13,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from kvcert import certified_attention, enable_certified_attention
 from kvcert.analysis.replay import (
     CELL_KEY, REPLAY_COLUMNS, _seed, capture, impossibility_for_model, replay_cells, replay_layers, replay_model,
-    summarize_replay,
+    summarize_replay, within_head_spearman,
 )
+from kvcert.analysis.stats import spearman
 from kvcert.certificate import anytime_radius
 from kvcert.design import DEFAULT_DESIGN, inclusion_probabilities, poisson_sample
 from kvcert.scorers import SnapKVScorer
@@ -96,6 +97,8 @@ def test_summaries(setup):
     assert s["pooled"]["coverage"] == pytest.approx(df["covered"].mean())
     assert set(s["by_kind"]) == {"setting", "later"} and -1 <= s["pooled"]["spearman"] <= 1
     assert s["pooled"]["cells"] == len(cells)
+    direct = sorted(spearman(h["radius"], h["error"]) for _, h in df.groupby(["model", "example_id", "layer", "head"]))
+    assert sorted(within_head_spearman(df)) == pytest.approx(direct, abs=1e-12)
 
 
 def test_layers_subset_and_checks(setup):
@@ -118,3 +121,40 @@ def test_impossibility_rows(setup):
         assert r["identical_retained_state"] and r["retained_hash_before"] == r["retained_hash_after"]
         assert r["layer"] == 1 and r["table_row"].startswith(f"| {r['mode']} | 0.25 |")
     assert rows[1]["error_after"] > 10 * rows[1]["error_before"]  # the shift moves the true error by orders
+
+
+def test_replay_entry_point(setup, tmp_path):
+    """analysis/replay.py with a model named in a configs folder, and with a model config file."""
+    import json
+    import runpy
+    import sys
+    from pathlib import Path
+    from unittest.mock import patch
+
+    from kvcert.analysis.load import read_table
+    from kvcert.analysis.synthetic import frozen_copy
+    from kvcert.tasks import write_jsonl
+
+    model, tok, records, _ = setup
+    root = Path(__file__).resolve().parents[1]
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    (tmp_path / "configs" / "model").mkdir(parents=True)
+    (tmp_path / "configs" / "model" / "tiny.yaml").write_text("name: tiny\npath: elsewhere\ndtype: float32\ndevice: cpu\n")
+    (tmp_path / "job.yaml").write_text(f"model:\n  name: tiny-job\n  path: {tmp_path / 'model'}\n  device: cpu\n")
+    write_jsonl(records, tmp_path / "manifest.jsonl")
+    fr = frozen_copy(root / "preregistration", tmp_path / "prereg")
+    common = ["--records", str(tmp_path / "manifest.jsonl"), "--prereg", str(tmp_path / "prereg"), "--max-examples", "1",
+              "--max-layers", "1", "--threads", "1"]
+    for which, name in ((["--model", "tiny", "--configs", str(tmp_path / "configs"), "--model-path",
+                          str(tmp_path / "model")], "tiny"), (["--model-config", str(tmp_path / "job.yaml")], "tiny-job")):
+        out, imp = tmp_path / f"{name}.parquet", tmp_path / f"{name}.json"
+        argv = [str(root / "analysis" / "replay.py"), *which, *common, "--out", str(out), "--impossibility-out", str(imp)]
+        with patch.object(sys, "argv", argv):
+            runpy.run_path(argv[0], run_name="__main__")
+        df, prov = read_table(out)
+        assert prov["prereg_hash"] == fr.prereg_hash and prov["model"] == name and prov["layers"] == [0]
+        assert prov["draws"] == 200 and prov["budgets"] == [0.125, 0.25, 0.5]  # the pre-registered replay settings
+        assert len(df) == 1 * 4 * 3 * 5 * 200 and set(df["model"]) == {name}
+        rows = json.loads(imp.read_text())
+        assert rows["prereg_hash"] == fr.prereg_hash and rows["rows"][0]["identical_retained_state"]

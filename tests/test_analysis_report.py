@@ -77,6 +77,8 @@ def test_report_markdown_order_and_provenance(run):
         assert (run["paths"]["figures"] / f"{name}.png").exists(), name
         assert f"figures/{name}.png" in md
     assert (run["tmp"] / "report" / "failure_labels.csv").exists()
+    summary = json.loads(run["paths"]["summary"].read_text())
+    assert set(summary["claims"]) == {f"C{i}" for i in range(1, 8)} and summary["prereg_hash"] == run["hash"]
 
 
 def test_report_html_is_self_contained(run):
@@ -100,3 +102,6 @@ def test_inputs_from_another_preregistration_are_refused(run, tmp_path):
         claims_step(run["tmp"] / "scores.parquet", [], other, "smoke", tmp_path / "c.json")
     with pytest.raises(RecordRefused, match="differs from the verified freeze"):
         score_step(run["shards"], other, tmp_path / "s.parquet")
+    stale = write_json({"prereg_hash": "1" * 64}, tmp_path / "verified.json")
+    with pytest.raises(RecordRefused, match="rerun the claims step"):
+        report_step(run["tmp"] / "claims.json", None, [], [], tmp_path / "r", verified_json=stale)

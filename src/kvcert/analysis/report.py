@@ -7,7 +7,7 @@ multi-turn recall), the replay, impossibility, multi-turn and failure-label tabl
 per-claim details, and the provenance block (pre-registration hash and freeze time,
 git commits, config hashes, generations per cell, generations started before the
 freeze — listed, and excluded from scoring). ``failure_labels.csv`` holds the full
-per-cell failure-label table.
+per-cell failure-label table, ``replay_cells.csv`` the coverage of every replay cell.
 
 The report is assembled once as a list of blocks and rendered twice: Markdown (figures
 linked as files) and HTML (figures embedded as base64 PNG, no external resource).
@@ -167,8 +167,7 @@ CLAIM_HEADER = ["claim", "statement", "ours: statistic = estimate [90 % CI] (tes
                 "paper", "paper's verdict", "agreement", "why inconclusive / notes"]
 
 
-def replay_rows(replay: pd.DataFrame, delta: float) -> list[list[str]]:
-    summary = summarize_replay(replay, delta)
+def replay_rows(summary: Mapping) -> list[list[str]]:
     rows = []
     for group, blocks in (("pooled", {"all": summary["pooled"]}), ("query kind", summary.get("by_kind", {})),
                           ("budget", summary.get("by_budget", {})), ("model", summary.get("by_model", {}))):
@@ -273,6 +272,8 @@ def build_report(
                "Fig. 3 — certificate vs output confidence: failure prediction (C4) and attribution of failures to "
                "the cache (C6), ROC AUC with 90 % bootstrap intervals")
     cells = replay_cells(replay) if len(replay) else pd.DataFrame()
+    if len(cells):
+        cells.to_csv(out / "replay_cells.csv", index=False)
     c1 = by_stat.get("coverage")
     doc.figure(figures.coverage_figure(cells, fig_dir / "coverage.png", delta,
                                        c1["tests"][0]["threshold"] if c1 else None) if len(cells) else None,
@@ -292,7 +293,11 @@ def build_report(
     # tables
     doc.heading("Attention-level replay (C1, C2)")
     if len(replay):
-        doc.table(REPLAY_HEADER, replay_rows(replay, delta))
+        summary = claims_doc.get("replay_summary") or summarize_replay(replay, delta)
+        doc.paragraph(f"Coverage at δ = {delta:g} (nominal {1 - delta:g}); per replay cell (model × example × layer × "
+                      "query head × budget × query kind) in `replay_cells.csv`. Setting query = the last prompt query, "
+                      "which set π; later = decode-step queries over the same sample (stale π).")
+        doc.table(REPLAY_HEADER, replay_rows(summary))
     else:
         doc.paragraph("No replay draws.")
     doc.heading("Impossibility demonstration (Theorem 1)")

@@ -61,11 +61,28 @@ def write_json(data: Any, path: str | Path) -> Path:
     return path
 
 
-def load_grid(prereg: str | Path, experiment: str) -> dict:
-    path = Path(prereg) / "grids" / f"{experiment}.yaml"
+def load_grid(prereg: str | Path, experiment: str, configs: str | Path | None = None) -> dict:
+    """The experiment's design grid: ``configs/experiment/<name>.yaml``'s ``grid`` entry when that file
+    exists, else ``grids/<name>.yaml``, inside the pre-registration folder."""
+    rel = f"grids/{experiment}.yaml"
+    exp_cfg = Path(configs or "configs") / "experiment" / f"{experiment}.yaml"
+    if exp_cfg.exists():
+        rel = (yaml.safe_load(exp_cfg.read_text()) or {}).get("grid", rel)
+    path = Path(prereg) / rel
     if not path.exists():
         raise FileNotFoundError(f"{path}: no design grid for experiment {experiment!r}")
     return yaml.safe_load(path.read_text())
+
+
+def verified(prereg: str | Path, verified_json: str | Path | None = None):
+    """Verify the pre-registration; a ``kvcert prereg verify --out`` JSON, if given, must name the same hash."""
+    freeze = verify(prereg)
+    if verified_json is not None:
+        stamped = json.loads(Path(verified_json).read_text()).get("prereg_hash")
+        if stamped != freeze.prereg_hash:
+            raise RecordRefused(f"{verified_json}: prereg_hash {stamped} differs from {prereg}'s current freeze "
+                                f"{freeze.prereg_hash}; rerun `kvcert prereg verify`")
+    return freeze
 
 
 # --- score ----------------------------------------------------------------------------------------
@@ -88,34 +105,60 @@ def _model_section(config_path: str | Path) -> dict:
     return model
 
 
-def replay_step(model_config: str | Path, records: str | Path, prereg: str | Path, out: str | Path,
+def resolve_model(model_config: str | Path | None = None, model: str | None = None,
+                  configs: str | Path | None = None, model_path: str | None = None) -> dict:
+    """The model to replay: a model/job config file, or a model name looked up in ``configs/model/<name>.yaml``.
+
+    ``model_path`` overrides the config's path (a retrained embedded model).
+    """
+    if model_config is not None:
+        section = _model_section(model_config)
+    elif model is not None:
+        path = Path(configs or "configs") / "model" / f"{model}.yaml"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no model config named {model!r}")
+        section = _model_section(path)
+    else:
+        raise ValueError("give --model-config FILE or --model NAME (with --configs DIR)")
+    section = dict(section)
+    if model_path:
+        section["path"] = str(model_path)
+    return section
+
+
+def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: str | Path,
                 impossibility_out: str | Path, seed: int = 0, max_layers: int | None = None,
-                max_examples: int | None = None) -> tuple[Path, Path]:
-    """Replay every record of ``records`` with the model of ``model_config`` (settings from ``analysis_plan``)."""
+                max_examples: int | None = None, threads: int | None = None, experiment: str | None = None,
+                ) -> tuple[Path, Path]:
+    """Replay every record of ``records`` with ``model`` (a model config mapping; settings from ``analysis_plan``)."""
     from ..design import RetentionDesign
     from ..models import ModelSpec, load_model
     from ..tasks.records import read_jsonl
     from .replay import impossibility_for_model, replay_layers, replay_model
 
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
     freeze = verify(prereg)
     plan = load_claims_file(prereg)["analysis_plan"]
     rp, design = plan["replay"], RetentionDesign(**plan["design"])
-    spec = ModelSpec(**{k: v for k, v in _model_section(model_config).items() if k in ModelSpec.__dataclass_fields__})
+    spec = ModelSpec(**{k: v for k, v in model.items() if k in ModelSpec.__dataclass_fields__})
     recs = read_jsonl(records)[:max_examples]
     if not recs:
         raise ValueError(f"{records}: no task records to replay")
-    model, tokenizer = load_model(spec)
+    loaded, tokenizer = load_model(spec)
     t0 = time.perf_counter()
-    draws = replay_model(model, tokenizer, recs, [float(b) for b in rp["budgets"]], int(rp["draws"]),
+    draws = replay_model(loaded, tokenizer, recs, [float(b) for b in rp["budgets"]], int(rp["draws"]),
                          int(rp["later_queries"]), float(plan["delta"]), design, seed, max_layers, model_name=spec.name)
-    rows = impossibility_for_model(model, tokenizer, recs[0], design=design, seed=seed, model_name=spec.name)
-    num_layers = model.config.get_text_config().num_hidden_layers
+    rows = impossibility_for_model(loaded, tokenizer, recs[0], design=design, seed=seed, model_name=spec.name)
+    num_layers = loaded.config.get_text_config().num_hidden_layers
     provenance = {
-        "model": spec.name, "model_path": spec.path, "examples": len(recs), "records": Path(records).name,
-        "budgets": rp["budgets"], "draws": rp["draws"], "later_queries": rp["later_queries"], "delta": plan["delta"],
-        "design": plan["design"], "seed": seed, "layers": replay_layers(num_layers, max_layers),
-        "prereg_hash": freeze.prereg_hash, "frozen_utc": freeze.frozen_utc, "git_commit": git_commit(),
-        "seconds": round(time.perf_counter() - t0, 2),
+        "model": spec.name, "model_path": Path(spec.path).name, "experiment": experiment, "examples": len(recs),
+        "records": Path(records).name, "budgets": rp["budgets"], "draws": rp["draws"],
+        "later_queries": rp["later_queries"], "delta": plan["delta"], "design": plan["design"], "seed": seed,
+        "layers": replay_layers(num_layers, max_layers), "prereg_hash": freeze.prereg_hash,
+        "frozen_utc": freeze.frozen_utc, "git_commit": git_commit(), "seconds": round(time.perf_counter() - t0, 2),
     }
     path = write_table(draws, out, provenance)
     imp = write_json({"model": spec.name, "prereg_hash": freeze.prereg_hash, "rows": rows}, impossibility_out)
@@ -144,11 +187,11 @@ def _read_scores(path: str | Path, prereg_hash: str) -> tuple[pd.DataFrame, dict
 
 
 def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | Path, experiment: str,
-                out: str | Path) -> dict:
+                out: str | Path, verified_json: str | Path | None = None, configs: str | Path | None = None) -> dict:
     """Evaluate every claim and write ``claims.json``; returns its content."""
-    freeze = verify(prereg)
+    freeze = verified(prereg, verified_json)
     doc = load_claims_file(prereg)
-    grid = load_grid(prereg, experiment)
+    grid = load_grid(prereg, experiment, configs)
     df, scores_prov = _read_scores(scores, freeze.prereg_hash)
     rp, replay_prov = _read_replays(replay, freeze.prereg_hash)
     t0 = time.perf_counter()
@@ -174,11 +217,18 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
 
 # --- report ---------------------------------------------------------------------------------------
 def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[str | Path],
-                impossibility: Sequence[str | Path], out_dir: str | Path) -> dict[str, Path]:
+                impossibility: Sequence[str | Path], out_dir: str | Path,
+                verified_json: str | Path | None = None) -> dict[str, Path]:
+    """Write the report; ``summary.json`` beside it holds the verdicts in a few lines."""
     from .report import build_report
 
     doc = json.loads(Path(claims).read_text())
     prereg_hash = doc["provenance"]["prereg_hash"]
+    if verified_json is not None:
+        stamped = json.loads(Path(verified_json).read_text()).get("prereg_hash")
+        if stamped != prereg_hash:
+            raise RecordRefused(f"{claims}: claims were computed under prereg_hash {prereg_hash}, but {verified_json} "
+                                f"names {stamped}; rerun the claims step")
     df, scores_prov = _read_scores(scores, prereg_hash) if scores else (None, {})
     rp, replay_prov = _read_replays(replay, prereg_hash)
     rows = []
@@ -187,4 +237,17 @@ def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[
         if data.get("prereg_hash") != prereg_hash:
             raise RecordRefused(f"{p}: impossibility prereg_hash {data.get('prereg_hash')} differs from {prereg_hash}")
         rows.extend(data.get("rows", []))
-    return build_report(doc, df, scores_prov, rp, rows, out_dir, replay_prov)
+    paths = build_report(doc, df, scores_prov, rp, rows, out_dir, replay_prov)
+    paths["summary"] = write_json(summary(doc), Path(out_dir) / "summary.json")
+    return paths
+
+
+def summary(doc: Mapping) -> dict:
+    """The verdicts beside the paper's, in a few lines (machine-readable)."""
+    return {
+        "experiment": doc.get("experiment"), "prereg_hash": doc["provenance"]["prereg_hash"],
+        "frozen_utc": doc["provenance"].get("frozen_utc"),
+        "claims": {c["id"]: {"verdict": c["verdict"], "statistic": c["statistic"], "value": c["value"], "ci": c["ci"],
+                             "paper_value": c["paper"].get("value"), "paper_verdict": c["paper"].get("verdict")}
+                   for c in doc["claims"]},
+    }

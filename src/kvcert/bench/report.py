@@ -13,6 +13,7 @@ Last line: ``report_seconds=<s> records=<n>``.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -64,6 +65,7 @@ def run(args) -> int:
         print(f"simulated {n} records in {len(shards)} shards ({time.perf_counter() - t0:.1f} s, not timed)"
               + (f"; replay {args.replay_cells} cells x {args.replay_draws} draws x 5 queries" if args.replay_cells else ""))
 
+        c1 = _cpu()
         t1 = time.perf_counter()
         scores = score_step(shards, prereg, tmp / "scores.parquet", jobs=args.jobs)
         t2 = time.perf_counter()
@@ -71,15 +73,23 @@ def run(args) -> int:
         t3 = time.perf_counter()
         report_step(tmp / "claims.json", scores, replay_paths, [], tmp / "report")
         t4 = time.perf_counter()
+        cpu = _cpu() - c1
         print(f"{'step':>8} {'seconds':>8}")
         for name, sec in (("score", t2 - t1), ("claims", t3 - t2), ("report", t4 - t3)):
             print(f"{name:>8} {sec:>8.1f}")
         for c in content["claims"]:
             print(f"  {c['id']}: {c['verdict']:<12} {c['statistic']} = {c['value']}")
+        print(f"cpu seconds (this process and its workers): {cpu:.1f}; machine load average {os.getloadavg()[0]:.1f}")
         print(f"report_seconds={t4 - t1:.1f} records={n}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (user + system)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def _chain(*iterables):
