@@ -345,8 +345,10 @@ def build_report(
         doc.paragraph(f"Metric: {c['metric']} Kill: {c['kill']}. Verdict: **{c['verdict']}**"
                       + (f" ({'; '.join(c['reasons'])})" if c.get("reasons") else "") + ".")
         cell = c.get("cell", {})
-        doc.paragraph("Cell: " + ", ".join(f"{k} {v}" for k, v in cell.items() if k != "minimum")
-                      + f" (minimum {cell.get('minimum')}).")
+        names = {"generations": "replay cells" if c.get("source") == "replay" else "generations"}
+        doc.paragraph("Cell: " + ", ".join(f"{names.get(k, k)} {v}" for k, v in cell.items() if k != "minimum")
+                      + " (pre-registered minimum: "
+                      + ", ".join(f"{names.get(k, k)} {v}" for k, v in (cell.get("minimum") or {}).items()) + ").")
         stats = c.get("details", {}).get("statistics", {})
         if stats:
             doc.table(["statistic", "estimate [90 % CI]", "resamples", "skipped"],
