@@ -193,11 +193,11 @@ rule claims:
         f"{OUT}/logs/claims.log",
     params:
         script=ANALYSIS / "claims.py",
-        prereg=PREREG,
+        common=COMMON,
     conda:
         "environment.yml"
     shell:
-        "python {params.script} --prereg {params.prereg} --verified {input.verified} --scores {input.scores} "
+        "python {params.script} {params.common} --verified {input.verified} --scores {input.scores} "
         "--replay {input.replay} --out {output} > {log} 2>&1"
 
 
