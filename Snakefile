@@ -9,8 +9,9 @@ kvcert.pipeline.plan, the same code behind `kvcert plan`.
     snakemake --profile profiles/slurm --config experiment=paper
 """
 
-import yaml
 from pathlib import Path
+
+import yaml
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
@@ -49,6 +50,13 @@ PREREG_FILES = [f"{PREREG}/claims.yaml", f"{PREREG}/{EXP_CFG['grid']}"] + sorted
 )
 
 
+def vanished(paths):
+    """Planned intermediate files that are gone. Snakemake does not regenerate a deleted
+    intermediate while the files made from it exist, so rule all asks for these outright:
+    each is redone, and everything made from it follows ("input updated by another job")."""
+    return [p for p in paths if not Path(p).exists()]
+
+
 def model_inputs(wildcards):
     return [TRAINED] if RETRAIN and wildcards.model == "embedded" else []
 
@@ -71,6 +79,7 @@ rule all:
         f"{OUT}/report.html",
         f"{OUT}/claims.json",
         f"{OUT}/summary.json",
+        vanished(SHARDS + REPLAYS),
 
 
 rule verify_prereg:

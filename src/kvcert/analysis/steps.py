@@ -238,15 +238,37 @@ def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[
             raise RecordRefused(f"{p}: impossibility prereg_hash {data.get('prereg_hash')} differs from {prereg_hash}")
         rows.extend(data.get("rows", []))
     paths = build_report(doc, df, scores_prov, rp, rows, out_dir, replay_prov)
-    paths["summary"] = write_json(summary(doc), Path(out_dir) / "summary.json")
+    paths["summary"] = write_json(summary(doc, df), Path(out_dir) / "summary.json")
     return paths
 
 
-def summary(doc: Mapping) -> dict:
-    """The verdicts beside the paper's, in a few lines (machine-readable)."""
+def run_summary(df) -> dict:
+    """Generation counts, full-cache accuracy {task: {length: accuracy}} and wall time of the runs."""
+    if df is None or df.empty:
+        return {"generations": {"total": 0, "by_cell": {}}, "full_cache_accuracy": {}, "wall_time_seconds": None}
+    grid = df[df["kind"] == "grid"]
+    by_cell = grid.groupby(["condition", "method", "budget"]).size()
+    cells = {f"{c}/{m}/{b:g}": int(n) for (c, m, b), n in by_cell.items()}
+    full = grid[grid["condition"] == "full"]
+    accuracy: dict[str, dict[str, float]] = {}
+    for (task, length), part in full.groupby(["task", "target_tokens"]):
+        accuracy.setdefault(str(task), {})[str(int(length))] = float(part["correct"].mean())
+    started = pd.to_datetime(df["started_utc"], utc=True)
+    finished = started + pd.to_timedelta(df["prefill_seconds"] + df["decode_seconds"], unit="s")
+    return {
+        "generations": {"total": int(len(df)), "grid": int(len(grid)), "by_cell": cells},
+        "full_cache_accuracy": accuracy,
+        "wall_time_seconds": float((finished.max() - started.min()).total_seconds()),
+        "generation_seconds": float((df["prefill_seconds"] + df["decode_seconds"]).sum()),
+    }
+
+
+def summary(doc: Mapping, df=None) -> dict:
+    """The verdicts beside the paper's, in a few lines (machine-readable), with the run's counts."""
     return {
         "experiment": doc.get("experiment"), "prereg_hash": doc["provenance"]["prereg_hash"],
         "frozen_utc": doc["provenance"].get("frozen_utc"),
+        **run_summary(df),
         "claims": {c["id"]: {"verdict": c["verdict"], "statistic": c["statistic"], "value": c["value"], "ci": c["ci"],
                              "paper_value": c["paper"].get("value"), "paper_verdict": c["paper"].get("verdict")}
                    for c in doc["claims"]},
