@@ -174,15 +174,15 @@ def _kth_largest(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
     return torch.where(j > n, torch.zeros_like(kth), kth)
 
 
-def tail_weights(rows: torch.Tensor, tail: torch.Tensor, floor: float) -> torch.Tensor:
-    """q_i = (1 − η)·imp_i / Σ_T imp + η / |T| on the tail T (0 elsewhere); each row sums to 1."""
-    imp = rows.masked_fill(~tail, 0.0)
-    n_tail = tail.sum(-1, keepdim=True).clamp(min=1).to(torch.float64)
+def tail_weights(rows: torch.Tensor, certain: torch.Tensor, floor: float) -> torch.Tensor:
+    """q_i = (1 − η)·imp_i / Σ_T imp + η / |T| on the tail T = not certain (0 elsewhere); rows sum to 1."""
+    imp = torch.where(certain, 0.0, rows)
+    n_tail = (rows.shape[-1] - certain.sum(-1, keepdim=True, dtype=torch.int32)).clamp(min=1).to(torch.float64)
     total = imp.sum(-1, keepdim=True).to(torch.float64)
     scale = torch.where(total > 0, (1.0 - floor) / total.clamp(min=1e-300), torch.zeros_like(total))
     offset = torch.where(total > 0, floor / n_tail, 1.0 / n_tail)  # all-zero importance: uniform tail
     q = imp.mul_(scale.to(rows.dtype)).add_(offset.to(rows.dtype))
-    return q.masked_fill_(~tail, 0.0)
+    return q.masked_fill_(certain, 0.0)
 
 
 def capped_probabilities(weights: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
@@ -191,33 +191,32 @@ def capped_probabilities(weights: torch.Tensor, expected: torch.Tensor) -> torch
     Iterative capping: start from c = expected / Σw, fix every token with c·w_i ≥ 1 at 1,
     re-solve c on the remaining mass, repeat until no new token caps. c only grows, so
     the capped set only grows and the loop ends after at most N rounds (a handful in
-    practice). Per-row constants are solved in float64; with fp32 weights the expected
-    count is met to ~1e-7 relative (cascade summation). Rows whose expected count reaches their number of
-    positive weights get π = 1 on all of them.
+    practice; one when nothing caps). Per-row constants are solved in float64; with fp32
+    weights the expected count is met to ~1e-7 relative (cascade summation). Rows whose
+    expected count reaches their number of positive weights get π = 1 on all of them.
     """
     w = weights
     target = expected.to(torch.float64)
     total = w.sum(-1).to(torch.float64)
     c = target / total.clamp(min=1e-300)
-    n_capped = torch.zeros_like(target)
-    capped_mass = torch.zeros_like(target)
-    capped = None
+    if bool((w.amax(-1).to(torch.float64) * c < 1.0).all()):
+        return w * c.to(w.dtype).unsqueeze(-1)  # nothing caps: one pass
+    previous = None
     for _ in range(w.shape[-1] + 1):
-        new_capped = (w * c.to(w.dtype).unsqueeze(-1)) >= 1.0
-        count = new_capped.sum(-1).to(torch.float64)
-        if capped is not None and torch.equal(count, n_capped):
-            break
-        capped, n_capped = new_capped, count
-        capped_mass = w.masked_fill(~capped, 0.0).sum(-1).to(torch.float64)
+        capped = (w * c.to(w.dtype).unsqueeze(-1)) >= 1.0
+        count = capped.sum(-1, dtype=torch.int32)
+        if not bool(count.any()) or (previous is not None and torch.equal(count, previous)):
+            break  # nothing caps, or no new token capped: c is final
+        previous = count
+        capped_mass = torch.where(capped, w, 0.0).sum(-1).to(torch.float64)
         rest = total - capped_mass
-        c = torch.where(rest > 0, (target - n_capped) / rest.clamp(min=1e-300), c)
-    pi = (w * c.to(w.dtype).unsqueeze(-1)).clamp_(max=1.0)
-    return pi.masked_fill_(capped, 1.0)
+        c = torch.where(rest > 0, (target - count.to(torch.float64)) / rest.clamp(min=1e-300), c)
+    return (w * c.to(w.dtype).unsqueeze(-1)).clamp_(max=1.0)
 
 
 def _inclusion_rows(rows: torch.Tensor, k: torch.Tensor, design: RetentionDesign) -> torch.Tensor:
     cert = _certainty(rows, k, design, slice_fraction=design.top_fraction)
-    weights = tail_weights(rows, ~cert.certain, design.floor)
+    weights = tail_weights(rows, cert.certain, design.floor)
     pi = capped_probabilities(weights, cert.tail_budget)
     return pi.masked_fill_(cert.certain, 1.0)
 
@@ -252,7 +251,7 @@ def pack(kept: torch.Tensor, pi_full: torch.Tensor | None, lead: tuple[int, ...]
     r, n = kept.shape
     nz = kept.nonzero()  # row-major: each row's kept positions in ascending order
     rows, cols = nz[:, 0], nz[:, 1]
-    lengths = torch.bincount(rows, minlength=r)
+    lengths = kept.sum(-1, dtype=torch.int32).to(torch.long)
     k = int(lengths.max()) if r else 0
     slot = torch.arange(rows.shape[0], device=kept.device) - (torch.cumsum(lengths, 0) - lengths)[rows]
     indices = torch.zeros(r, k, dtype=torch.long, device=kept.device)
@@ -261,8 +260,8 @@ def pack(kept: torch.Tensor, pi_full: torch.Tensor | None, lead: tuple[int, ...]
     if pi_full is None:  # every kept token is certain
         log_pi = torch.where(valid, 0.0, float("inf"))
     else:
-        kept_pi = pi_full.gather(-1, indices).to(torch.float64)
-        log_pi = torch.where(valid, torch.log(kept_pi.clamp(min=torch.finfo(torch.float64).tiny)), float("inf"))
+        kept_pi = pi_full.gather(-1, indices).to(torch.float32)
+        log_pi = torch.where(valid, torch.log(kept_pi.clamp_(min=torch.finfo(torch.float32).tiny)), float("inf"))
     return Sample(
         indices=indices.reshape(*lead, k),
         log_pi=log_pi.to(torch.float32).reshape(*lead, k),
@@ -274,6 +273,43 @@ def pack(kept: torch.Tensor, pi_full: torch.Tensor | None, lead: tuple[int, ...]
 def _poisson_rows(rows: torch.Tensor, lead: tuple[int, ...], generator: torch.Generator | None) -> Sample:
     kept = _uniform(rows.shape, generator, rows.device, rows.dtype) < rows  # P(U < π) = π; π = 0 never, 1 always
     return pack(kept, rows, lead)
+
+
+def _tail_affine(rows: torch.Tensor, certain: torch.Tensor, floor: float):
+    """The tail importance (certain tokens zeroed) and the per-row (scale, offset) with which
+    q_i = scale · imp_i + offset are the tail weights of :func:`tail_weights`."""
+    imp = torch.where(certain, 0.0, rows)
+    n_tail = (rows.shape[-1] - certain.sum(-1, dtype=torch.int32)).clamp(min=1).to(torch.float64)
+    total = imp.sum(-1).to(torch.float64)
+    scale = torch.where(total > 0, (1.0 - floor) / total.clamp(min=1e-300), torch.zeros_like(total))
+    offset = torch.where(total > 0, floor / n_tail, 1.0 / n_tail)  # all-zero importance: uniform tail
+    return imp, scale, offset
+
+
+def _with_certain_log_pi(sample: Sample, certain: torch.Tensor, lead) -> Sample:
+    """Set log π = 0 for kept certain tokens (the fast paths leave their π unnormalised)."""
+    is_certain = certain.gather(-1, sample.indices) & sample.valid
+    log_pi = sample.log_pi.masked_fill(is_certain, 0.0)
+    return Sample(sample.indices.reshape(*lead, -1), log_pi.reshape(*lead, -1), sample.lengths.reshape(lead),
+                  sample.num_tokens)
+
+
+def _poisson_design(rows: torch.Tensor, k: torch.Tensor, design: RetentionDesign, lead, generator) -> Sample:
+    """:func:`sample_retention`'s Poisson path: the π of :func:`inclusion_probabilities` and the
+    draw, in fewer passes over the tokens. The tail weights sum to 1 by construction, so
+    c = k_T unless some token caps (then the general capping solve runs)."""
+    cert = _certainty(rows, k, design, slice_fraction=design.top_fraction)
+    certain = cert.certain
+    imp, scale, offset = _tail_affine(rows, certain, design.floor)
+    c = cert.tail_budget.to(torch.float64)
+    peak = (imp.amax(-1).to(torch.float64) * scale + offset) * c
+    if bool((peak < 1.0).all()):  # nothing caps: pi = c * q on the tail (certain tokens are fixed below)
+        pi = imp.mul_((scale * c).to(rows.dtype).unsqueeze(-1)).add_((offset * c).to(rows.dtype).unsqueeze(-1))
+    else:
+        q = imp.mul_(scale.to(rows.dtype).unsqueeze(-1)).add_(offset.to(rows.dtype).unsqueeze(-1))
+        pi = capped_probabilities(q.masked_fill_(certain, 0.0), cert.tail_budget)
+    kept = (_uniform(rows.shape, generator, rows.device, rows.dtype) < pi) | certain
+    return _with_certain_log_pi(pack(kept, pi, (rows.shape[0],)), certain, lead)
 
 
 def poisson_sample(pi: torch.Tensor, generator: torch.Generator | None = None) -> Sample:
@@ -303,14 +339,19 @@ def priority_sample(
     rows, lead, n = _rows(scores)
     k = _row_budgets(budget, n, lead, rows.shape[0], rows.device)
     cert = _certainty(rows, k, design, slice_fraction=design.top_fraction)
-    weights = tail_weights(rows, ~cert.certain, design.floor)
-    u = 1.0 - _uniform(rows.shape, generator, rows.device, rows.dtype)  # (0, 1]: w / U never divides by zero
-    priority = weights / u  # 0 off the tail
-    take = torch.minimum(cert.tail_budget, (weights > 0).sum(-1))
+    certain = cert.certain
+    imp, scale, offset = _tail_affine(rows, certain, design.floor)
+    weights = imp.mul_(scale.to(rows.dtype).unsqueeze(-1)).add_(offset.to(rows.dtype).unsqueeze(-1))
+    u = _uniform(rows.shape, generator, rows.device, rows.dtype).neg_().add_(1.0)  # (0, 1]: w / U never divides by 0
+    priority = torch.div(weights, u, out=u).masked_fill_(certain, 0.0)
+    n_positive = n - certain.sum(-1, dtype=torch.int32).to(torch.long)
+    if design.floor <= 0:
+        n_positive = (priority > 0).sum(-1)
+    take = torch.minimum(cert.tail_budget, n_positive)
     tau = _kth_largest(priority, take + 1).unsqueeze(-1)
-    kept = cert.certain | (priority > tau)
+    kept = certain | (priority > tau)
     pi = torch.where(tau > 0, weights / tau.clamp(min=torch.finfo(rows.dtype).tiny), 1.0).clamp_(max=1.0)
-    return pack(kept, pi.masked_fill_(cert.certain, 1.0), lead)
+    return _with_certain_log_pi(pack(kept, pi, (rows.shape[0],)), certain, lead)
 
 
 def topk_sample(
@@ -334,7 +375,7 @@ def sample_retention(
     if sampler == "poisson":
         rows, lead, n = _rows(scores)
         k = _row_budgets(budget, n, lead, rows.shape[0], rows.device)
-        return _poisson_rows(_inclusion_rows(rows, k, design), lead, generator)
+        return _poisson_design(rows, k, design, lead, generator)
     if sampler == "priority":
         return priority_sample(scores, budget, generator, design)
     if sampler == "topk":

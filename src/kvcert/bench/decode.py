@@ -79,6 +79,8 @@ def run(args) -> int:
     import torch
 
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model = bench_model()
     steps = args.steps
     results = {}
@@ -110,5 +112,6 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("decode", help="decode time and KV bytes vs budget on a random-init model (CPU)")
     p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--repeats", type=int, default=5)
     p.set_defaults(func=run)
