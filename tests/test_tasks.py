@@ -110,9 +110,12 @@ def test_multiturn_default_turns_scale_with_length():
 def test_questions_for_lists_every_fact(tok, task):
     module = {"needle": needle, "multikey": multikey, "multiturn": multiturn}[task]
     record = TASKS[task].generate(tok, 1, 600, seed=9)[0]
-    pairs = module.questions_for(record)
-    assert pairs[0] == (record.question, record.answers[0])
-    assert len({q for q, _ in pairs}) == len(pairs) > 1 or task == "needle"
+    items = module.questions_for(record)
+    assert items[0].question == record.question and items[0].answer == record.answers[0]
+    assert len({item.question for item in items}) == len(items) > 1 or task == "needle"
+    for item in items:  # the reference response restates the fact and scores as correct
+        assert score(task, item.response, [item.answer]) == 1.0
+        assert item.response != item.answer
 
 
 # ---------------------------------------------------------------- prompting

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from kvcert.tasks.lengths import fit_filler
 from kvcert.tasks.prompting import build_prompt_ids
-from kvcert.tasks.records import TaskRecord
+from kvcert.tasks.records import QuestionAnswer, TaskRecord
 from kvcert.tasks.sampling import balanced_pick, example_rng
 from kvcert.tasks.wordlists import CITIES, COLORS, INSTRUMENTS, JOBS, PEOPLE, PETS
 
@@ -167,9 +167,11 @@ def generate(
     return [make_record(tokenizer, target_tokens, seed, i, **options) for i in range(n_examples)]
 
 
-def questions_for(record: TaskRecord) -> list[tuple[str, str]]:
-    """(question, answer) for every fact of ``record``; the queried one first."""
-    return [(_question_text(f), f["value"]) for f in record.metadata["facts"]]
+def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
+    """A question, answer and reference response (the fact restated) per fact; the
+    queried fact first."""
+    return [QuestionAnswer(_question_text(f), f["value"], _fact_text(f).rstrip("."))
+            for f in record.metadata["facts"]]
 
 
 def vocabulary_texts() -> list[str]:

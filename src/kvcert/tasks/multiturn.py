@@ -15,7 +15,7 @@ from typing import Any
 
 from kvcert.tasks.lengths import fit_filler
 from kvcert.tasks.prompting import build_prompt_ids
-from kvcert.tasks.records import TaskRecord
+from kvcert.tasks.records import QuestionAnswer, TaskRecord
 from kvcert.tasks.sampling import balanced_pick, example_rng
 from kvcert.tasks.wordlists import CITIES, CODE_ITEMS, FOODS, PEOPLE, TOPICS, WEEKDAYS
 
@@ -28,6 +28,7 @@ TURN_TEMPLATE = "User: {user}\nAssistant: {assistant}"
 FACT_USER = "By the way, my {item} code is {value}. Please remember it."
 FACT_ASSISTANT = "Noted, I will remember that."
 QUESTION = "Based on the conversation above, what is my {item} code? Only give me the code."
+RESPONSE = "Your {item} code is {value}"
 
 SMALL_TALK: tuple[tuple[str, str], ...] = (
     ("Can you recommend a good book about {topic}?",
@@ -180,15 +181,17 @@ def generate(
     return [make_record(tokenizer, target_tokens, seed, i, **options) for i in range(n_examples)]
 
 
-def questions_for(record: TaskRecord) -> list[tuple[str, str]]:
-    """(question, answer) for every stated code of ``record``; the queried one first."""
-    return [(QUESTION.format(item=f["item"]), f["value"]) for f in record.metadata["facts"]]
+def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
+    """A question, answer and reference response per stated code; the queried one first."""
+    return [QuestionAnswer(QUESTION.format(item=f["item"]), f["value"],
+                           RESPONSE.format(item=f["item"], value=f["value"]))
+            for f in record.metadata["facts"]]
 
 
 def vocabulary_texts() -> list[str]:
     """Every string this task can put into a prompt, for building a word-level vocabulary."""
     texts = [HEADER, TURN_TEMPLATE.format(user="", assistant=""), FACT_USER.format(item="", value=""),
-             FACT_ASSISTANT, QUESTION.format(item=""), *PADDING, *CODE_ITEMS, *TOPICS, *FOODS,
+             FACT_ASSISTANT, QUESTION.format(item=""), RESPONSE.format(item="", value=""), *PADDING, *CODE_ITEMS, *TOPICS, *FOODS,
              *CITIES, *WEEKDAYS, *PEOPLE]
     for user, assistant in SMALL_TALK:
         slots = dict.fromkeys(["topic", "food", "city", "weekday", "person"], "")

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from kvcert.tasks.lengths import fit_filler
 from kvcert.tasks.prompting import build_prompt_ids
-from kvcert.tasks.records import TaskRecord
+from kvcert.tasks.records import QuestionAnswer, TaskRecord
 from kvcert.tasks.sampling import balanced_pick, example_rng
 from kvcert.tasks.wordlists import NEEDLE_KEYS
 
@@ -38,6 +38,8 @@ HAYSTACK_SENTENCES: tuple[str, ...] = (
 )
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
+# RULER's answer prefix for the needle task, completed with the value
+RESPONSE = "The special magic number for {key} is: {value}"
 DEPTHS: tuple[int, ...] = tuple(range(0, 101, 10))
 
 
@@ -117,13 +119,16 @@ def generate(
     return [make_record(tokenizer, target_tokens, seed, i, **options) for i in range(n_examples)]
 
 
-def questions_for(record: TaskRecord) -> list[tuple[str, str]]:
-    """(question, answer) for every needle of ``record``; the queried one first."""
+def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
+    """A question, answer and reference response per needle; the queried needle first."""
     return [
-        (QUESTION.format(key=n["key"]), n["value"]) for n in record.metadata["needles"]
+        QuestionAnswer(QUESTION.format(key=n["key"]), n["value"],
+                       RESPONSE.format(key=n["key"], value=n["value"]))
+        for n in record.metadata["needles"]
     ]
 
 
 def vocabulary_texts() -> list[str]:
     """Every string this task can put into a prompt, for building a word-level vocabulary."""
-    return [INSTRUCTION, HAYSTACK, NEEDLE.format(key="", value=""), QUESTION.format(key=""), *NEEDLE_KEYS]
+    return [INSTRUCTION, HAYSTACK, NEEDLE.format(key="", value=""), QUESTION.format(key=""),
+            RESPONSE.format(key="", value=""), *NEEDLE_KEYS]

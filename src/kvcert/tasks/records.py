@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 # name -> (expected type(s), human-readable type)
 _SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
@@ -23,6 +23,19 @@ _SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
     "metadata": (dict, "dict"),
     "length": (int, "int"),
 }
+
+
+class QuestionAnswer(NamedTuple):
+    """One question a record's context can answer.
+
+    ``answer`` is the gold answer (what scoring looks for); ``response`` a reference
+    reply in a full sentence that restates the fact ("The special magic number for
+    pocket is: 1557755") — the reply the embedded model is trained to give.
+    """
+
+    question: str
+    answer: str
+    response: str
 
 
 class RecordError(ValueError):

@@ -1,0 +1,156 @@
+"""Greedy full-cache accuracy of a model on the synthetic tasks.
+
+:func:`evaluate` generates ``n_examples`` records per task and length (evaluation seed,
+below the training seed range), answers each greedily with the full KV cache, scores
+it with the task's scorer, and returns ``{task: {length: accuracy}}`` where accuracy is
+the share of records with score >= 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+from tqdm.auto import tqdm
+
+from kvcert.tasks import TASKS, build_prompt_ids, is_correct
+
+EVAL_SEED = 0
+MAX_NEW_TOKENS = 16
+
+
+@torch.no_grad()
+def greedy_ids(model: Any, input_ids: list[int], max_new_tokens: int = MAX_NEW_TOKENS,
+               eos_token_id: int | None = None) -> list[int]:
+    """Greedy continuation of ``input_ids`` with a full KV cache (stops at EOS)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([input_ids], device=device)
+    cache_arg = _cache_argument(model)
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    past = getattr(out, cache_arg)
+    generated: list[int] = []
+    next_id = int(out.logits[0, -1].argmax())
+    position = ids.shape[1]
+    while True:
+        if next_id == eos_token_id:
+            break
+        generated.append(next_id)
+        if len(generated) >= max_new_tokens:
+            break
+        step = torch.tensor([[next_id]], device=device)
+        out = model(input_ids=step, use_cache=True,
+                    position_ids=torch.tensor([[position]], device=device), **{cache_arg: past})
+        past = getattr(out, cache_arg)
+        position += 1
+        next_id = int(out.logits[0, -1].argmax())
+    return generated
+
+
+def _cache_argument(model: Any) -> str:
+    """``cache`` in recent transformers, ``past_key_values`` before it."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def answer(model: Any, tokenizer: Any, record: Any, max_new_tokens: int = MAX_NEW_TOKENS) -> str:
+    """The model's greedy answer to ``record`` (special tokens removed)."""
+    ids, _ = build_prompt_ids(tokenizer, record)
+    out = greedy_ids(model, ids, max_new_tokens, tokenizer.eos_token_id)
+    return tokenizer.decode(out, skip_special_tokens=True).strip()
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    tasks: Iterable[str],
+    lengths: Iterable[int],
+    n_examples: int,
+    seed: int = EVAL_SEED,
+    options: dict[str, dict[str, Any]] | None = None,
+    progress: bool = True,
+    details: list[dict[str, Any]] | None = None,
+) -> dict[str, dict[str, float]]:
+    """Full-cache greedy accuracy per task and length (lengths as string keys, for JSON).
+
+    If ``details`` is a list, one dict per record (id, prediction, answers, correct) is
+    appended to it.
+    """
+    tasks, lengths = list(tasks), list(lengths)
+    options = options or {}
+    was_training = model.training
+    model.eval()
+    result: dict[str, dict[str, float]] = {}
+    bar = tqdm(total=len(tasks) * len(lengths) * n_examples, desc="evaluate", disable=not progress)
+    for task in tasks:
+        result[task] = {}
+        for length in lengths:
+            records = TASKS[task].generate(tokenizer, n_examples, length, seed, **options.get(task, {}))
+            correct = 0
+            for record in records:
+                prediction = answer(model, tokenizer, record)
+                ok = is_correct(task, prediction, record.answers)
+                correct += ok
+                if details is not None:
+                    details.append({"id": record.id, "task": task, "length": length,
+                                    "prediction": prediction, "answers": record.answers,
+                                    "correct": ok})
+                bar.update(1)
+            result[task][str(length)] = correct / max(1, len(records))
+    bar.close()
+    model.train(was_training)
+    return result
+
+
+def evaluate_compressed(
+    model: Any,
+    tokenizer: Any,
+    tasks: Iterable[str],
+    lengths: Iterable[int],
+    n_examples: int,
+    *,
+    condition: str = "streaming",
+    scorer: str = "snapkv",
+    sampler: str = "topk",
+    budget: float = 0.125,
+    seed: int = EVAL_SEED,
+    progress: bool = True,
+) -> dict[str, dict[str, float]]:
+    """Greedy accuracy with an evicted cache, through the generation engine.
+
+    Same records as :func:`evaluate`; ``condition`` ``"streaming"`` compresses the
+    context before the question is seen. The model is switched to kvcert attention for
+    the measurement and back afterwards.
+    """
+    from kvcert.generation.engine import Engine
+    from kvcert.generation.spec import GenerationSpec, MethodSpec
+    from kvcert.integration import enable_certified_attention
+    from kvcert.models import ModelSpec as LoadSpec
+
+    tasks, lengths = list(tasks), list(lengths)
+    previous = model.config._attn_implementation
+    enable_certified_attention(model)
+    spec = GenerationSpec(
+        model=LoadSpec(name="embedded"),
+        method=MethodSpec(name=f"{scorer}-{sampler}", scorer=scorer, sampler=sampler),
+        condition=condition, budget=budget, seed=seed, max_new_tokens=MAX_NEW_TOKENS,
+    )
+    engine = Engine(model, tokenizer, spec)
+    result: dict[str, dict[str, float]] = {}
+    bar = tqdm(total=len(tasks) * len(lengths) * n_examples, desc=f"evaluate {condition} {budget:g}",
+               disable=not progress)
+    try:
+        for task in tasks:
+            result[task] = {}
+            for length in lengths:
+                records = TASKS[task].generate(tokenizer, n_examples, length, seed)
+                correct = 0
+                for record in records:
+                    out = engine.run(record)
+                    correct += is_correct(task, out["answer"], record.answers)
+                    bar.update(1)
+                result[task][str(length)] = correct / max(1, len(records))
+    finally:
+        bar.close()
+        model.set_attn_implementation(previous)
+    return result

@@ -1,0 +1,78 @@
+"""Named training recipes: model size, data phases, optimiser settings.
+
+``embedded`` is the recipe of the shipped model; ``tiny`` is a seconds-long recipe for
+tests and smoke runs (it learns nothing useful).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvcert.training.data import Phase
+from kvcert.training.model import ModelSpec
+
+ALL_TASKS = {"needle": 1.0, "multikey": 1.0, "multiturn": 1.0}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    model: ModelSpec
+    phases: tuple[Phase, ...]
+    lr: float = 2e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    aux_weight: float = 0.5  # weight of the auxiliary next-token loss next to the answer loss
+    lm_fraction: float = 0.25  # share of context tokens given an auxiliary target
+    max_questions: int = 8  # questions per task sequence
+    copy_vocab: int = 512  # tokens copy segments draw from
+    checkpoint_every: int = 50
+    eval_lengths: tuple[int, ...] = (512, 2048)
+    eval_examples: int = 100
+    eval_tasks: tuple[str, ...] = field(default=("needle", "multikey", "multiturn"))
+
+    @property
+    def total_steps(self) -> int:
+        return sum(p.steps for p in self.phases)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+RECIPES: dict[str, Recipe] = {
+    "embedded": Recipe(
+        name="embedded",
+        model=ModelSpec(),
+        phases=(
+            Phase(steps=200, lengths=(256, 256), tokens_per_batch=8192, task_weights={"copy": 1.0}),
+            Phase(steps=400, lengths=(128, 640), tokens_per_batch=8192,
+                  task_weights={"copy": 0.5, **ALL_TASKS}),
+            Phase(steps=600, lengths=(480, 2304), tokens_per_batch=8192,
+                  task_weights={"copy": 0.25, **ALL_TASKS}),
+        ),
+    ),
+    "tiny": Recipe(
+        name="tiny",
+        model=ModelSpec(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                        intermediate_size=64, max_position_embeddings=1024),
+        phases=(
+            Phase(steps=2, lengths=(64, 64), tokens_per_batch=256, task_weights={"copy": 1.0}),
+            Phase(steps=4, lengths=(192, 256), tokens_per_batch=512,
+                  task_weights={"copy": 0.5, **ALL_TASKS}),
+        ),
+        warmup_steps=2,
+        checkpoint_every=2,
+        eval_lengths=(256,),
+        eval_examples=2,
+    ),
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise KeyError(f"unknown recipe {name!r}; known: {', '.join(sorted(RECIPES))}") from None

@@ -1,0 +1,75 @@
+"""The embedded model's word-level tokenizer, built from the task templates.
+
+Words are split on whitespace and punctuation (BERT pre-tokenizer); every word the
+synthetic task generators can emit is one token. Numbers are cut into chunks of up to
+three digits, as the Llama-3 and GPT-4 tokenizers do: "4821" is ``482`` ``##1``, so a
+7-digit needle value is three tokens and a 4-digit code two. The chat template is a
+minimal one with role tokens; ``<|end|>`` closes a turn and is the EOS token.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from kvcert.tasks import multikey, multiturn, needle
+
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "<|end|>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+SPECIAL_TOKENS = (PAD, UNK, BOS, EOS, *ROLE_TOKENS)
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def number_tokens() -> list[str]:
+    """Digit chunks of 1–3 digits, word-initial and continuation (``##``) forms."""
+    chunks = [f"{i:0{width}d}" for width in (1, 2, 3) for i in range(10**width)]
+    # word-initial chunks never start with a redundant zero except "0" itself, but a
+    # number such as "007" may still appear; keep every form so nothing maps to UNK.
+    return chunks + [f"##{c}" for c in chunks]
+
+
+def task_words(texts: Iterable[str]) -> list[str]:
+    """Distinct non-numeric words of ``texts`` under the BERT pre-tokenizer, sorted."""
+    splitter = pre_tokenizers.BertPreTokenizer()
+    words: set[str] = set()
+    for text in texts:
+        for word, _ in splitter.pre_tokenize_str(text):
+            if not word.isdigit():
+                words.add(word)
+    return sorted(words)
+
+
+def vocabulary() -> list[str]:
+    """The full vocabulary: special tokens, task words, number chunks (stable order)."""
+    texts = [*needle.vocabulary_texts(), *multikey.vocabulary_texts(), *multiturn.vocabulary_texts()]
+    # role names written in transcripts and templates
+    texts += ["User Assistant system user assistant"]
+    return [*SPECIAL_TOKENS, *task_words(texts), *number_tokens()]
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A fresh tokenizer (deterministic: same vocabulary, same ids, every time)."""
+    vocab = {token: index for index, token in enumerate(vocabulary())}
+    backend = Tokenizer(models.WordPiece(vocab=vocab, unk_token=UNK, max_input_chars_per_word=64))
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        pad_token=PAD,
+        additional_special_tokens=list(ROLE_TOKENS),
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer

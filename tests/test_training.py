@@ -1,0 +1,160 @@
+"""Tests of the embedded model's training code: tokenizer, data, loop, resume, CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kvcert.tasks import build_prompt_ids, needle
+from kvcert.training import cli as training_cli
+from kvcert.training.data import ANSWER, AUX, Phase, SequenceBuilder, chain_digest, phase_at
+from kvcert.training.evaluate import evaluate
+from kvcert.training.recipes import get_recipe
+from kvcert.training.tokenizer import build_tokenizer
+from kvcert.training.train import lr_lambda, train
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def test_tokenizer_numbers_and_roundtrip(tok):
+    assert tok.tokenize("1234567") == ["123", "##456", "##7"]
+    assert tok.tokenize("4821") == ["482", "##1"]
+    assert tok.decode(tok("4821")["input_ids"]) == "4821"
+    assert tok.decode(tok("The grass is green.")["input_ids"]) == "The grass is green."
+    assert build_tokenizer().get_vocab() == tok.get_vocab()  # deterministic ids
+    ids = tok.apply_chat_template([{"role": "user", "content": "Here we go."}], tokenize=False,
+                                  add_generation_prompt=True)
+    assert ids.startswith("<s><|user|>") and ids.endswith("<|assistant|>\n")
+    assert tok.eos_token == "<|end|>"
+
+
+def test_batches_depend_only_on_seed_and_step(tok):
+    builder = SequenceBuilder(tok)
+    phase = Phase(steps=4, lengths=(200, 300), tokens_per_batch=1200,
+                  task_weights={"copy": 1.0, "needle": 1.0, "multikey": 1.0, "multiturn": 1.0})
+    a, b = builder.batch(phase, 0, 3), builder.batch(phase, 0, 3)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.roles, b.roles)
+    assert a.digest() == b.digest() != builder.batch(phase, 0, 4).digest()
+    assert builder.batch(phase, 1, 3).digest() != a.digest()
+    assert chain_digest("0" * 64, a.digest()) != chain_digest("1" * 64, a.digest())
+
+
+def test_copy_sequences_supervise_only_repeats(tok):
+    import random
+
+    builder = SequenceBuilder(tok)
+    ids, roles = builder.copy_sequence(random.Random(0), 256)
+    assert len(ids) == len(roles) == 256
+    assert roles.count(AUX) > 100
+    for position, role in enumerate(roles):
+        if role == AUX:  # a repeat continues the previous occurrence of its predecessor
+            assert ids[position] in ids[:position]
+            assert ids[position - 1] in ids[:position - 1]
+
+
+def test_task_sequence_starts_with_the_evaluation_prompt(tok):
+    import random
+
+    builder = SequenceBuilder(tok, max_questions=3)
+    ids, roles = builder.task_sequence(random.Random(0), "needle", 400, seed=5, index=2)
+    assert roles[0] != ANSWER
+    answers = []
+    current: list[int] = []
+    for token, role in zip(ids, roles):
+        if role == ANSWER:
+            current.append(token)
+        elif current:
+            answers.append(current)
+            current = []
+    if current:
+        answers.append(current)
+    assert 1 <= len(answers) <= 3
+    for answer in answers:  # the reference response, then <|end|>
+        assert answer[-1] == tok.eos_token_id
+        text = tok.decode(answer[:-1])
+        assert text.startswith("The special magic number for ") and text[-7:].isdigit()
+    first = roles.index(ANSWER)
+    assert ids[first - 1] == tok.convert_tokens_to_ids("<|assistant|>")
+
+
+def test_phases_and_schedule():
+    recipe = get_recipe("tiny")
+    assert phase_at(recipe.phases, 0) is recipe.phases[0]
+    assert phase_at(recipe.phases, recipe.phases[0].steps) is recipe.phases[1]
+    with pytest.raises(IndexError):
+        phase_at(recipe.phases, recipe.total_steps)
+    factor = lr_lambda(get_recipe("embedded"))
+    total = get_recipe("embedded").total_steps
+    assert factor(0) < factor(get_recipe("embedded").warmup_steps) == pytest.approx(1.0)
+    assert factor(total) == pytest.approx(get_recipe("embedded").min_lr_ratio)
+    with pytest.raises(KeyError, match="unknown recipe"):
+        get_recipe("nope")
+
+
+def _weights(model_dir):
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def test_train_checkpoints_and_resumes_identically(tmp_path):
+    recipe = get_recipe("tiny")
+    whole = train(recipe, tmp_path / "whole", seed=3, progress=False)
+    assert whole.steps == recipe.total_steps
+    assert (tmp_path / "whole" / "checkpoint.pt").exists()
+    assert (tmp_path / "whole" / "loss_curve.png").stat().st_size > 1000
+
+    assert (tmp_path / "whole" / "config.json").exists()
+    part = train(recipe, tmp_path / "split", seed=3, stop_after=3, progress=False)
+    assert part.steps == 3 and not (tmp_path / "split" / "config.json").exists()
+    resumed = train(recipe, tmp_path / "split", seed=3, progress=False)
+    assert resumed.resumed_from == 3 and resumed.steps == recipe.total_steps
+
+    assert resumed.data_sha256 == whole.data_sha256
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in whole.history]
+    a, b = _weights(whole.model_dir), _weights(resumed.model_dir)
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    other = train(recipe, tmp_path / "other", seed=4, progress=False)
+    assert other.data_sha256 != whole.data_sha256
+    with pytest.raises(ValueError, match="different recipe or seed"):
+        train(recipe, tmp_path / "whole", seed=4, progress=False)
+
+
+def test_train_model_command(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    training_cli.register(parser.add_subparsers())
+    out = tmp_path / "run"
+    args = parser.parse_args(["train-model", "--recipe", "tiny", "--out", str(out), "--quiet",
+                              "--stop-after", "2"])
+    assert args.func(args) == 0
+    assert "rerun the same command to resume" in capsys.readouterr().out
+    args = parser.parse_args(["train-model", "--recipe", "tiny", "--out", str(out), "--quiet",
+                              "--eval-examples", "1"])
+    assert args.func(args) == 0
+    model_dir = out
+    record = json.loads((model_dir / "provenance.json").read_text())
+    assert record["command"] == "kvcert train-model --recipe tiny --seed 0 --eval-examples 1"
+    assert len(record["training_data_sha256"]) == 64 and record["steps"] == get_recipe("tiny").total_steps
+    assert record["eval_lengths"] == list(get_recipe("tiny").eval_lengths)
+    assert set(record["accuracy_full_cache"]) == {"needle", "multikey", "multiturn"}
+    assert record["training_wall_time_s"] > 0
+    assert (model_dir / "loss_curve.png").exists()
+    assert str(tmp_path) not in (model_dir / "provenance.json").read_text()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    record_ = needle.make_record(tokenizer, 200, 0, 0)
+    ids, _ = build_prompt_ids(tokenizer, record_)
+    assert model(input_ids=torch.tensor([ids])).logits.shape[-1] == len(tokenizer)
+    accuracy = evaluate(model, tokenizer, ["needle"], [200], 2, progress=False)
+    assert 0.0 <= accuracy["needle"]["200"] <= 1.0
