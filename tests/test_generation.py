@@ -1,0 +1,234 @@
+"""Generation engine: conditions, signals, resumable shards, clear errors (issue 4)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from kvcert import enable_certified_attention
+from kvcert.generation.engine import Engine
+from kvcert.generation.runner import run_job
+from kvcert.generation.shards import CorruptShardError, ShardWriter, read_records, record_key
+from kvcert.generation.spec import GenerationSpec
+from kvcert.models import ModelSpec, load_model, resolve_model_path
+from kvcert.tasks import generate as generate_task
+from kvcert.tasks.records import write_jsonl
+from kvcert.training.tokenizer import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tokenizer):
+    """A random-init Llama (GQA) saved with the word-level tokenizer: a real model directory."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    path = tmp_path_factory.mktemp("model")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return load_model(ModelSpec(name="tiny", path=str(model_dir)))
+
+
+@pytest.fixture(scope="module")
+def records(tokenizer):
+    return generate_task("needle", tokenizer, n_examples=3, target_tokens=300, seed=123)
+
+
+def job(condition="aware", sampler="poisson", budget=0.25, **extra):
+    method = {"name": "full"} if condition == "full" else {
+        "name": f"snapkv-{sampler}", "scorer": "snapkv", "sampler": sampler, "allocation": "uniform",
+    }
+    return {
+        "model": {"name": "tiny", "path": "unused"},
+        "method": method, "condition": condition, "budget": 1.0 if condition == "full" else budget,
+        "seed": 7, "max_new_tokens": 6, **extra,
+    }
+
+
+def engine(loaded, **kw):
+    model, tok = loaded
+    return Engine(model, tok, GenerationSpec.from_dict(job(**kw)), {"config_hash": "x", "prereg_hash": "p", "git_commit": "g"})
+
+
+RECORD_FIELDS = {
+    "example_id", "task", "model", "condition", "method", "budget", "seed", "answer", "tokens", "token_logprobs",
+    "mean_logprob", "min_logprob", "score", "certificate", "kept_fraction", "prefill_seconds", "decode_seconds",
+    "kv_bytes_peak", "kv_bytes_final", "started_utc", "config_hash", "prereg_hash", "git_commit", "metadata",
+}
+
+
+def test_full_cache_record_and_greedy_equivalence(loaded, records):
+    model, tok = loaded
+    out = engine(loaded, condition="full").run(records[0])
+    assert RECORD_FIELDS <= set(out)
+    assert out["certificate"] is None and out["kept_fraction"] == [1.0, 1.0]
+    from kvcert.tasks.prompting import build_prompt_ids
+
+    ids, _ = build_prompt_ids(tok, records[0])
+    ref = model.generate(torch.tensor([ids]), max_new_tokens=len(out["tokens"]), do_sample=False)[0, len(ids):]
+    assert ref.tolist()[: len(out["tokens"])] == out["tokens"]
+    assert len(out["token_logprobs"]) == len(out["tokens"]) and all(lp <= 0 for lp in out["token_logprobs"])
+
+
+@pytest.mark.parametrize("condition", ["aware", "streaming"])
+def test_randomized_conditions_record_certificates(loaded, records, condition):
+    out = engine(loaded, condition=condition).run(records[1])
+    cert = out["certificate"]
+    assert cert is not None
+    assert len(cert["steps"]["mean"]) == len(out["tokens"])  # one certified step per generated token
+    assert all(v > 0 for v in cert["steps"]["max"])
+    assert all(a >= b for a, b in zip(cert["anytime_steps"]["mean"], cert["steps"]["mean"]))
+    assert len(cert["first_step_layers"]["max"]) == 2
+    assert all(0.15 < f < 0.45 for f in out["kept_fraction"])
+    assert out["kv_bytes_final"] < out["kv_bytes_peak"]
+
+
+def test_streaming_positions_continue_from_original_length(loaded, records):
+    """Streaming at 100% budget gives the full cache's tokens: RoPE positions are preserved."""
+    full = engine(loaded, condition="full").run(records[2])
+    streaming = engine(loaded, condition="streaming", sampler="topk", budget=1.0).run(records[2])
+    chunked = engine(loaded, condition="streaming", sampler="topk", budget=1.0, chunk_tokens=64).run(records[2])
+    assert streaming["tokens"] == full["tokens"] == chunked["tokens"]
+    torch.testing.assert_close(torch.tensor(streaming["token_logprobs"]), torch.tensor(full["token_logprobs"]), atol=1e-4, rtol=0)
+
+
+def test_deterministic_method_has_no_certificate_and_runs_repeat(loaded, records):
+    a = engine(loaded, condition="aware", sampler="topk").run(records[0])
+    b = engine(loaded, condition="aware", sampler="poisson").run(records[0])
+    c = engine(loaded, condition="aware", sampler="poisson").run(records[0])
+    assert a["certificate"] is None
+    assert b["tokens"] == c["tokens"] and b["certificate"] == c["certificate"]  # same seed, same sample
+
+
+def test_recompute_and_escalation(loaded, records):
+    eng = engine(loaded, condition="streaming")
+    full = engine(loaded, condition="full").run(records[0])
+    again = eng.recompute(records[0])
+    assert again["tokens"] == full["tokens"] and again["recompute_of"]["condition"] == "streaming"
+    esc = eng.escalate(records[0], [0.25, 0.5, 1.0], threshold=-1.0)  # never satisfied: climbs to the top
+    assert [p["budget"] for p in esc["escalation"]] == [0.25, 0.5, 1.0] and esc["budget"] == 1.0
+    esc = eng.escalate(records[0], [0.25, 0.5], threshold=1e9)
+    assert len(esc["escalation"]) == 1
+
+
+def test_chunked_streaming_decides_each_token_once(loaded, records):
+    out = engine(loaded, condition="streaming", budget=0.25, chunk_tokens=64).run(records[1])
+    assert out["certificate"] is not None
+    assert all(f < 0.6 for f in out["kept_fraction"])
+
+
+@pytest.mark.parametrize(
+    "patch, match",
+    [
+        ({"budgett": 0.5}, "budgett: unknown .*did you mean 'budget'"),
+        ({"budget": 1.5}, "budget"),
+        ({"budget": 0.0}, "budget"),
+        ({"condition": "sideways"}, "condition"),
+        ({"method": {"name": "x", "scorer": "nope", "sampler": "poisson"}}, "method.scorer"),
+        ({"method": {"name": "x", "scorer": "snapkv", "sampler": "poisson", "desing": {}}}, "method.desing"),
+        ({"certificate": {"delta": 2.0}}, "certificate.delta"),
+    ],
+)
+def test_bad_config_one_line(patch, match):
+    cfg = job()
+    cfg.update(patch)
+    with pytest.raises(ValueError, match=match) as info:
+        GenerationSpec.from_dict(cfg)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_model_path_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="model.path: .*does not exist"):
+        resolve_model_path(str(tmp_path / "no-such-model"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        resolve_model_path(str(tmp_path / "empty"))
+
+
+def test_runner_resumes_without_loss_or_duplicates(tmp_path, loaded, records):
+    manifest = tmp_path / "records.jsonl"
+    write_jsonl(records, manifest)
+    out = tmp_path / "shard.jsonl"
+    cfg = job(condition="aware")
+    reference = run_job(cfg, manifest, tmp_path / "reference.jsonl", model_and_tokenizer=loaded, progress=False)
+    ref_records = read_records(reference)
+    # simulate a kill in the middle of the second record's line
+    partial = out.with_name(out.name + ".partial")
+    first_line = json.dumps(ref_records[0], sort_keys=True) + "\n"
+    partial.write_text(first_line + json.dumps(ref_records[1], sort_keys=True)[:50])
+    final = run_job(cfg, manifest, out, model_and_tokenizer=loaded, progress=False)
+    got = read_records(final)
+    assert [r["example_id"] for r in got] == [r.id for r in records]
+    assert got[0] == ref_records[0]  # the finished record was kept, not recomputed
+    strip = lambda r: {k: v for k, v in r.items() if not k.endswith("seconds") and k != "started_utc"}
+    assert [strip(r) for r in got] == [strip(r) for r in ref_records]
+    assert not partial.exists()
+    # a rerun of a finished shard does nothing
+    assert run_job(cfg, manifest, out, model_and_tokenizer=loaded, progress=False) == final
+    assert read_records(final) == got
+
+
+def test_corrupt_shards_are_named_with_line(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"example_id": "a"}\n{not json}\n{"example_id": "c"}\n')
+    with pytest.raises(CorruptShardError, match=r"s.jsonl:2: line does not parse"):
+        read_records(path)
+    path.write_text('{"example_id": "a"}\n{"example_id": "b"')
+    with pytest.raises(CorruptShardError, match=r"s.jsonl:2: truncated line"):
+        read_records(path)
+    writer = ShardWriter(tmp_path / "t.jsonl")
+    a = {"example_id": "a", "condition": "aware", "method": "m", "budget": 0.25, "seed": 0}
+    b = dict(a, example_id="b")
+    writer.partial.write_text(json.dumps(a) + "\n" + json.dumps(b)[:20])
+    writer.open()
+    assert writer.recovered_tail and writer.is_done(record_key(a)) and not writer.is_done(record_key(b))
+    writer.write(b)
+    with pytest.raises(ValueError, match="already written"):
+        writer.write(b)
+    done = read_records(writer.finalize([record_key(a), record_key(b)]))
+    assert [r["example_id"] for r in done] == ["a", "b"]
+
+
+def test_missing_records_file_and_field(tmp_path, loaded):
+    with pytest.raises(FileNotFoundError, match="records"):
+        run_job(job(), tmp_path / "none.jsonl", tmp_path / "o.jsonl", model_and_tokenizer=loaded)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "x", "task": "needle", "context": "c", "answers": ["1"], "metadata": {}, "length": 3}) + "\n")
+    with pytest.raises(ValueError, match="question"):
+        run_job(job(), bad, tmp_path / "o.jsonl", model_and_tokenizer=loaded)
+    assert not (tmp_path / "o.jsonl.partial").exists() or (tmp_path / "o.jsonl.partial").read_text() == ""
+
+
+def test_records_are_scored_with_their_metadata():
+    from kvcert.tasks.records import TaskRecord
+    from kvcert.tasks.scoring import score_record
+
+    lb = TaskRecord(id="x", task="longbench_hotpotqa", context="c", question="q", answers=["The Cat sat"],
+                    metadata={"dataset": "hotpotqa", "all_classes": None, "target_tokens": 10}, length=5)
+    assert score_record(lb, "cat sat down") == pytest.approx(0.8)
+    needle = TaskRecord(id="y", task="needle", context="c", question="q", answers=["123", "456"],
+                        metadata={"target_tokens": 10}, length=5)
+    assert score_record(needle, "123 and 456") == 1.0 and score_record(needle, "123") == 0.5
+
+
+def test_two_writers_on_one_shard_are_refused(tmp_path):
+    first = ShardWriter(tmp_path / "s.jsonl").open()
+    with pytest.raises(RuntimeError, match="another process is writing this shard"):
+        ShardWriter(tmp_path / "s.jsonl").open()
+    first.close()
+    ShardWriter(tmp_path / "s.jsonl").open().close()  # free again once the first writer is done
