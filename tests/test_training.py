@@ -50,20 +50,26 @@ def test_copy_sequences_supervise_only_repeats(tok):
     import random
 
     builder = SequenceBuilder(tok)
-    ids, roles = builder.copy_sequence(random.Random(0), 256)
+    seq = builder.copy_sequence(random.Random(0), 256, segment=(16, 64))
+    ids, roles = seq.ids, seq.roles
     assert len(ids) == len(roles) == 256
     assert roles.count(AUX) > 100
     for position, role in enumerate(roles):
         if role == AUX:  # a repeat continues the previous occurrence of its predecessor
             assert ids[position] in ids[:position]
             assert ids[position - 1] in ids[:position - 1]
+    # retrieval targets: from query q (predicting q + 1), earlier positions holding that token
+    assert seq.retrieval
+    for query, sources in seq.retrieval:
+        assert sources and all(s <= query and ids[s] == ids[query + 1] for s in sources)
 
 
 def test_task_sequence_starts_with_the_evaluation_prompt(tok):
     import random
 
     builder = SequenceBuilder(tok, max_questions=3)
-    ids, roles = builder.task_sequence(random.Random(0), "needle", 400, seed=5, index=2)
+    seq = builder.task_sequence(random.Random(0), "needle", 400, seed=5, index=2)
+    ids, roles = seq.ids, seq.roles
     assert roles[0] != ANSWER
     answers = []
     current: list[int] = []
@@ -82,6 +88,32 @@ def test_task_sequence_starts_with_the_evaluation_prompt(tok):
         assert text.startswith("The special magic number for ") and text[-7:].isdigit()
     first = roles.index(ANSWER)
     assert ids[first - 1] == tok.convert_tokens_to_ids("<|assistant|>")
+    # every response token that states the key or the value is supervised to look at
+    # where that token stands in the prompt
+    prompt_end = first
+    assert seq.retrieval
+    for query, sources in seq.retrieval:
+        assert roles[query + 1] == ANSWER
+        assert all(s < prompt_end and ids[s] == ids[query + 1] for s in sources)
+
+
+def test_retrieval_probe_reproduces_the_models_attention(tok):
+    from kvcert.training.model import ModelSpec, build_model
+    from kvcert.training.train import RetrievalProbe
+
+    spec = ModelSpec(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                     intermediate_size=64)
+    model = build_model(spec, tok, seed=1)
+    model.config._attn_implementation = "eager"
+    probe = RetrievalProbe(model, layer=1, head=3)
+    ids = torch.randint(5, len(tok), (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(input_ids=ids, output_attentions=True)
+        rows, queries = torch.tensor([0, 1, 1]), torch.tensor([0, 17, 39])
+        mine = probe.log_attention(rows, queries).exp().double()
+    probe.close()
+    reference = out.attentions[1][rows, 3, queries].double()  # (N, T) eager softmax
+    assert torch.allclose(mine, reference, atol=1e-5)
 
 
 def test_phases_and_schedule():
@@ -144,6 +176,8 @@ def test_train_model_command(tmp_path, capsys):
     assert len(record["training_data_sha256"]) == 64 and record["steps"] == get_recipe("tiny").total_steps
     assert record["eval_lengths"] == list(get_recipe("tiny").eval_lengths)
     assert set(record["accuracy_full_cache"]) == {"needle", "multikey", "multiturn"}
+    assert set(record["accuracy_streaming_topk_12_5"]) == {"needle", "multikey", "multiturn"}
+    assert record["streaming_topk_method"]["budget"] == 0.125
     assert record["training_wall_time_s"] > 0
     assert (model_dir / "loss_curve.png").exists()
     assert str(tmp_path) not in (model_dir / "provenance.json").read_text()

@@ -184,7 +184,7 @@ def generate(
 def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
     """A question, answer and reference response per stated code; the queried one first."""
     return [QuestionAnswer(QUESTION.format(item=f["item"]), f["value"],
-                           RESPONSE.format(item=f["item"], value=f["value"]))
+                           RESPONSE.format(item=f["item"], value=f["value"]), f["item"])
             for f in record.metadata["facts"]]
 
 

@@ -123,7 +123,7 @@ def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
     """A question, answer and reference response per needle; the queried needle first."""
     return [
         QuestionAnswer(QUESTION.format(key=n["key"]), n["value"],
-                       RESPONSE.format(key=n["key"], value=n["value"]))
+                       RESPONSE.format(key=n["key"], value=n["value"]), n["key"])
         for n in record.metadata["needles"]
     ]
 

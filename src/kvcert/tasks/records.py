@@ -30,12 +30,14 @@ class QuestionAnswer(NamedTuple):
 
     ``answer`` is the gold answer (what scoring looks for); ``response`` a reference
     reply in a full sentence that restates the fact ("The special magic number for
-    pocket is: 1557755") — the reply the embedded model is trained to give.
+    pocket is: 1557755") — the reply the embedded model is trained to give; ``key`` the
+    word that identifies the fact (needle key, person, code item).
     """
 
     question: str
     answer: str
     response: str
+    key: str
 
 
 class RecordError(ValueError):

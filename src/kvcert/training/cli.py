@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 DEFAULT_OUT = "results/embedded_model"
+STREAMING_BUDGET = 0.125  # the "eviction must break it" check
 #: what ships in the package (the training state stays behind)
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "special_tokens_map.json", "provenance.json", "loss_curve.png")
@@ -54,7 +55,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from kvcert.training import provenance
-    from kvcert.training.evaluate import EVAL_SEED, evaluate
+    from kvcert.training.evaluate import EVAL_SEED, evaluate, evaluate_compressed
     from kvcert.training.recipes import get_recipe
     from kvcert.training.train import train
 
@@ -95,6 +96,22 @@ def run(args: argparse.Namespace) -> int:
         })
         for task, by_length in accuracy.items():
             print(f"{task:>10}: " + "  ".join(f"{n} tokens {a:.3f}" for n, a in by_length.items()))
+        # the model must depend on its context: the same records with the context
+        # compressed to 12.5 % before the question is seen (deterministic SnapKV top-k)
+        started = time.monotonic()
+        evicted = evaluate_compressed(model, tokenizer, recipe.eval_tasks, recipe.eval_lengths,
+                                      n_examples, condition="streaming", scorer="snapkv",
+                                      sampler="topk", budget=STREAMING_BUDGET, seed=EVAL_SEED,
+                                      progress=not args.quiet)
+        record.update({
+            "accuracy_streaming_topk_12_5": evicted,
+            "streaming_topk_method": {"condition": "streaming", "scorer": "snapkv",
+                                      "sampler": "topk", "budget": STREAMING_BUDGET},
+            "eval_compressed_wall_time_s": round(time.monotonic() - started, 1),
+        })
+        for task, by_length in evicted.items():
+            print(f"{task:>10}: " + "  ".join(f"{n} tokens {a:.3f}" for n, a in by_length.items())
+                  + f"  (streaming, {STREAMING_BUDGET:.1%} budget, SnapKV top-k)")
     provenance.write(result.model_dir, record)
     print(f"model written to {result.model_dir} ({result.steps} steps, "
           f"{result.wall_time_s / 60:.1f} min of training)")

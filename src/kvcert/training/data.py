@@ -3,21 +3,24 @@ generators.
 
 Two kinds of sequence:
 
-- **copy**: random segments of vocabulary tokens, each repeated until the sequence is
-  full; next-token loss on the repeats. This grows induction heads quickly, the
-  prerequisite for retrieval.
+- **copy**: a random segment of vocabulary tokens repeated until the sequence is full;
+  next-token loss on the repeats. This teaches induction (find the earlier occurrence,
+  copy what followed), the mechanism retrieval builds on.
 - **task**: a record of one of the synthetic tasks (needle, multi-key QA, multi-turn)
   rendered through the chat template, answered, and followed by further chat turns
   asking about the record's other facts ("many queries per sequence"). The answer is
   the task's reference response, which restates the fact before its value ("The
-  special magic number for pocket is: 1557755"): the value then follows the same
-  tokens as in the context, so retrieval becomes an induction step. Loss on every
-  response token (and the closing ``<|end|>``), plus a down-weighted next-token loss
-  on a random subset of the other tokens.
+  special magic number for pocket is: 1557755"). Loss on every response token (and
+  the closing ``<|end|>``), plus a down-weighted next-token loss on a random subset of
+  the other tokens.
 
-A batch carries a *role* per token: 0 no loss, 1 answer token, 2 auxiliary next-token
-target (copy repeats, sampled context tokens); the training loop weighs the two
-losses separately.
+A batch carries a *role* per token (0 no loss, 1 response token, 2 auxiliary
+next-token target) and *retrieval targets*: for a position that must produce a token
+found earlier in the sequence (a repeated token of a copy segment; the key or a value
+token of the fact a response states), the positions where that token stands in the
+source (the earlier repeat; the fact in the context). The training loop supervises
+one attention head to look there (see :mod:`kvcert.training.train`); this direct
+signal teaches retrieval over long contexts far sooner than the output loss alone.
 
 Everything a batch contains is a function of (seed, step): resuming at a step rebuilds
 exactly the batches an uninterrupted run would have seen. Training records use
@@ -27,6 +30,7 @@ generator seeds at or above :data:`TRAIN_SEED_OFFSET`; evaluation uses seeds bel
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -38,8 +42,11 @@ from kvcert.tasks.prompting import build_prompt_ids, encode_rendered, render_cha
 
 TRAIN_SEED_OFFSET = 1_000_000
 NONE, ANSWER, AUX = 0, 1, 2
-
 TASK_MODULES = {"needle": needle, "multikey": multikey, "multiturn": multiturn}
+COPY_RETRIEVALS = 48  # supervised retrievals per copy sequence, at most
+
+#: (query position, positions the supervised head should attend to)
+Retrieval = tuple[int, list[int]]
 
 
 @dataclass(frozen=True)
@@ -48,36 +55,51 @@ class Phase:
 
     ``steps``: how many optimizer steps; ``lengths``: (min, max) target tokens, drawn
     per batch; ``tokens_per_batch``: batch size in tokens (sequences = this // length);
-    ``task_weights``: relative frequency of "copy" and of each task name.
+    ``task_weights``: relative frequency of "copy" and of each task name;
+    ``max_facts``: task records state 1..max_facts facts (needles, people, codes),
+    each asked about in turn; ``copy_segment``: (min, max) length of the random
+    segment a copy sequence repeats (short segments repeat often: many targets).
     """
 
     steps: int
     lengths: tuple[int, int]
     tokens_per_batch: int
     task_weights: dict[str, float]
+    max_facts: int = 8
+    copy_segment: tuple[int, int] = (16, 64)
 
 
-# Per-task option ranges for training records (the evaluation defaults lie inside).
-TRAIN_OPTIONS = {
-    "needle": lambda rng, length: {"num_needles": rng.randint(1, 8)},
-    "multikey": lambda rng, length: {"num_facts": rng.randint(2, 12)},
-    "multiturn": lambda rng, length: {
-        "num_facts": rng.randint(1, min(6, multiturn.default_num_turns(length) - 1))
-    },
-}
+def train_options(task: str, rng: random.Random, length: int, max_facts: int) -> dict[str, Any]:
+    """Generator options of one training record (the evaluation defaults lie inside)."""
+    if task == "needle":
+        return {"num_needles": rng.randint(1, max_facts)}
+    if task == "multikey":
+        return {"num_facts": rng.randint(1, max_facts)}
+    if task == "multiturn":
+        return {"num_facts": rng.randint(1, min(max_facts, multiturn.default_num_turns(length) - 1))}
+    raise KeyError(f"no training options for task {task!r}")
+
+
+@dataclass
+class Sequence_:
+    ids: list[int]
+    roles: list[int]
+    retrieval: list[Retrieval]
 
 
 @dataclass
 class Batch:
     input_ids: torch.Tensor  # (B, T) long, right-padded
     roles: torch.Tensor  # (B, T) uint8: loss role of predicting input_ids[:, t] from t-1
+    retrieval: list[tuple[int, int, list[int]]]  # (row, query position, source positions)
     kinds: list[str]
 
     def digest(self) -> str:
-        """SHA-256 of the token ids and loss weights (for the training-data hash)."""
+        """SHA-256 of everything the batch trains on (for the training-data hash)."""
         h = hashlib.sha256()
         h.update(self.input_ids.numpy().tobytes())
         h.update(self.roles.numpy().tobytes())
+        h.update(json.dumps(self.retrieval).encode())
         return h.hexdigest()
 
 
@@ -85,36 +107,44 @@ class SequenceBuilder:
     """Builds training sequences for one tokenizer."""
 
     def __init__(self, tokenizer: Any, lm_fraction: float = 0.25, max_questions: int = 8,
-                 copy_vocab: int = 512):
+                 copy_vocab: int | None = None):
         self.tokenizer = tokenizer
         self.lm_fraction = lm_fraction
         self.max_questions = max_questions
         special = set(tokenizer.all_special_ids)
         self.plain_ids = [i for i in range(len(tokenizer)) if i not in special]
-        # copy segments draw from a fixed random subset: induction heads form several
-        # times sooner than with the whole vocabulary, and then work for every token
-        self.copy_ids = sorted(random.Random("kvcert-copy-vocab").sample(
-            self.plain_ids, min(copy_vocab, len(self.plain_ids))))
+        self.copy_ids = self.plain_ids
+        if copy_vocab is not None and copy_vocab < len(self.plain_ids):
+            self.copy_ids = sorted(random.Random("kvcert-copy-vocab").sample(self.plain_ids, copy_vocab))
         self.eos = tokenizer.eos_token_id
 
     # ------------------------------------------------------------------ copy
-    def copy_sequence(self, rng: random.Random, length: int) -> tuple[list[int], list[int]]:
-        """A random segment (a quarter to half the length) repeated until full."""
-        size = rng.randint(max(2, length // 4), max(2, length // 2))
+    def copy_sequence(self, rng: random.Random, length: int,
+                      segment: tuple[int, int] = (16, 64)) -> Sequence_:
+        """A random segment (``segment`` tokens, at most half the length) repeated until full."""
+        size = rng.randint(min(segment[0], length // 2), min(segment[1], length // 2))
         segment = [rng.choice(self.copy_ids) for _ in range(size)]
         ids = [self.tokenizer.bos_token_id]
-        roles = [NONE]
         while len(ids) < length:
-            first = len(ids) == 1
             ids += segment
-            # the first occurrence is unpredictable; so is the first token of a repeat
-            roles += [NONE] * size if first else [NONE] + [AUX] * (size - 1)
-        return ids[:length], roles[:length]
+        ids = ids[:length]
+        roles = [NONE] * length
+        retrieval: list[Retrieval] = []
+        # position t (t > size) repeats t - size; the first token of a repeat is not
+        # predictable (the segment length is unknown), the rest are
+        targets = [t for t in range(size + 2, length) if (t - 1) % size]
+        for t in targets:
+            roles[t] = AUX
+        # the retrieval head is supervised at a bounded number of them (cost)
+        stride = max(1, len(targets) // COPY_RETRIEVALS)
+        for t in targets[::stride]:
+            retrieval.append((t - 1, list(range(t - size, 0, -size))))
+        return Sequence_(ids, roles, retrieval)
 
     # ------------------------------------------------------------------ task
     def task_sequence(self, rng: random.Random, task: str, length: int, seed: int,
-                      index: int) -> tuple[list[int], list[int]]:
-        options = TRAIN_OPTIONS[task](rng, length)
+                      index: int, max_facts: int = 8) -> Sequence_:
+        options = train_options(task, rng, length, max_facts)
         module = TASK_MODULES[task]
         record = module.make_record(self.tokenizer, length, seed, index, **options)
         qas = module.questions_for(record)
@@ -122,23 +152,53 @@ class SequenceBuilder:
         rng.shuffle(rest)
         qas = [first, *rest[: self.max_questions - 1]]
         ids, _ = build_prompt_ids(self.tokenizer, record)
+        prompt = list(ids)
         roles = [self._lm(rng) for _ in ids]
         roles[0] = NONE
+        retrieval: list[Retrieval] = []
         messages = [{"role": "user", "content": user_message(record.context, record.question)}]
-        for turn, (question, _, answer) in enumerate(qas):
+        for turn, qa in enumerate(qas):
             if turn:
-                messages.append({"role": "user", "content": question})
+                messages.append({"role": "user", "content": qa.question})
                 prefix = encode_rendered(self.tokenizer, render_chat(self.tokenizer, messages))
                 if prefix[: len(ids)] != ids:
                     raise ValueError("chat template is not prefix-stable across turns")
                 new = prefix[len(ids):]
                 ids += new
                 roles += [self._lm(rng) for _ in new]
-            answer_ids = list(self.tokenizer(answer, add_special_tokens=False)["input_ids"])
-            ids += answer_ids + [self.eos]
-            roles += [ANSWER] * (len(answer_ids) + 1)
-            messages.append({"role": "assistant", "content": answer})
-        return ids, roles
+            response = self._encode(qa.response)
+            start = len(ids)
+            ids += response + [self.eos]
+            roles += [ANSWER] * (len(response) + 1)
+            for offset, positions in self._fact_sources(prompt, response, qa).items():
+                retrieval.append((start + offset - 1, positions))
+            messages.append({"role": "assistant", "content": qa.response})
+        return Sequence_(ids, roles, retrieval)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _fact_sources(self, prompt: list[int], response: list[int], qa: Any) -> dict[int, list[int]]:
+        """For each response token that states the fact (its key, its value), where that
+        token stands in the prompt: every occurrence of the key token, and the value's
+        tokens at the occurrence of the value that follows the key."""
+        sources: dict[int, list[int]] = {}
+        key_ids = self._encode(qa.key)
+        if len(key_ids) == 1:
+            where = [j for j, t in enumerate(prompt) if t == key_ids[0]]
+            for offset, token in enumerate(response):
+                if token == key_ids[0] and where:
+                    sources[offset] = where
+        value_ids = self._encode(qa.answer)
+        n = len(value_ids)
+        starts = [j for j in range(len(prompt) - n + 1) if prompt[j:j + n] == value_ids]
+        near_key = [j for j in starts if any(t in key_ids for t in prompt[max(0, j - 8):j])]
+        starts = near_key or starts
+        for offset in range(len(response) - n + 1):
+            if response[offset:offset + n] == value_ids and starts:
+                for k in range(n):
+                    sources[offset + k] = [j + k for j in starts]
+        return sources
 
     def _lm(self, rng: random.Random) -> int:
         return AUX if rng.random() < self.lm_fraction else NONE
@@ -151,20 +211,22 @@ class SequenceBuilder:
         size = max(1, phase.tokens_per_batch // length)
         names = sorted(phase.task_weights)
         kinds = rng.choices(names, weights=[phase.task_weights[n] for n in names], k=size)
-        rows = []
+        rows: list[Sequence_] = []
         for j, kind in enumerate(kinds):
             if kind == "copy":
-                rows.append(self.copy_sequence(rng, length))
+                rows.append(self.copy_sequence(rng, length, phase.copy_segment))
             else:
                 rows.append(self.task_sequence(rng, kind, length, TRAIN_SEED_OFFSET + seed,
-                                               step * 64 + j))
-        width = max(len(ids) for ids, _ in rows)
+                                               step * 64 + j, phase.max_facts))
+        width = max(len(r.ids) for r in rows)
         input_ids = torch.full((size, width), self.tokenizer.pad_token_id, dtype=torch.long)
         roles = torch.zeros((size, width), dtype=torch.uint8)
-        for row, (ids, row_roles) in enumerate(rows):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            roles[row, : len(row_roles)] = torch.tensor(row_roles, dtype=torch.uint8)
-        return Batch(input_ids, roles, kinds)
+        retrieval = []
+        for row, seq in enumerate(rows):
+            input_ids[row, : len(seq.ids)] = torch.tensor(seq.ids)
+            roles[row, : len(seq.roles)] = torch.tensor(seq.roles, dtype=torch.uint8)
+            retrieval += [(row, query, positions) for query, positions in seq.retrieval]
+        return Batch(input_ids, roles, retrieval, kinds)
 
 
 def chain_digest(previous: str, batch_digest: str) -> str:

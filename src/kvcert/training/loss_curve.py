@@ -13,11 +13,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def plot_loss_curve(history: Sequence[dict[str, Any]], phase_ends: Sequence[int], path: str | Path,
                     title: str = "embedded model training") -> Path:
-    """Answer and auxiliary loss per step (smoothed), phase boundaries dashed."""
+    """Response, auxiliary and retrieval loss per step (smoothed), phase boundaries dashed."""
     path = Path(path)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     steps = [h["step"] for h in history]
-    for key, label in (("answer_loss", "answer tokens"), ("aux_loss", "copy / context tokens")):
+    for key, label in (("answer_loss", "response tokens"), ("aux_loss", "copy / context tokens"),
+                       ("retrieval_loss", "retrieval attention")):
         points = [(s, h[key]) for s, h in zip(steps, history) if h.get(key) is not None]
         if not points:
             continue

@@ -21,6 +21,7 @@ class ModelSpec:
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 512
+    head_dim: int | None = None  # None: hidden_size // num_heads
     rope_theta: float = 1e6
     max_position_embeddings: int = 4096
 
@@ -39,6 +40,7 @@ def model_config(spec: ModelSpec, tokenizer: Any) -> LlamaConfig:
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim or spec.hidden_size // spec.num_heads,
         max_position_embeddings=spec.max_position_embeddings,
         rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
         tie_word_embeddings=True,

@@ -28,7 +28,14 @@ class Recipe:
     aux_weight: float = 0.5  # weight of the auxiliary next-token loss next to the answer loss
     lm_fraction: float = 0.25  # share of context tokens given an auxiliary target
     max_questions: int = 8  # questions per task sequence
-    copy_vocab: int = 512  # tokens copy segments draw from
+    copy_vocab: int | None = None  # tokens copy segments draw from (None: all)
+    retrieval_layer: int = -1  # the attention layer whose head is taught to retrieve
+    retrieval_head: int = 0
+    retrieval_weight: float = 1.0
+    # (layer, head, offset): heads taught to attend `offset` tokens back
+    local_heads: tuple[tuple[int, int, int], ...] = ((0, 0, 1), (0, 1, 2), (0, 2, 3))
+    local_weight: float = 1.0
+    local_steps: int = 600  # supervise the local heads during the first steps only (cost)
     checkpoint_every: int = 50
     eval_lengths: tuple[int, ...] = (512, 2048)
     eval_examples: int = 100
@@ -45,14 +52,18 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     "embedded": Recipe(
         name="embedded",
-        model=ModelSpec(),
+        # wide heads (64) so that a head's value vector can carry a token's identity
+        model=ModelSpec(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64,
+                        intermediate_size=256, rope_theta=10000.0),
         phases=(
-            Phase(steps=200, lengths=(256, 256), tokens_per_batch=8192, task_weights={"copy": 1.0}),
-            Phase(steps=400, lengths=(128, 640), tokens_per_batch=8192,
+            Phase(steps=250, lengths=(256, 256), tokens_per_batch=8192, task_weights={"copy": 1.0}),
+            Phase(steps=500, lengths=(320, 768), tokens_per_batch=8192,
                   task_weights={"copy": 0.5, **ALL_TASKS}),
-            Phase(steps=600, lengths=(480, 2304), tokens_per_batch=8192,
-                  task_weights={"copy": 0.25, **ALL_TASKS}),
+            Phase(steps=1400, lengths=(640, 2304), tokens_per_batch=8192,
+                  task_weights={"copy": 0.5, **ALL_TASKS}),
         ),
+        retrieval_layer=1,
+        local_heads=((0, 0, 1), (0, 1, 2), (0, 2, 3), (0, 3, 4)),
     ),
     "tiny": Recipe(
         name="tiny",

@@ -11,8 +11,15 @@
 - ``loss_curve.png`` and ``history.json``.
 
 Batches are a function of (seed, step) (see :mod:`kvcert.training.data`); the loss is
-the mean cross-entropy over answer tokens plus ``aux_weight`` times the mean over
-auxiliary next-token targets.
+the mean cross-entropy over answer tokens, plus ``aux_weight`` times the mean over
+auxiliary next-token targets, plus ``retrieval_weight`` times the retrieval loss: the
+negative log attention mass that one head (``retrieval_layer``, ``retrieval_head``)
+puts on the source positions of the tokens to be retrieved (see
+:mod:`kvcert.training.data`), plus ``local_weight`` times the loss of the *local*
+heads (``local_heads``: layer, head, offset), each taught to attend ``offset`` tokens
+back during the first ``local_steps`` steps, so that every position carries its
+preceding tokens: the features both sides of a retrieval match on. The model itself stays a plain ``LlamaForCausalLM``;
+only its training signal is richer.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -66,23 +73,105 @@ def lr_lambda(recipe: Recipe):
     return factor
 
 
-def batch_loss(model: Any, batch: Batch, aux_weight: float) -> tuple[torch.Tensor, float | None, float | None]:
-    """Total loss, answer loss, auxiliary loss; logits only where a target exists."""
+class RetrievalProbe:
+    """Captures the input of one attention layer during the forward pass, so that the
+    attention of one of its heads can be recomputed at a few query positions."""
+
+    def __init__(self, model: Any, layer: int, head: int):
+        self.attention = model.model.layers[layer].self_attn
+        config = model.config
+        self.head = head
+        self.kv_head = head // (config.num_attention_heads // config.num_key_value_heads)
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.captured: dict[str, Any] = {}
+        self.handle = self.attention.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module: Any, args: tuple, kwargs: dict) -> None:
+        self.captured["hidden"] = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+        self.captured["rope"] = kwargs["position_embeddings"]
+
+    def log_attention(self, rows: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        """Log attention weights (N, T) of the head at (row, query) pairs (causal)."""
+        from transformers.models.llama.modeling_llama import rotate_half
+
+        hidden = self.captured["hidden"]  # (B, T, hidden)
+        cos, sin = self.captured["rope"]  # (1 or B, T, head_dim)
+        d = self.head_dim
+        q = F.linear(hidden[rows, queries], self.attention.q_proj.weight[self.head * d:(self.head + 1) * d])
+        k = F.linear(hidden, self.attention.k_proj.weight[self.kv_head * d:(self.kv_head + 1) * d])
+        q_rows = rows if cos.shape[0] > 1 else torch.zeros_like(rows)
+        q = q * cos[q_rows, queries] + rotate_half(q) * sin[q_rows, queries]
+        k = k * cos + rotate_half(k) * sin  # (B, T, d)
+        scores = q.new_empty((len(rows), hidden.shape[1]))
+        for row in torch.unique(rows).tolist():  # one key matrix per sequence
+            members = (rows == row).nonzero().squeeze(-1)
+            scores[members] = q[members] @ k[row].T
+        scores = scores * self.attention.scaling
+        positions = torch.arange(scores.shape[1], device=scores.device)
+        scores = scores.masked_fill(positions[None, :] > queries[:, None], float("-inf"))
+        return torch.log_softmax(scores, dim=-1)
+
+    def close(self) -> None:
+        self.handle.remove()
+
+
+def batch_loss(
+    model: Any,
+    batch: Batch,
+    aux_weight: float,
+    probe: RetrievalProbe | None = None,
+    retrieval_weight: float = 0.0,
+    local_probes: Sequence[tuple[RetrievalProbe, int]] = (),
+    local_weight: float = 0.0,
+    local_queries: int = 64,
+) -> tuple[torch.Tensor, dict[str, float | None]]:
+    """Total loss and its parts; logits only where a target exists.
+
+    ``answer_loss`` and ``aux_loss``: next-token cross-entropy on response tokens and on
+    auxiliary targets; ``retrieval_loss``: -log attention mass of the retrieval head on
+    the source positions; ``local_loss``: -log attention of each local head on the token
+    ``offset`` positions back (at ``local_queries`` evenly spaced positions per row).
+    """
     hidden = model.model(input_ids=batch.input_ids).last_hidden_state[:, :-1]
     roles = batch.roles[:, 1:]
     targets = batch.input_ids[:, 1:]
     total = hidden.new_zeros(())
-    parts: list[float | None] = []
-    for role, weight in ((ANSWER, 1.0), (AUX, aux_weight)):
+    parts: dict[str, float | None] = {}
+    for name, role, weight in (("answer_loss", ANSWER, 1.0), ("aux_loss", AUX, aux_weight)):
         mask = roles == role
         if not bool(mask.any()):
-            parts.append(None)
+            parts[name] = None
             continue
         logits = model.lm_head(hidden[mask])
         loss = F.cross_entropy(logits, targets[mask])
         total = total + weight * loss
-        parts.append(float(loss.detach()))
-    return total, parts[0], parts[1]
+        parts[name] = float(loss.detach())
+    parts["retrieval_loss"] = None
+    if probe is not None and retrieval_weight > 0 and batch.retrieval:
+        rows = torch.tensor([r for r, _, _ in batch.retrieval])
+        queries = torch.tensor([q for _, q, _ in batch.retrieval])
+        log_attention = probe.log_attention(rows, queries)
+        valid = torch.zeros_like(log_attention, dtype=torch.bool)
+        for n, (_, _, positions) in enumerate(batch.retrieval):
+            valid[n, positions] = True
+        # -log of the attention mass on the source positions
+        loss = -torch.logsumexp(log_attention.masked_fill(~valid, float("-inf")), dim=-1).mean()
+        total = total + retrieval_weight * loss
+        parts["retrieval_loss"] = float(loss.detach())
+    parts["local_loss"] = None
+    if local_probes and local_weight > 0:
+        size, width = batch.input_ids.shape
+        losses = []
+        for local, offset in local_probes:
+            positions = torch.arange(offset, width, max(1, (width - offset) // local_queries))
+            rows = torch.arange(size).repeat_interleave(len(positions))
+            queries = positions.repeat(size)
+            log_attention = local.log_attention(rows, queries)
+            losses.append(-log_attention[torch.arange(len(rows)), queries - offset].mean())
+        loss = torch.stack(losses).mean()
+        total = total + local_weight * loss
+        parts["local_loss"] = float(loss.detach())
+    return total, parts
 
 
 def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -122,6 +211,9 @@ def train(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(recipe))
     builder = SequenceBuilder(tokenizer, lm_fraction=recipe.lm_fraction,
                               max_questions=recipe.max_questions, copy_vocab=recipe.copy_vocab)
+    probe = RetrievalProbe(model, recipe.retrieval_layer, recipe.retrieval_head)
+    local_probes = [(RetrievalProbe(model, layer, head), offset)
+                    for layer, head, offset in recipe.local_heads]
 
     step, data_hash, history, elapsed = 0, _EMPTY_HASH, [], 0.0
     resumed_from = None
@@ -160,7 +252,8 @@ def train(
         phase = phase_at(recipe.phases, step)
         batch = builder.batch(phase, seed, step)
         data_hash = chain_digest(data_hash, batch.digest())
-        loss, answer_loss, aux_loss = batch_loss(model, batch, recipe.aux_weight)
+        loss, parts = batch_loss(model, batch, recipe.aux_weight, probe, recipe.retrieval_weight,
+                                 local_probes if step < recipe.local_steps else (), recipe.local_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
@@ -168,16 +261,18 @@ def train(
         scheduler.step()
         step += 1
         elapsed = base_elapsed + time.monotonic() - started
-        history.append({"step": step, "loss": float(loss.detach()), "answer_loss": answer_loss,
-                        "aux_loss": aux_loss, "length": int(batch.input_ids.shape[1]),
-                        "lr": scheduler.get_last_lr()[0]})
-        bar.set_postfix(ans=f"{answer_loss:.3f}" if answer_loss is not None else "-",
-                        aux=f"{aux_loss:.3f}" if aux_loss is not None else "-",
-                        len=batch.input_ids.shape[1])
+        history.append({"step": step, "loss": float(loss.detach()), **parts,
+                        "length": int(batch.input_ids.shape[1]), "lr": scheduler.get_last_lr()[0]})
+        bar.set_postfix({short: "-" if parts[key] is None else f"{parts[key]:.3f}"
+                         for short, key in (("ans", "answer_loss"), ("aux", "aux_loss"),
+                                            ("ret", "retrieval_loss"))} | {"len": batch.input_ids.shape[1]})
         bar.update(1)
         if step % recipe.checkpoint_every == 0 or step == total:
             checkpoint()
     bar.close()
+    probe.close()
+    for local, _ in local_probes:
+        local.close()
     if stop_after is not None and step < total:
         checkpoint()
 
