@@ -57,9 +57,9 @@ RECIPES: dict[str, Recipe] = {
                         intermediate_size=256, rope_theta=10000.0),
         phases=(
             Phase(steps=250, lengths=(256, 256), tokens_per_batch=8192, task_weights={"copy": 1.0}),
-            Phase(steps=500, lengths=(320, 768), tokens_per_batch=8192,
+            Phase(steps=500, lengths=(320, 768), tokens_per_batch=6144,
                   task_weights={"copy": 0.5, **ALL_TASKS}),
-            Phase(steps=1400, lengths=(640, 2304), tokens_per_batch=8192,
+            Phase(steps=1400, lengths=(640, 2304), tokens_per_batch=6144,
                   task_weights={"copy": 0.5, **ALL_TASKS}),
         ),
         retrieval_layer=1,
