@@ -43,6 +43,7 @@ from kvcert.tasks.prompting import build_prompt_ids, encode_rendered, render_cha
 TRAIN_SEED_OFFSET = 1_000_000
 NONE, ANSWER, AUX = 0, 1, 2
 TASK_MODULES = {"needle": needle, "multikey": multikey, "multiturn": multiturn}
+COPY_SEGMENT = (16, 64)  # default (min, max) length of a copy sequence's repeated segment
 COPY_RETRIEVALS = 48  # supervised retrievals per copy sequence, at most
 
 #: (query position, positions the supervised head should attend to)
@@ -66,7 +67,7 @@ class Phase:
     tokens_per_batch: int
     task_weights: dict[str, float]
     max_facts: int = 8
-    copy_segment: tuple[int, int] = (16, 64)
+    copy_segment: tuple[int, int] = COPY_SEGMENT
 
 
 def train_options(task: str, rng: random.Random, length: int, max_facts: int) -> dict[str, Any]:
@@ -120,7 +121,7 @@ class SequenceBuilder:
 
     # ------------------------------------------------------------------ copy
     def copy_sequence(self, rng: random.Random, length: int,
-                      segment: tuple[int, int] = (16, 64)) -> Sequence_:
+                      segment: tuple[int, int] = COPY_SEGMENT) -> Sequence_:
         """A random segment (``segment`` tokens, at most half the length) repeated until full."""
         size = rng.randint(min(segment[0], length // 2), min(segment[1], length // 2))
         segment = [rng.choice(self.copy_ids) for _ in range(size)]
