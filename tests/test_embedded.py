@@ -88,9 +88,8 @@ def test_recorded_accuracy_reproduces(embedded, task):
     assert abs(measured[task][str(length)] - recorded) <= tolerance, (measured, recorded)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 3: the shipped model does not yet reach 0.9 on every "
-                   "task and length (see provenance.json and the README); remove this mark when it does")
 def test_full_cache_accuracy_bar():
+    """Issue 3's bar: greedy full-cache accuracy >= 0.9 on every task and length."""
     record = embedded_provenance()
     for task in ("needle", "multikey", "multiturn"):
         for length in record["eval_lengths"]:

@@ -24,8 +24,9 @@ def tok():
 
 
 def test_tokenizer_numbers_and_roundtrip(tok):
-    assert tok.tokenize("1234567") == ["123", "##456", "##7"]
-    assert tok.tokenize("4821") == ["482", "##1"]
+    assert tok.tokenize("1234567") == ["12", "##34", "##56", "##7"]
+    assert tok.tokenize("4821") == ["48", "##21"]
+    assert tok.tokenize("007") == ["00", "##7"]  # no number maps to <unk>
     assert tok.decode(tok("4821")["input_ids"]) == "4821"
     assert tok.decode(tok("The grass is green.")["input_ids"]) == "The grass is green."
     assert build_tokenizer().get_vocab() == tok.get_vocab()  # deterministic ids
@@ -115,6 +116,31 @@ def test_retrieval_probe_reproduces_the_models_attention(tok):
     reference = out.attentions[1][rows, 3, queries].double()  # (N, T) eager softmax
     assert torch.allclose(mine, reference, atol=1e-5)
 
+
+
+def test_head_output_is_what_the_head_writes_when_it_attends_to_one_token(tok):
+    """At query 0 a causal head can only attend to position 0, so its real output there
+    (the o_proj input slice, projected) must equal ``head_output`` at position 0."""
+    from kvcert.training.model import ModelSpec, build_model
+    from kvcert.training.train import RetrievalProbe
+
+    spec = ModelSpec(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                     intermediate_size=64)
+    model = build_model(spec, tok, seed=2)
+    attention = model.model.layers[1].self_attn
+    seen = {}
+    hook = attention.o_proj.register_forward_pre_hook(lambda m, args: seen.update(x=args[0]))
+    probes = [RetrievalProbe(model, layer=1, head=h) for h in (0, 3)]  # KV heads 0 and 1
+    ids = torch.randint(5, len(tok), (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(input_ids=ids)
+        rows, zeros = torch.tensor([0, 1]), torch.tensor([0, 0])
+        for probe in probes:
+            h, d = probe.head, probe.head_dim
+            real = seen["x"][rows, 0, h * d:(h + 1) * d] @ attention.o_proj.weight[:, h * d:(h + 1) * d].T
+            assert torch.allclose(probe.head_output(rows, zeros), real, atol=1e-5)
+            probe.close()
+    hook.remove()
 
 def test_phases_and_schedule():
     recipe = get_recipe("tiny")

@@ -32,6 +32,7 @@ class Recipe:
     retrieval_layer: int = -1  # the attention layer whose head is taught to retrieve
     retrieval_head: int = 0
     retrieval_weight: float = 1.0
+    readout_weight: float = 0.0  # the retrieval head's output must name the token it attends to
     # (layer, head, offset): heads taught to attend `offset` tokens back
     local_heads: tuple[tuple[int, int, int], ...] = ((0, 0, 1), (0, 1, 2), (0, 2, 3))
     local_weight: float = 1.0
@@ -64,6 +65,7 @@ RECIPES: dict[str, Recipe] = {
         ),
         retrieval_layer=1,
         local_heads=((0, 0, 1), (0, 1, 2), (0, 2, 3), (0, 3, 4)),
+        readout_weight=1.0,
     ),
     "tiny": Recipe(
         name="tiny",
@@ -74,6 +76,7 @@ RECIPES: dict[str, Recipe] = {
             Phase(steps=4, lengths=(192, 256), tokens_per_batch=512,
                   task_weights={"copy": 0.5, **ALL_TASKS}),
         ),
+        readout_weight=1.0,
         warmup_steps=2,
         checkpoint_every=2,
         eval_lengths=(256,),

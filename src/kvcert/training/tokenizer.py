@@ -2,9 +2,13 @@
 
 Words are split on whitespace and punctuation (BERT pre-tokenizer); every word the
 synthetic task generators can emit is one token. Numbers are cut into chunks of up to
-three digits, as the Llama-3 and GPT-4 tokenizers do: "4821" is ``482`` ``##1``, so a
-7-digit needle value is three tokens and a 4-digit code two. The chat template is a
-minimal one with role tokens; ``<|end|>`` closes a turn and is the EOS token.
+:data:`NUMBER_CHUNK` = 2 digits: "4821" is ``48`` ``##21``, so a 7-digit needle value
+is four tokens and a 4-digit code two. Two rather than the three digits of the Llama-3
+and GPT-4 tokenizers: a model of this size copies a token it attends to only as well as
+it can tell that token from the rest of the vocabulary, and 3-digit chunks (2,220
+number tokens) were its main source of needle errors (attention on the right piece,
+the wrong piece written out); 2-digit chunks leave 220. The chat template is a minimal
+one with role tokens; ``<|end|>`` closes a turn and is the EOS token.
 """
 
 from __future__ import annotations
@@ -27,11 +31,14 @@ CHAT_TEMPLATE = (
 )
 
 
+NUMBER_CHUNK = 2  # digits per number token, at most
+
+
 def number_tokens() -> list[str]:
-    """Digit chunks of 1–3 digits, word-initial and continuation (``##``) forms."""
-    chunks = [f"{i:0{width}d}" for width in (1, 2, 3) for i in range(10**width)]
+    """Digit chunks of 1..NUMBER_CHUNK digits, word-initial and continuation (``##``) forms."""
+    chunks = [f"{i:0{width}d}" for width in range(1, NUMBER_CHUNK + 1) for i in range(10**width)]
     # word-initial chunks never start with a redundant zero except "0" itself, but a
-    # number such as "007" may still appear; keep every form so nothing maps to UNK.
+    # number such as "07" may still appear; keep every form so nothing maps to UNK.
     return chunks + [f"##{c}" for c in chunks]
 
 

@@ -18,7 +18,12 @@ puts on the source positions of the tokens to be retrieved (see
 :mod:`kvcert.training.data`), plus ``local_weight`` times the loss of the *local*
 heads (``local_heads``: layer, head, offset), each taught to attend ``offset`` tokens
 back during the first ``local_steps`` steps, so that every position carries its
-preceding tokens: the features both sides of a retrieval match on. The model itself stays a plain ``LlamaForCausalLM``;
+preceding tokens: the features both sides of a retrieval match on; plus
+``readout_weight`` times the *readout* loss: the retrieval head's output when it
+attends to a source position alone, read through the final norm and ``lm_head``,
+must name the token that stands there. Attention alone is not enough: the first
+recipes' retrieval head found the right needle piece with weight ≈ 1.0 and the model
+still wrote a wrong one (its value/output path could not tell number tokens apart). The model itself stays a plain ``LlamaForCausalLM``;
 only its training signal is richer.
 """
 
@@ -111,6 +116,16 @@ class RetrievalProbe:
         scores = scores.masked_fill(positions[None, :] > queries[:, None], float("-inf"))
         return torch.log_softmax(scores, dim=-1)
 
+    def head_output(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """What the head adds to the residual stream (N, hidden) when it attends only to
+        ``(row, position)``: its slice of ``o_proj`` applied to its KV head's value there."""
+        d = self.head_dim
+        value = F.linear(self.captured["hidden"][rows, positions],
+                         self.attention.v_proj.weight[self.kv_head * d:(self.kv_head + 1) * d],
+                         None if self.attention.v_proj.bias is None
+                         else self.attention.v_proj.bias[self.kv_head * d:(self.kv_head + 1) * d])
+        return F.linear(value, self.attention.o_proj.weight[:, self.head * d:(self.head + 1) * d])
+
     def close(self) -> None:
         self.handle.remove()
 
@@ -124,6 +139,7 @@ def batch_loss(
     local_probes: Sequence[tuple[RetrievalProbe, int]] = (),
     local_weight: float = 0.0,
     local_queries: int = 64,
+    readout_weight: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float | None]]:
     """Total loss and its parts; logits only where a target exists.
 
@@ -158,6 +174,14 @@ def batch_loss(
         loss = -torch.logsumexp(log_attention.masked_fill(~valid, float("-inf")), dim=-1).mean()
         total = total + retrieval_weight * loss
         parts["retrieval_loss"] = float(loss.detach())
+    parts["readout_loss"] = None
+    if probe is not None and readout_weight > 0 and batch.retrieval:
+        rows = torch.tensor([r for r, _, _ in batch.retrieval])
+        sources = torch.tensor([positions[0] for _, _, positions in batch.retrieval])
+        logits = model.lm_head(model.model.norm(probe.head_output(rows, sources)))
+        loss = F.cross_entropy(logits, batch.input_ids[rows, sources])
+        total = total + readout_weight * loss
+        parts["readout_loss"] = float(loss.detach())
     parts["local_loss"] = None
     if local_probes and local_weight > 0:
         size, width = batch.input_ids.shape
@@ -253,7 +277,8 @@ def train(
         batch = builder.batch(phase, seed, step)
         data_hash = chain_digest(data_hash, batch.digest())
         loss, parts = batch_loss(model, batch, recipe.aux_weight, probe, recipe.retrieval_weight,
-                                 local_probes if step < recipe.local_steps else (), recipe.local_weight)
+                                 local_probes if step < recipe.local_steps else (), recipe.local_weight,
+                                 readout_weight=recipe.readout_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
