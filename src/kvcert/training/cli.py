@@ -18,6 +18,9 @@ from pathlib import Path
 
 DEFAULT_OUT = "results/embedded_model"
 STREAMING_BUDGET = 0.125  # the "eviction must break it" check
+#: the method of that check: context compressed before the question, deterministic SnapKV top-k
+STREAMING_TOPK = {"condition": "streaming", "scorer": "snapkv", "sampler": "topk",
+                  "budget": STREAMING_BUDGET}
 #: what ships in the package (the training state stays behind)
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "special_tokens_map.json", "provenance.json", "loss_curve.png")
@@ -100,13 +103,11 @@ def run(args: argparse.Namespace) -> int:
         # compressed to 12.5 % before the question is seen (deterministic SnapKV top-k)
         started = time.monotonic()
         evicted = evaluate_compressed(model, tokenizer, recipe.eval_tasks, recipe.eval_lengths,
-                                      n_examples, condition="streaming", scorer="snapkv",
-                                      sampler="topk", budget=STREAMING_BUDGET, seed=EVAL_SEED,
-                                      progress=not args.quiet)
+                                      n_examples, seed=EVAL_SEED, progress=not args.quiet,
+                                      **STREAMING_TOPK)
         record.update({
             "accuracy_streaming_topk_12_5": evicted,
-            "streaming_topk_method": {"condition": "streaming", "scorer": "snapkv",
-                                      "sampler": "topk", "budget": STREAMING_BUDGET},
+            "streaming_topk_method": dict(STREAMING_TOPK),
             "eval_compressed_wall_time_s": round(time.monotonic() - started, 1),
         })
         for task, by_length in evicted.items():

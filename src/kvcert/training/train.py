@@ -23,8 +23,8 @@ preceding tokens: the features both sides of a retrieval match on; plus
 attends to a source position alone, read through the final norm and ``lm_head``,
 must name the token that stands there. Attention alone is not enough: the first
 recipes' retrieval head found the right needle piece with weight ≈ 1.0 and the model
-still wrote a wrong one (its value/output path could not tell number tokens apart). The model itself stays a plain ``LlamaForCausalLM``;
-only its training signal is richer.
+still wrote a wrong one (its value/output path could not tell number tokens apart).
+The model itself stays a plain ``LlamaForCausalLM``; only its training signal is richer.
 """
 
 from __future__ import annotations
@@ -101,9 +101,8 @@ class RetrievalProbe:
 
         hidden = self.captured["hidden"]  # (B, T, hidden)
         cos, sin = self.captured["rope"]  # (1 or B, T, head_dim)
-        d = self.head_dim
-        q = F.linear(hidden[rows, queries], self.attention.q_proj.weight[self.head * d:(self.head + 1) * d])
-        k = F.linear(hidden, self.attention.k_proj.weight[self.kv_head * d:(self.kv_head + 1) * d])
+        q = self._project(hidden[rows, queries], self.attention.q_proj, self.head)
+        k = self._project(hidden, self.attention.k_proj, self.kv_head)
         q_rows = rows if cos.shape[0] > 1 else torch.zeros_like(rows)
         q = q * cos[q_rows, queries] + rotate_half(q) * sin[q_rows, queries]
         k = k * cos + rotate_half(k) * sin  # (B, T, d)
@@ -120,11 +119,13 @@ class RetrievalProbe:
         """What the head adds to the residual stream (N, hidden) when it attends only to
         ``(row, position)``: its slice of ``o_proj`` applied to its KV head's value there."""
         d = self.head_dim
-        value = F.linear(self.captured["hidden"][rows, positions],
-                         self.attention.v_proj.weight[self.kv_head * d:(self.kv_head + 1) * d],
-                         None if self.attention.v_proj.bias is None
-                         else self.attention.v_proj.bias[self.kv_head * d:(self.kv_head + 1) * d])
+        value = self._project(self.captured["hidden"][rows, positions], self.attention.v_proj, self.kv_head)
         return F.linear(value, self.attention.o_proj.weight[:, self.head * d:(self.head + 1) * d])
+
+    def _project(self, x: torch.Tensor, proj: Any, index: int) -> torch.Tensor:
+        """``x`` through the rows of the linear map ``proj`` that belong to head ``index``."""
+        rows = slice(index * self.head_dim, (index + 1) * self.head_dim)
+        return F.linear(x, proj.weight[rows], None if proj.bias is None else proj.bias[rows])
 
     def close(self) -> None:
         self.handle.remove()
@@ -162,9 +163,11 @@ def batch_loss(
         loss = F.cross_entropy(logits, targets[mask])
         total = total + weight * loss
         parts[name] = float(loss.detach())
-    parts["retrieval_loss"] = None
-    if probe is not None and retrieval_weight > 0 and batch.retrieval:
+    parts["retrieval_loss"] = parts["readout_loss"] = None
+    supervised = probe is not None and bool(batch.retrieval)
+    if supervised:
         rows = torch.tensor([r for r, _, _ in batch.retrieval])
+    if supervised and retrieval_weight > 0:
         queries = torch.tensor([q for _, q, _ in batch.retrieval])
         log_attention = probe.log_attention(rows, queries)
         valid = torch.zeros_like(log_attention, dtype=torch.bool)
@@ -174,9 +177,7 @@ def batch_loss(
         loss = -torch.logsumexp(log_attention.masked_fill(~valid, float("-inf")), dim=-1).mean()
         total = total + retrieval_weight * loss
         parts["retrieval_loss"] = float(loss.detach())
-    parts["readout_loss"] = None
-    if probe is not None and readout_weight > 0 and batch.retrieval:
-        rows = torch.tensor([r for r, _, _ in batch.retrieval])
+    if supervised and readout_weight > 0:
         sources = torch.tensor([positions[0] for _, _, positions in batch.retrieval])
         logits = model.lm_head(model.model.norm(probe.head_output(rows, sources)))
         loss = F.cross_entropy(logits, batch.input_ids[rows, sources])
