@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from kvcert.tasks import SYNTHETIC_TASKS, TASKS, TaskRecord, build_prompt_ids, register_task, score
-from kvcert.tasks import metrics, multikey, multiturn, needle
+from kvcert.tasks import lookalike, metrics, multikey, multiturn, needle
 from kvcert.tasks.records import RecordError, read_jsonl, write_jsonl
 from kvcert.training.tokenizer import build_tokenizer
 
@@ -108,14 +108,87 @@ def test_multiturn_default_turns_scale_with_length():
 
 @pytest.mark.parametrize("task", SYNTHETIC_TASKS)
 def test_questions_for_lists_every_fact(tok, task):
-    module = {"needle": needle, "multikey": multikey, "multiturn": multiturn}[task]
+    module = {"needle": needle, "lookalike": lookalike, "multikey": multikey, "multiturn": multiturn}[task]
     record = TASKS[task].generate(tok, 1, 600, seed=9)[0]
     items = module.questions_for(record)
     assert items[0].question == record.question and items[0].answer == record.answers[0]
+    assert items[0].answer_prefix == record.answer_prefix
     assert len({item.question for item in items}) == len(items) > 1 or task == "needle"
-    for item in items:  # the reference response restates the fact and scores as correct
-        assert score(task, item.response, [item.answer]) == 1.0
-        assert item.response != item.answer
+    for item in items:
+        # the reference reply (after the answer prefix, if any) restates the fact's key
+        # and scores as correct; the fact's sentence stands in the context
+        restated = item.answer_prefix + item.response
+        assert score(task, restated, [item.answer]) == 1.0
+        assert item.key in restated and item.answer in item.fact
+        assert item.fact in record.context
+
+
+# ---------------------------------------------------------------- RULER conventions
+
+def _ruler_single_needle(template: str) -> str:
+    """RULER's niah.py rewrite of its template for one query with one value."""
+    for old, new in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
+        template = template.replace(old, new)
+    return template
+
+
+# constants.py of NVIDIA/RULER, task "niah" (template and answer prefix, verbatim)
+RULER_NIAH_TEMPLATE = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure to "
+    "memorize it. I will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all "
+    "the special magic {type_needle_v} for {query} mentioned in the provided text?"
+)
+RULER_NIAH_ANSWER_PREFIX = " The special magic {type_needle_v} for {query} mentioned in the provided text are"
+RULER_NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+
+
+@pytest.mark.parametrize("task", ["needle", "lookalike"])
+def test_needle_prompt_follows_ruler(tok, task):
+    record = TASKS[task].generate(tok, 1, 700, seed=11)[0]
+    key = record.metadata["needles"][0]["key"]
+    lines = record.context.split("\n")
+    haystack = "\n".join(line for line in lines[1:] if not line.startswith("One of the special"))
+    # RULER's prompt with this record's haystack, singular wording, answer prefix after the template
+    expected = _ruler_single_needle(RULER_NIAH_TEMPLATE).format(
+        type_needle_v="number", context="\n".join(lines[1:]), query=key)
+    assert record.context + record.separator + record.question == expected
+    assert record.answer_prefix == _ruler_single_needle(RULER_NIAH_ANSWER_PREFIX).format(
+        type_needle_v="number", query=key)
+    # noise layout: the whole haystack string once per line, needles on lines of their own
+    assert set(haystack.split("\n")) == {RULER_NOISE}
+    needles = [line for line in lines[1:] if line.startswith("One of the special")]
+    assert needles and all(line.startswith("One of the special magic numbers for ") and line.endswith(".")
+                           for line in needles)
+    assert len(needles) == len(record.metadata["needles"])
+    # the prompt ends with the answer prefix (after the generation prompt); the question part holds it
+    ids, start = build_prompt_ids(tok, record)
+    prefix_ids = tok(record.answer_prefix, add_special_tokens=False)["input_ids"]
+    assert ids[-len(prefix_ids):] == prefix_ids
+    assert ids[-len(prefix_ids) - 1] == tok.convert_tokens_to_ids("<|assistant|>")
+    assert start < len(ids) - len(prefix_ids)
+
+
+def test_lookalike_keys_differ_in_one_word(tok):
+    for record in lookalike.generate(tok, 6, 900, seed=4):
+        needles = record.metadata["needles"]
+        adjective, noun = needles[0]["key"].split("-")
+        kinds = [n["kind"] for n in needles]
+        assert kinds[0] == "query" and kinds.count("lookalike") == record.metadata["lookalikes"]
+        assert kinds.count("other") == record.metadata["others"] == lookalike.OTHERS
+        for n in needles[1:]:
+            a, b = n["key"].split("-")
+            if n["kind"] == "lookalike":
+                assert b == noun and a != adjective
+            else:
+                assert a == adjective and b != noun
+            assert f"for {n['key']} is: {n['value']}." in record.context
+        assert len({n["key"] for n in needles}) == len({n["value"] for n in needles}) == len(needles)
+        assert record.answers == [needles[0]["value"]] and needles[0]["key"] in record.question
+    counts = [r.metadata["lookalikes"] for r in lookalike.generate(tok, 2 * len(lookalike.LOOKALIKES), 300, seed=2)]
+    assert sorted(counts) == sorted(2 * list(lookalike.LOOKALIKES))  # balanced blocks
+    assert lookalike.make_record(tok, 400, 0, 0, lookalikes=0, others=0).metadata["needles"][0]["kind"] == "query"
+    with pytest.raises(ValueError, match="lookalikes"):
+        lookalike.make_record(tok, 400, 0, 0, lookalikes=-1)
 
 
 # ---------------------------------------------------------------- prompting
@@ -263,3 +336,13 @@ def test_jsonl_roundtrip(tok, tmp_path):
     path = tmp_path / "sub" / "r.jsonl"
     assert write_jsonl(records, path) == 5
     assert [r.to_dict() for r in read_jsonl(path)] == [r.to_dict() for r in records]
+    assert read_jsonl(path)[0].answer_prefix == records[0].answer_prefix != ""
+
+
+def test_optional_record_fields(tmp_path):
+    old = _record().to_dict()
+    del old["separator"], old["answer_prefix"]  # files written before these fields existed
+    loaded = TaskRecord.from_dict(old)
+    assert (loaded.separator, loaded.answer_prefix) == ("\n\n", "")
+    with pytest.raises(RecordError, match="'answer_prefix' must be str"):
+        TaskRecord.from_dict({**old, "answer_prefix": 3})

@@ -83,12 +83,14 @@ def test_task_sequence_starts_with_the_evaluation_prompt(tok):
     if current:
         answers.append(current)
     assert 1 <= len(answers) <= 3
-    for answer in answers:  # the reference response, then <|end|>
+    for answer in answers:  # the value after RULER's answer prefix, then <|end|>
         assert answer[-1] == tok.eos_token_id
         text = tok.decode(answer[:-1])
-        assert text.startswith("The special magic number for ") and text[-7:].isdigit()
+        assert len(text) == 7 and text.isdigit()
     first = roles.index(ANSWER)
-    assert ids[first - 1] == tok.convert_tokens_to_ids("<|assistant|>")
+    prompt = tok.decode(ids[:first])
+    assert prompt.endswith("mentioned in the provided text is")
+    assert tok.convert_ids_to_tokens(ids[first - 13]) == "<|assistant|>"  # then the 12-token prefix
     # every response token that states the key or the value is supervised to look at
     # where that token stands in the prompt
     prompt_end = first
@@ -96,6 +98,49 @@ def test_task_sequence_starts_with_the_evaluation_prompt(tok):
     for query, sources in seq.retrieval:
         assert roles[query + 1] == ANSWER
         assert all(s < prompt_end and ids[s] == ids[query + 1] for s in sources)
+
+
+@pytest.mark.parametrize("task", ["needle", "lookalike", "multikey", "multiturn"])
+def test_entity_and_question_targets(tok, task):
+    """Entity targets: positions shortly after a key look at the key's last token (and no
+    further than the window); question targets: a question's positions after its key
+    look at the whole sentence stating the fact asked about."""
+    import random
+
+    from kvcert.training.data import ENTITY_WINDOW, TASK_MODULES
+
+    builder = SequenceBuilder(tok, max_questions=3)
+    seq = builder.task_sequence(random.Random(1), task, 700, seed=5, index=4)
+    ids, roles = seq.ids, seq.roles
+    tokens = tok.convert_ids_to_tokens(ids)
+    record = TASK_MODULES[task].make_record(tok, 700, 5, 4, **_options_of(task, 700))
+    keys = {qa.key for qa in TASK_MODULES[task].questions_for(record)}
+    key_ends = sorted({e for key in keys for e in builder._key_ends(ids, key)})
+    assert seq.entity and key_ends
+    for query, (target,) in seq.entity:  # the most recent key, within the window
+        assert target == max(e for e in key_ends if e < query) and query - target <= ENTITY_WINDOW
+    assert {t for _, (t,) in seq.entity} == set(key_ends) - {len(ids) - 1}
+    assert seq.question
+    for query, span in seq.question:
+        fact = tok.decode([ids[p] for p in span])
+        assert span == list(range(span[0], span[-1] + 1))  # one sentence, contiguous
+        assert span[-1] < query and roles[query + 1] != ANSWER  # in the prompt, before the answer
+        assert any(tok.decode([ids[p]]) in fact for p in range(query - ENTITY_WINDOW, query))
+        assert tokens[span[-1]] == "." and any(k.split("-")[-1] in fact for k in keys)
+    if task in ("needle", "lookalike"):  # the sentence holds the value that is then answered
+        answer = [t for t, r in zip(ids, roles) if r == ANSWER][:-1]
+        first_span = seq.question[0][1]
+        value = [t for t in answer if t != tok.eos_token_id][:4]
+        assert [ids[p] for p in first_span[-5:-1]] == value
+
+
+def _options_of(task, length):
+    """The generator options ``task_sequence`` drew for the test's record (same rng)."""
+    import random
+
+    from kvcert.training.data import train_options
+
+    return train_options(task, random.Random(1), length, 8)
 
 
 def test_retrieval_probe_reproduces_the_models_attention(tok):

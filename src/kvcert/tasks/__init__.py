@@ -3,7 +3,7 @@ their scorers, and the rendering of a record into prompt token ids.
 
 ``TASKS`` maps a task name to a :class:`Task`: its ``generate(tokenizer, n_examples,
 target_tokens, seed, **options) -> list[TaskRecord]`` and its scorer. The synthetic
-tasks (``needle``, ``multikey``, ``multiturn``) serve both the embedded model and the
+tasks (``needle``, ``lookalike``, ``multikey``, ``multiturn``) serve both the embedded model and the
 real models; further tasks (LongBench, LoCoMo loaders) register with
 :func:`register_task`.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvcert.tasks import metrics, multikey, multiturn, needle
+from kvcert.tasks import lookalike, metrics, multikey, multiturn, needle
 from kvcert.tasks.metrics import SCORERS, Scorer, is_correct, register_scorer, score
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import RecordError, TaskRecord, read_jsonl, write_jsonl
@@ -60,9 +60,10 @@ def generate(task_name: str, tokenizer: Any, n_examples: int, target_tokens: int
 register_task("needle", needle.generate, metrics.string_match_all)
 register_task("multikey", multikey.generate, metrics.recall)
 register_task("multiturn", multiturn.generate, metrics.recall)
+register_task("lookalike", lookalike.generate, metrics.string_match_all)
 
 #: the synthetic tasks (generated, no data needed) — the embedded default runs these.
-SYNTHETIC_TASKS: tuple[str, ...] = ("needle", "multikey", "multiturn")
+SYNTHETIC_TASKS: tuple[str, ...] = ("needle", "multikey", "multiturn", "lookalike")
 
 __all__ = [
     "RecordError", "SCORERS", "SYNTHETIC_TASKS", "TASKS", "Task", "TaskRecord",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from kvcert.tasks.prompting import prompt_length
+from kvcert.tasks.prompting import PROMPT_SEPARATOR, prompt_length
 
 _PROBE_UNITS = 8
 
@@ -23,16 +23,19 @@ def fit_filler(
     question: str,
     target_tokens: int,
     max_units: int = 1 << 20,
+    separator: str = PROMPT_SEPARATOR,
+    answer_prefix: str = "",
 ) -> tuple[str, int, int]:
     """Return ``(context, n, length)`` with the largest ``n`` such that the prompt fits.
 
-    ``make_context(n)`` must grow (weakly) in length with ``n``.
+    ``make_context(n)`` must grow (weakly) in length with ``n``; ``separator`` and
+    ``answer_prefix`` are the record's (see :mod:`kvcert.tasks.prompting`).
     """
     cache: dict[int, int] = {}
 
     def length_of(n: int) -> int:
         if n not in cache:
-            cache[n] = prompt_length(tokenizer, make_context(n), question)
+            cache[n] = prompt_length(tokenizer, make_context(n), question, separator, answer_prefix)
         return cache[n]
 
     base = length_of(0)

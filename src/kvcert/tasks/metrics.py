@@ -63,6 +63,7 @@ Scorer = Callable[[str, list[str]], float]
 #: task name -> scorer; loaders that add tasks register their scorer here.
 SCORERS: dict[str, Scorer] = {
     "needle": string_match_all,
+    "lookalike": string_match_all,
     "multikey": recall,
     "multiturn": recall,
 }

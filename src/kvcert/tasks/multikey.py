@@ -170,7 +170,8 @@ def generate(
 def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
     """A question, answer and reference response (the fact restated) per fact; the
     queried fact first."""
-    return [QuestionAnswer(_question_text(f), f["value"], _fact_text(f).rstrip("."), f["person"])
+    return [QuestionAnswer(_question_text(f), f["value"], _fact_text(f).rstrip("."), f["person"],
+                           fact=_fact_text(f))
             for f in record.metadata["facts"]]
 
 

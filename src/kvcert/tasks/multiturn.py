@@ -184,7 +184,8 @@ def generate(
 def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
     """A question, answer and reference response per stated code; the queried one first."""
     return [QuestionAnswer(QUESTION.format(item=f["item"]), f["value"],
-                           RESPONSE.format(item=f["item"], value=f["value"]), f["item"])
+                           RESPONSE.format(item=f["item"], value=f["value"]), f["item"],
+                           fact=FACT_USER.format(item=f["item"], value=f["value"]))
             for f in record.metadata["facts"]]
 
 

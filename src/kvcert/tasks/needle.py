@@ -1,13 +1,27 @@
-"""Needle retrieval in the RULER style.
+"""Needle retrieval in the RULER style (NVIDIA/RULER, ``niah``, noise haystack).
 
-Needles "One of the special magic numbers for KEY is: VALUE." sit at pre-set depth
-percentages of RULER's noise haystack ("The grass is green. The sky is blue. ..."
-repeated sentence by sentence); the question asks for the value of one key. Scored
-with RULER's ``string_match_all``.
+The conventions of RULER's own generator (``scripts/data/synthetic/niah.py`` and the
+``niah`` entry of ``constants.py``), for one queried needle with one value:
 
-Options: ``num_needles`` (the queried needle plus distractor needles at random depths),
-``depth`` (fix the queried needle's depth; otherwise each block of examples covers
-``depths`` once), ``value_digits`` (RULER uses 7-digit numbers).
+- the instruction in RULER's single-needle wording (RULER rewrites its template to
+  the singular whenever one key is queried for one value, distractor keys or not):
+  "A special magic number is hidden within the following text. Make sure to memorize
+  it. I will quiz you about the number afterwards.";
+- the noise haystack: the whole string "The grass is green. The sky is blue. The sun
+  is yellow. Here we go. There and back again." repeated, one repetition per line;
+  needles "One of the special magic numbers for KEY is: VALUE." inserted between
+  repetitions, on lines of their own (RULER places them at random lines; here the
+  queried needle's line is set by a depth percentage, covered in balanced blocks, so
+  that depth is a controlled variable);
+- one newline between the text and the question ("What is the special magic number
+  for KEY mentioned in the provided text?");
+- RULER's answer prefix after the chat template's generation prompt (" The special
+  magic number for KEY mentioned in the provided text is"): the answer continues it.
+
+Scored with RULER's ``string_match_all``. Options: ``num_needles`` (the queried needle
+plus distractor needles with other keys at random lines), ``depth`` (fix the queried
+needle's depth; otherwise each block of examples covers ``depths`` once),
+``value_digits`` (RULER uses 7-digit numbers).
 """
 
 from __future__ import annotations
@@ -22,30 +36,26 @@ from kvcert.tasks.wordlists import NEEDLE_KEYS
 
 TASK = "needle"
 INSTRUCTION = (
-    "Some special magic numbers are hidden within the following text. Make sure to "
-    "memorize it. I will quiz you about the numbers afterwards."
+    "A special magic number is hidden within the following text. Make sure to "
+    "memorize it. I will quiz you about the number afterwards."
 )
 HAYSTACK = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. "
     "There and back again."
 )
-HAYSTACK_SENTENCES: tuple[str, ...] = (
-    "The grass is green.",
-    "The sky is blue.",
-    "The sun is yellow.",
-    "Here we go.",
-    "There and back again.",
-)
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
+SEPARATOR = "\n"  # between the text and the question, as in RULER's template
 QUESTION = "What is the special magic number for {key} mentioned in the provided text?"
-# RULER's answer prefix for the needle task, completed with the value
-RESPONSE = "The special magic number for {key} is: {value}"
+ANSWER_PREFIX = " The special magic number for {key} mentioned in the provided text is"
+# what the embedded model is trained to write after the answer prefix
+RESPONSE = " {value}"
 DEPTHS: tuple[int, ...] = tuple(range(0, 101, 10))
 
 
-def _haystack_with(needles: list[tuple[float, str]], n: int) -> str:
-    """``n`` haystack sentences with each needle inserted at its depth percentage."""
-    pieces = [HAYSTACK_SENTENCES[i % len(HAYSTACK_SENTENCES)] for i in range(n)]
+def haystack_lines(needles: Sequence[tuple[float, str]], n: int) -> list[str]:
+    """``n`` repetitions of the noise haystack, one per line, with each needle inserted
+    as a line of its own at its depth percentage (RULER's noise layout)."""
+    lines = [HAYSTACK] * n
     inserts = sorted(
         ((round(depth / 100.0 * n), order, text) for order, (depth, text) in enumerate(needles)),
         key=lambda item: (item[0], item[1]),
@@ -53,11 +63,23 @@ def _haystack_with(needles: list[tuple[float, str]], n: int) -> str:
     out: list[str] = []
     cursor = 0
     for position, _, text in inserts:
-        out.extend(pieces[cursor:position])
+        out.extend(lines[cursor:position])
         out.append(text)
         cursor = position
-    out.extend(pieces[cursor:])
-    return " ".join(out)
+    out.extend(lines[cursor:])
+    return out
+
+
+def draw_values(rng: Any, count: int, digits: int) -> list[str]:
+    """``count`` distinct random numbers of ``digits`` digits (RULER's needle values)."""
+    if digits < 1:
+        raise ValueError("value_digits must be positive")
+    values: list[str] = []
+    while len(values) < count:
+        value = str(rng.randint(10 ** (digits - 1), 10**digits - 1))
+        if value not in values:
+            values.append(value)
+    return values
 
 
 def make_record(
@@ -73,32 +95,30 @@ def make_record(
     """One needle record of about ``target_tokens`` prompt tokens."""
     if num_needles < 1 or num_needles > len(NEEDLE_KEYS):
         raise ValueError(f"num_needles must be in 1..{len(NEEDLE_KEYS)}, got {num_needles}")
-    if value_digits < 1:
-        raise ValueError("value_digits must be positive")
     rng = example_rng(seed, TASK, index)
     keys = rng.sample(NEEDLE_KEYS, num_needles)
-    values: list[str] = []
-    while len(values) < num_needles:
-        value = str(rng.randint(10 ** (value_digits - 1), 10**value_digits - 1))
-        if value not in values:
-            values.append(value)
+    values = draw_values(rng, num_needles, value_digits)
     query_depth = float(depth) if depth is not None else float(balanced_pick(depths, seed, TASK, index))
     needle_depths = [query_depth] + [rng.uniform(0.0, 100.0) for _ in range(num_needles - 1)]
     needles = [
         (d, NEEDLE.format(key=k, value=v)) for d, k, v in zip(needle_depths, keys, values)
     ]
     question = QUESTION.format(key=keys[0])
+    prefix = ANSWER_PREFIX.format(key=keys[0])
 
     def make_context(n: int) -> str:
-        return f"{INSTRUCTION}\n{_haystack_with(needles, n)}"
+        return "\n".join([INSTRUCTION, *haystack_lines(needles, n)])
 
-    context, _, _ = fit_filler(tokenizer, make_context, question, target_tokens)
+    context, _, _ = fit_filler(tokenizer, make_context, question, target_tokens,
+                               separator=SEPARATOR, answer_prefix=prefix)
     record = TaskRecord(
         id=f"{TASK}-s{seed}-t{target_tokens}-n{num_needles}-{index}",
         task=TASK,
         context=context,
         question=question,
         answers=[values[0]],
+        separator=SEPARATOR,
+        answer_prefix=prefix,
         metadata={
             "target_tokens": target_tokens,
             "depth": query_depth,
@@ -122,8 +142,9 @@ def generate(
 def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
     """A question, answer and reference response per needle; the queried needle first."""
     return [
-        QuestionAnswer(QUESTION.format(key=n["key"]), n["value"],
-                       RESPONSE.format(key=n["key"], value=n["value"]), n["key"])
+        QuestionAnswer(QUESTION.format(key=n["key"]), n["value"], RESPONSE.format(value=n["value"]),
+                       n["key"], ANSWER_PREFIX.format(key=n["key"]),
+                       NEEDLE.format(key=n["key"], value=n["value"]))
         for n in record.metadata["needles"]
     ]
 
@@ -131,4 +152,4 @@ def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
 def vocabulary_texts() -> list[str]:
     """Every string this task can put into a prompt, for building a word-level vocabulary."""
     return [INSTRUCTION, HAYSTACK, NEEDLE.format(key="", value=""), QUESTION.format(key=""),
-            RESPONSE.format(key="", value=""), *NEEDLE_KEYS]
+            ANSWER_PREFIX.format(key=""), *NEEDLE_KEYS]

@@ -1,8 +1,10 @@
 """From a task record to the token ids a model sees.
 
-The user message is ``context + PROMPT_SEPARATOR + question``, rendered through the
-tokenizer's own chat template with ``add_generation_prompt=True``, so the model's
-answer follows the returned ids directly. :func:`build_prompt_ids` also returns
+The user message is ``context + separator + question`` (the record's ``separator``,
+:data:`PROMPT_SEPARATOR` by default), rendered through the tokenizer's own chat
+template with ``add_generation_prompt=True`` and followed by the record's
+``answer_prefix`` (RULER's convention: the prefix comes after the template, and the
+answer continues it), so the model's answer follows the returned ids directly. :func:`build_prompt_ids` also returns
 ``question_start``: the index of the first token of the question part. Everything
 before it is the *context* part, which a streaming run prefills and compresses before
 it sees the question; the question part holds the question text and the rest of the
@@ -24,9 +26,9 @@ PROMPT_SEPARATOR = "\n\n"
 _SENTINEL = "@@KVCERT-QUESTION-STARTS-HERE@@"
 
 
-def user_message(context: str, question: str) -> str:
+def user_message(context: str, question: str, separator: str = PROMPT_SEPARATOR) -> str:
     """The text of the single user turn: context, separator, question."""
-    return f"{context}{PROMPT_SEPARATOR}{question}"
+    return f"{context}{separator}{question}"
 
 
 def render_chat(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
@@ -44,9 +46,12 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]], add_generation_p
     return text
 
 
-def render_prompt(tokenizer: Any, context: str, question: str) -> str:
-    """The complete prompt text (chat template applied, generation prompt added)."""
-    return render_chat(tokenizer, [{"role": "user", "content": user_message(context, question)}])
+def render_prompt(tokenizer: Any, context: str, question: str, separator: str = PROMPT_SEPARATOR,
+                  answer_prefix: str = "") -> str:
+    """The complete prompt text (chat template applied, generation prompt added, then
+    the answer prefix)."""
+    messages = [{"role": "user", "content": user_message(context, question, separator)}]
+    return render_chat(tokenizer, messages) + answer_prefix
 
 
 def encode_rendered(tokenizer: Any, text: str) -> list[int]:
@@ -56,18 +61,22 @@ def encode_rendered(tokenizer: Any, text: str) -> list[int]:
     return ids
 
 
-def prompt_length(tokenizer: Any, context: str, question: str) -> int:
+def prompt_length(tokenizer: Any, context: str, question: str, separator: str = PROMPT_SEPARATOR,
+                  answer_prefix: str = "") -> int:
     """Number of tokens of the complete prompt (one rendering, one tokenization)."""
-    return len(encode_rendered(tokenizer, render_prompt(tokenizer, context, question)))
+    text = render_prompt(tokenizer, context, question, separator, answer_prefix)
+    return len(encode_rendered(tokenizer, text))
 
 
 def build_prompt_ids(tokenizer: Any, record: Any) -> tuple[list[int], int]:
     """Return ``(input_ids, question_start)`` for ``record`` (see the module docstring)."""
     context, question = record.context, record.question
+    separator = getattr(record, "separator", PROMPT_SEPARATOR)
+    prefix = getattr(record, "answer_prefix", "")
     if _SENTINEL in context or _SENTINEL in question:
         raise ValueError("record text contains kvcert's split sentinel")
-    text = render_prompt(tokenizer, context, question)
-    marked = render_prompt(tokenizer, context, _SENTINEL + question)
+    text = render_prompt(tokenizer, context, question, separator, prefix)
+    marked = render_prompt(tokenizer, context, _SENTINEL + question, separator, prefix)
     if marked.count(_SENTINEL) != 1:
         raise ValueError(
             "the chat template does not render the user message verbatim (sentinel "

@@ -23,21 +23,31 @@ _SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
     "metadata": (dict, "dict"),
     "length": (int, "int"),
 }
+# optional fields: name -> (expected type, human-readable type, default)
+_OPTIONAL: dict[str, tuple[type, str, Any]] = {
+    "separator": (str, "str", "\n\n"),
+    "answer_prefix": (str, "str", ""),
+}
 
 
 class QuestionAnswer(NamedTuple):
     """One question a record's context can answer.
 
-    ``answer`` is the gold answer (what scoring looks for); ``response`` a reference
-    reply in a full sentence that restates the fact ("The special magic number for
-    pocket is: 1557755") — the reply the embedded model is trained to give; ``key`` the
-    word that identifies the fact (needle key, person, code item).
+    ``answer`` is the gold answer (what scoring looks for); ``response`` the reference
+    reply — the one the embedded model is trained to give: a sentence that restates the
+    fact ("Nora lives in Lisbon"), or, where the prompt ends with an answer prefix that
+    already restates it (``answer_prefix``, RULER's needle: "The special magic number
+    for pocket mentioned in the provided text is"), just the value; ``key`` the words
+    that identify the fact (needle key, person, code item); ``fact`` the sentence of the
+    context that states it (empty where unknown).
     """
 
     question: str
     answer: str
     response: str
     key: str
+    answer_prefix: str = ""
+    fact: str = ""
 
 
 class RecordError(ValueError):
@@ -55,6 +65,12 @@ class TaskRecord:
     generated for. ``metadata`` always holds ``target_tokens``; the needle task adds
     ``depth`` (percent) and ``num_needles``, the multi-turn task ``turn_distance``,
     ``fact_turn`` and ``num_turns``.
+
+    ``separator`` joins context and question in the user message (LongBench's blank
+    line by default; RULER's needle template uses one newline). ``answer_prefix`` is
+    text the prompt ends with after the chat template's generation prompt, so that the
+    model's answer continues it (RULER appends its answer prefix this way); empty for
+    tasks that have none. Both are optional in JSONL (older files lack them).
     """
 
     id: str
@@ -64,6 +80,8 @@ class TaskRecord:
     answers: list[str]
     metadata: dict[str, Any] = field(default_factory=dict)
     length: int = 0
+    separator: str = "\n\n"
+    answer_prefix: str = ""
 
     def __post_init__(self) -> None:
         validate_record(asdict(self))
@@ -74,7 +92,8 @@ class TaskRecord:
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "record") -> "TaskRecord":
         validate_record(data, where)
-        return cls(**{name: data[name] for name in _SCHEMA})
+        optional = {name: data[name] for name in _OPTIONAL if name in data}
+        return cls(**{name: data[name] for name in _SCHEMA}, **optional)
 
 
 def validate_record(data: dict[str, Any], where: str = "record") -> None:
@@ -89,6 +108,11 @@ def validate_record(data: dict[str, Any], where: str = "record") -> None:
         if not isinstance(value, types) or (name == "length" and isinstance(value, bool)):
             raise RecordError(
                 f"{where}: field {name!r} must be {type_name}, got {type(value).__name__}"
+            )
+    for name, (kind, type_name, _) in _OPTIONAL.items():
+        if name in data and not isinstance(data[name], kind):
+            raise RecordError(
+                f"{where}: field {name!r} must be {type_name}, got {type(data[name]).__name__}"
             )
     if not all(isinstance(a, str) for a in data["answers"]):
         raise RecordError(f"{where}: field 'answers' must be a list of strings")

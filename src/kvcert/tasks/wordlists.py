@@ -91,3 +91,16 @@ FOODS: tuple[str, ...] = tuple(
 WEEKDAYS: tuple[str, ...] = tuple(
     "Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
 )
+
+# Look-alike needle keys: RULER's word keys are "adjective-noun" pairs (wonderwords'
+# adjective and noun lists); here adjectives from this list with the needle keys above
+# as nouns.
+KEY_ADJECTIVES: tuple[str, ...] = tuple(
+    """
+    ancient angry bitter brave bright broken calm clever cold crooked curious dark
+    eager empty fancy fierce gentle giant glossy golden grumpy hidden hollow humble
+    icy jolly lazy little lonely loud lucky merry misty modest noisy odd pale polite
+    proud quiet rapid rough royal rusty shiny shy silent sleepy slow smooth snowy
+    sour spotted steady sticky stormy strange sunny swift tall tiny wild wise wooden
+    """.split()
+)

@@ -6,13 +6,15 @@ Two kinds of sequence:
 - **copy**: a random segment of vocabulary tokens repeated until the sequence is full;
   next-token loss on the repeats. This teaches induction (find the earlier occurrence,
   copy what followed), the mechanism retrieval builds on.
-- **task**: a record of one of the synthetic tasks (needle, multi-key QA, multi-turn)
-  rendered through the chat template, answered, and followed by further chat turns
-  asking about the record's other facts ("many queries per sequence"). The answer is
-  the task's reference response, which restates the fact before its value ("The
-  special magic number for pocket is: 1557755"). Loss on every response token (and
-  the closing ``<|end|>``), plus a down-weighted next-token loss on a random subset of
-  the other tokens.
+- **task**: a record of one of the synthetic tasks (needle, look-alike needles,
+  multi-key QA, multi-turn) rendered through the chat template, answered, and followed
+  by further chat turns asking about the record's other facts ("many queries per
+  sequence"). Each turn's prompt ends with the task's answer prefix, if it has one
+  (RULER's "The special magic number for pocket mentioned in the provided text is");
+  the answer is the task's reference response (the value after such a prefix, or a
+  sentence that restates the fact: "Nora lives in Lisbon"). Loss on every response
+  token (and the closing ``<|end|>``), plus a down-weighted next-token loss on a random
+  subset of the other tokens.
 
 A batch carries a *role* per token (0 no loss, 1 response token, 2 auxiliary
 next-token target) and *retrieval targets*: for a position that must produce a token
@@ -21,6 +23,20 @@ token of the fact a response states), the positions where that token stands in t
 source (the earlier repeat; the fact in the context). The training loop supervises
 one attention head to look there (see :mod:`kvcert.training.train`); this direct
 signal teaches retrieval over long contexts far sooner than the output loss alone.
+
+Two more kinds of attention target come with task sequences:
+
+- *entity* targets: every position up to :data:`ENTITY_WINDOW` tokens after a fact's
+  key (the key's last token: needle key, person, code item), should attend to that
+  key token. A head taught this carries "which key this sentence is about" to every
+  position of the sentence — the value tokens of a needle, the end of a question, the
+  end of an answer prefix — beyond the reach of heads that look a fixed few tokens back.
+- *question* targets: the positions of a question after its key (up to the one that
+  produces the first answer token), should attend to the context sentence that states
+  the fact asked about. This is the question-time attention of real instruction models
+  (their question lands on the whole needle sentence), which is what lets a
+  question-aware eviction scorer (SnapKV's observation window) keep what the answer
+  will be read from.
 
 Everything a batch contains is a function of (seed, step): resuming at a step rebuilds
 exactly the batches an uninterrupted run would have seen. Training records use
@@ -32,17 +48,18 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
-from kvcert.tasks import multikey, multiturn, needle
+from kvcert.tasks import lookalike, multikey, multiturn, needle
 from kvcert.tasks.prompting import build_prompt_ids, encode_rendered, render_chat, user_message
 
 TRAIN_SEED_OFFSET = 1_000_000
 NONE, ANSWER, AUX = 0, 1, 2
-TASK_MODULES = {"needle": needle, "multikey": multikey, "multiturn": multiturn}
+TASK_MODULES = {"needle": needle, "lookalike": lookalike, "multikey": multikey, "multiturn": multiturn}
+ENTITY_WINDOW = 12  # entity targets reach this many tokens past a key
 COPY_SEGMENT = (16, 64)  # default (min, max) length of a copy sequence's repeated segment
 COPY_RETRIEVALS = 48  # supervised retrievals per copy sequence, at most
 
@@ -78,6 +95,9 @@ def train_options(task: str, rng: random.Random, length: int, max_facts: int) ->
         return {"num_facts": rng.randint(1, max_facts)}
     if task == "multiturn":
         return {"num_facts": rng.randint(1, min(max_facts, multiturn.default_num_turns(length) - 1))}
+    if task == "lookalike":
+        lookalikes = rng.randint(0, max(lookalike.LOOKALIKES))
+        return {"lookalikes": lookalikes, "others": rng.randint(0, max(0, min(max_facts - 1 - lookalikes, 3)))}
     raise KeyError(f"no training options for task {task!r}")
 
 
@@ -86,6 +106,8 @@ class Sequence_:
     ids: list[int]
     roles: list[int]
     retrieval: list[Retrieval]
+    entity: list[Retrieval] = field(default_factory=list)
+    question: list[Retrieval] = field(default_factory=list)
 
 
 @dataclass
@@ -94,6 +116,8 @@ class Batch:
     roles: torch.Tensor  # (B, T) uint8: loss role of predicting input_ids[:, t] from t-1
     retrieval: list[tuple[int, int, list[int]]]  # (row, query position, source positions)
     kinds: list[str]
+    entity: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (row, query, [key position])
+    question: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (row, query, fact positions)
 
     def digest(self) -> str:
         """SHA-256 of everything the batch trains on (for the training-data hash)."""
@@ -101,6 +125,8 @@ class Batch:
         h.update(self.input_ids.numpy().tobytes())
         h.update(self.roles.numpy().tobytes())
         h.update(json.dumps(self.retrieval).encode())
+        if self.entity or self.question:  # batches without them hash as before
+            h.update(json.dumps([self.entity, self.question]).encode())
         return h.hexdigest()
 
 
@@ -148,33 +174,69 @@ class SequenceBuilder:
         options = train_options(task, rng, length, max_facts)
         module = TASK_MODULES[task]
         record = module.make_record(self.tokenizer, length, seed, index, **options)
-        qas = module.questions_for(record)
-        first, rest = qas[0], qas[1:]
+        every_qa = module.questions_for(record)
+        first, rest = every_qa[0], every_qa[1:]
         rng.shuffle(rest)
         qas = [first, *rest[: self.max_questions - 1]]
-        ids, _ = build_prompt_ids(self.tokenizer, record)
+        ids, turn_start = build_prompt_ids(self.tokenizer, record)
         prompt = list(ids)
         roles = [self._lm(rng) for _ in ids]
         roles[0] = NONE
         retrieval: list[Retrieval] = []
-        messages = [{"role": "user", "content": user_message(record.context, record.question)}]
+        question: list[Retrieval] = []
+        messages = [{"role": "user", "content": user_message(record.context, record.question,
+                                                             record.separator)}]
         for turn, qa in enumerate(qas):
             if turn:
                 messages.append({"role": "user", "content": qa.question})
                 prefix = encode_rendered(self.tokenizer, render_chat(self.tokenizer, messages))
                 if prefix[: len(ids)] != ids:
                     raise ValueError("chat template is not prefix-stable across turns")
-                new = prefix[len(ids):]
+                new = prefix[len(ids):] + self._encode(qa.answer_prefix)
+                turn_start = len(ids)
                 ids += new
                 roles += [self._lm(rng) for _ in new]
             response = self._encode(qa.response)
             start = len(ids)
+            question += self._question_targets(prompt, ids, turn_start, start, qa)
             ids += response + [self.eos]
             roles += [ANSWER] * (len(response) + 1)
             for offset, positions in self._fact_sources(prompt, response, qa).items():
                 retrieval.append((start + offset - 1, positions))
-            messages.append({"role": "assistant", "content": qa.response})
-        return Sequence_(ids, roles, retrieval)
+            messages.append({"role": "assistant", "content": qa.answer_prefix + qa.response})
+        entity = self._entity_targets(ids, [qa.key for qa in every_qa])
+        return Sequence_(ids, roles, retrieval, entity, question)
+
+    def _key_ends(self, ids: list[int], key: str) -> list[int]:
+        """Positions of the last token of each occurrence of ``key`` in ``ids``."""
+        key_ids = self._encode(key)
+        n = len(key_ids)
+        return [j + n - 1 for j in range(len(ids) - n + 1) if ids[j:j + n] == key_ids]
+
+    def _entity_targets(self, ids: list[int], keys: list[str]) -> list[Retrieval]:
+        """Each position within :data:`ENTITY_WINDOW` tokens after a key's last token
+        (and before the next key) → that key token."""
+        ends = sorted({end for key in set(keys) for end in self._key_ends(ids, key)})
+        targets: list[Retrieval] = []
+        for j, end in enumerate(ends):
+            stop = min(end + ENTITY_WINDOW, len(ids) - 1, ends[j + 1] - 1 if j + 1 < len(ends) else len(ids))
+            targets += [(p, [end]) for p in range(end + 1, stop + 1)]
+        return targets
+
+    def _question_targets(self, prompt: list[int], ids: list[int], turn_start: int,
+                          response_start: int, qa: Any) -> list[Retrieval]:
+        """The question's positions after its key, up to (not including) the one that
+        produces the first answer token → the context sentence stating the fact."""
+        if not qa.fact:
+            return []
+        fact_ids = self._encode(qa.fact)
+        n = len(fact_ids)
+        where = [j for j in range(len(prompt) - n + 1) if prompt[j:j + n] == fact_ids]
+        ends = [e for e in self._key_ends(ids[:response_start], qa.key) if e >= turn_start]
+        if not where or not ends:
+            return []
+        span = [p for j in where for p in range(j, j + n)]
+        return [(p, span) for p in range(ends[0] + 1, response_start - 1)]
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -222,12 +284,14 @@ class SequenceBuilder:
         width = max(len(r.ids) for r in rows)
         input_ids = torch.full((size, width), self.tokenizer.pad_token_id, dtype=torch.long)
         roles = torch.zeros((size, width), dtype=torch.uint8)
-        retrieval = []
+        retrieval, entity, question = [], [], []
         for row, seq in enumerate(rows):
             input_ids[row, : len(seq.ids)] = torch.tensor(seq.ids)
             roles[row, : len(seq.roles)] = torch.tensor(seq.roles, dtype=torch.uint8)
             retrieval += [(row, query, positions) for query, positions in seq.retrieval]
-        return Batch(input_ids, roles, retrieval, kinds)
+            entity += [(row, query, positions) for query, positions in seq.entity]
+            question += [(row, query, positions) for query, positions in seq.question]
+        return Batch(input_ids, roles, retrieval, kinds, entity, question)
 
 
 def chain_digest(previous: str, batch_digest: str) -> str:

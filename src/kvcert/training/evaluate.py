@@ -154,3 +154,97 @@ def evaluate_compressed(
         bar.close()
         model.set_attn_implementation(previous)
     return result
+
+
+#: the conditions × budgets of the regime table (the smoke grid's, DESIGN.md §6)
+REGIME_CELLS: tuple[tuple[str, float], ...] = (
+    ("aware", 0.125), ("aware", 0.25), ("aware", 0.5), ("streaming", 0.125), ("streaming", 0.25),
+)
+REGIME_SAMPLERS: tuple[str, ...] = ("topk", "poisson")
+
+
+def evaluate_regime(
+    model: Any,
+    tokenizer: Any,
+    tasks: Iterable[str],
+    lengths: Iterable[int],
+    n_examples: int,
+    seed: int,
+    *,
+    cells: Iterable[tuple[str, float]] = REGIME_CELLS,
+    samplers: Iterable[str] = REGIME_SAMPLERS,
+    scorer: str = "snapkv",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Which regime the model puts eviction in: full-cache accuracy and, per condition
+    and budget (pooled over ``samplers``), the *induced-failure rate* — among records the
+    full cache answers correctly, the share of compressed runs that fail (DESIGN.md §2).
+
+    Returns ``{"full": {task: {length: acc}}, "induced": {"aware@0.25": {task: rate,
+    "pooled": rate}, ...}, "counts": {...}}``; rates are ``None`` where no record is
+    correct with the full cache. ``seed`` picks the records: choose one in the training
+    seed range (never a smoke or paper seed) when a recipe or task difficulty is being
+    chosen with it.
+    """
+    from kvcert.generation.engine import Engine
+    from kvcert.generation.spec import GenerationSpec, MethodSpec
+    from kvcert.integration import enable_certified_attention
+    from kvcert.models import ModelSpec as LoadSpec
+
+    tasks, lengths, cells, samplers = list(tasks), list(lengths), list(cells), list(samplers)
+    previous = model.config._attn_implementation
+    was_training = model.training
+    model.eval()
+    enable_certified_attention(model)
+    engines = {"full": Engine(model, tokenizer, GenerationSpec(
+        model=LoadSpec(name="embedded"), method=MethodSpec(), condition="full", budget=1.0,
+        seed=0, max_new_tokens=MAX_NEW_TOKENS))}
+    for condition, budget in cells:
+        for sampler in samplers:
+            engines[(condition, budget, sampler)] = Engine(model, tokenizer, GenerationSpec(
+                model=LoadSpec(name="embedded"),
+                method=MethodSpec(name=f"{scorer}-{sampler}", scorer=scorer, sampler=sampler),
+                condition=condition, budget=budget, seed=0, max_new_tokens=MAX_NEW_TOKENS))
+    full: dict[str, dict[str, float]] = {}
+    # (cell name, task) -> [failures, runs] over records the full cache gets right
+    tally: dict[tuple[str, str], list[int]] = {}
+    total = len(tasks) * len(lengths) * n_examples * (1 + len(cells) * len(samplers))
+    bar = tqdm(total=total, desc="evaluate regime", disable=not progress)
+    try:
+        for task in tasks:
+            full[task] = {}
+            for length in lengths:
+                records = TASKS[task].generate(tokenizer, n_examples, length, seed)
+                correct = 0
+                for record in records:
+                    ok = is_correct(task, engines["full"].run(record)["answer"], record.answers)
+                    correct += ok
+                    bar.update(1)
+                    for condition, budget in cells:
+                        name = f"{condition}@{budget:g}"
+                        for sampler in samplers:
+                            if ok:
+                                out = engines[(condition, budget, sampler)].run(record)
+                                counts = tally.setdefault((name, task), [0, 0])
+                                counts[0] += not is_correct(task, out["answer"], record.answers)
+                                counts[1] += 1
+                            bar.update(1)
+                full[task][str(length)] = correct / max(1, len(records))
+    finally:
+        bar.close()
+        model.set_attn_implementation(previous)
+        model.train(was_training)
+    induced: dict[str, dict[str, float | None]] = {}
+    for condition, budget in cells:
+        name = f"{condition}@{budget:g}"
+        row: dict[str, float | None] = {}
+        pooled = [0, 0]
+        for task in tasks:
+            failures, runs = tally.get((name, task), [0, 0])
+            row[task] = failures / runs if runs else None
+            pooled[0] += failures
+            pooled[1] += runs
+        row["pooled"] = pooled[0] / pooled[1] if pooled[1] else None
+        induced[name] = row
+    return {"full": full, "induced": induced, "seed": seed, "examples": n_examples,
+            "samplers": samplers, "scorer": scorer}

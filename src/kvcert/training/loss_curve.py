@@ -13,14 +13,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def plot_loss_curve(history: Sequence[dict[str, Any]], phase_ends: Sequence[int], path: str | Path,
                     title: str = "embedded model training") -> Path:
-    """Response, auxiliary, retrieval and readout loss per step (smoothed), phase
-    boundaries dashed."""
+    """Response, auxiliary, retrieval, readout, entity and question-time attention loss
+    per step (smoothed), phase boundaries dashed."""
     path = Path(path)
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     steps = [h["step"] for h in history]
     for key, label in (("answer_loss", "response tokens"), ("aux_loss", "copy / context tokens"),
                        ("retrieval_loss", "retrieval attention"),
-                       ("readout_loss", "retrieval head readout")):
+                       ("readout_loss", "retrieval head readout"),
+                       ("entity_loss", "entity attention"),
+                       ("question_loss", "question-time attention")):
         points = [(s, h[key]) for s, h in zip(steps, history) if h.get(key) is not None]
         if not points:
             continue

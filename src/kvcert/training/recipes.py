@@ -37,6 +37,10 @@ class Recipe:
     local_heads: tuple[tuple[int, int, int], ...] = ((0, 0, 1), (0, 1, 2), (0, 2, 3))
     local_weight: float = 1.0
     local_steps: int = 600  # supervise the local heads during the first steps only (cost)
+    entity_head: tuple[int, int] | None = None  # (layer, head) taught to attend to the recent key
+    entity_weight: float = 1.0
+    question_weight: float = 0.0  # question-time attention on the fact's sentence
+    question_heads: tuple[tuple[int, int], ...] = ()  # (layer, head); () = the retrieval head
     checkpoint_every: int = 50
     eval_lengths: tuple[int, ...] = (512, 2048)
     eval_examples: int = 100

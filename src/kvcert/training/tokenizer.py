@@ -18,7 +18,7 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from kvcert.tasks import multikey, multiturn, needle
+from kvcert.tasks import lookalike, multikey, multiturn, needle
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "<|end|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
@@ -55,7 +55,8 @@ def task_words(texts: Iterable[str]) -> list[str]:
 
 def vocabulary() -> list[str]:
     """The full vocabulary: special tokens, task words, number chunks (stable order)."""
-    texts = [*needle.vocabulary_texts(), *multikey.vocabulary_texts(), *multiturn.vocabulary_texts()]
+    texts = [*needle.vocabulary_texts(), *lookalike.vocabulary_texts(), *multikey.vocabulary_texts(),
+             *multiturn.vocabulary_texts()]
     # role names written in transcripts and templates
     texts += ["User Assistant system user assistant"]
     return [*SPECIAL_TOKENS, *task_words(texts), *number_tokens()]

@@ -19,6 +19,14 @@ puts on the source positions of the tokens to be retrieved (see
 heads (``local_heads``: layer, head, offset), each taught to attend ``offset`` tokens
 back during the first ``local_steps`` steps, so that every position carries its
 preceding tokens: the features both sides of a retrieval match on; plus
+``entity_weight`` times the *entity* loss: one head (``entity_head``) taught to attend
+from the positions after a fact's key to that key (so that every token of a fact's
+sentence, and the end of a question or answer prefix, carries which key it is about);
+plus ``question_weight`` times the *question* loss: the retrieval head, at a
+question's positions after its key, taught to attend to the sentence stating the fact
+(the question-time attention a question-aware eviction scorer reads: every token of
+the sentence, so KL from uniform over it; ``question_heads``, the retrieval head by
+default); plus
 ``readout_weight`` times the *readout* loss: the retrieval head's output when it
 attends to a source position alone, read through the final norm and ``lm_head``,
 must name the token that stands there. Attention alone is not enough: the first
@@ -131,6 +139,29 @@ class RetrievalProbe:
         self.handle.remove()
 
 
+def attention_mass_loss(probe: RetrievalProbe, targets: Sequence[tuple[int, int, list[int]]],
+                        limit: int | None = None, spread: bool = False) -> torch.Tensor:
+    """Mean over ``(row, query, positions)`` of -log(attention mass of the probe's head
+    on ``positions``); at most ``limit`` targets, evenly spaced (cost).
+
+    ``spread``: instead, KL(uniform over ``positions`` ‖ attention) — the head must
+    attend to *every* target position, not just put its mass somewhere among them."""
+    if limit is not None and len(targets) > limit:
+        stride = len(targets) / limit
+        targets = [targets[int(i * stride)] for i in range(limit)]
+    rows = torch.tensor([r for r, _, _ in targets])
+    queries = torch.tensor([q for _, q, _ in targets])
+    log_attention = probe.log_attention(rows, queries)
+    valid = torch.zeros_like(log_attention, dtype=torch.bool)
+    for n, (_, _, positions) in enumerate(targets):
+        valid[n, positions] = True
+    if spread:
+        count = valid.sum(-1)
+        mean_log = log_attention.masked_fill(~valid, 0.0).sum(-1) / count
+        return -(mean_log + torch.log(count.to(mean_log.dtype))).mean()
+    return -torch.logsumexp(log_attention.masked_fill(~valid, float("-inf")), dim=-1).mean()
+
+
 def batch_loss(
     model: Any,
     batch: Batch,
@@ -141,13 +172,21 @@ def batch_loss(
     local_weight: float = 0.0,
     local_queries: int = 64,
     readout_weight: float = 0.0,
+    entity_probe: RetrievalProbe | None = None,
+    entity_weight: float = 0.0,
+    question_probes: Sequence[RetrievalProbe] = (),
+    question_weight: float = 0.0,
+    target_limit: int = 512,
 ) -> tuple[torch.Tensor, dict[str, float | None]]:
     """Total loss and its parts; logits only where a target exists.
 
     ``answer_loss`` and ``aux_loss``: next-token cross-entropy on response tokens and on
     auxiliary targets; ``retrieval_loss``: -log attention mass of the retrieval head on
     the source positions; ``local_loss``: -log attention of each local head on the token
-    ``offset`` positions back (at ``local_queries`` evenly spaced positions per row).
+    ``offset`` positions back (at ``local_queries`` evenly spaced positions per row);
+    ``entity_loss``: -log attention mass of the entity head on the key; ``question_loss``:
+    KL(uniform over the fact's sentence ‖ attention) of each question head, averaged (at
+    most ``target_limit`` targets each).
     """
     hidden = model.model(input_ids=batch.input_ids).last_hidden_state[:, :-1]
     roles = batch.roles[:, 1:]
@@ -168,13 +207,7 @@ def batch_loss(
     if supervised:
         rows = torch.tensor([r for r, _, _ in batch.retrieval])
     if supervised and retrieval_weight > 0:
-        queries = torch.tensor([q for _, q, _ in batch.retrieval])
-        log_attention = probe.log_attention(rows, queries)
-        valid = torch.zeros_like(log_attention, dtype=torch.bool)
-        for n, (_, _, positions) in enumerate(batch.retrieval):
-            valid[n, positions] = True
-        # -log of the attention mass on the source positions
-        loss = -torch.logsumexp(log_attention.masked_fill(~valid, float("-inf")), dim=-1).mean()
+        loss = attention_mass_loss(probe, batch.retrieval)
         total = total + retrieval_weight * loss
         parts["retrieval_loss"] = float(loss.detach())
     if supervised and readout_weight > 0:
@@ -183,6 +216,16 @@ def batch_loss(
         loss = F.cross_entropy(logits, batch.input_ids[rows, sources])
         total = total + readout_weight * loss
         parts["readout_loss"] = float(loss.detach())
+    parts["entity_loss"] = parts["question_loss"] = None
+    if entity_probe is not None and entity_weight > 0 and batch.entity:
+        loss = attention_mass_loss(entity_probe, batch.entity, target_limit)
+        total = total + entity_weight * loss
+        parts["entity_loss"] = float(loss.detach())
+    if question_probes and question_weight > 0 and batch.question:
+        loss = torch.stack([attention_mass_loss(q, batch.question, target_limit, spread=True)
+                            for q in question_probes]).mean()
+        total = total + question_weight * loss
+        parts["question_loss"] = float(loss.detach())
     parts["local_loss"] = None
     if local_probes and local_weight > 0:
         size, width = batch.input_ids.shape
@@ -239,6 +282,10 @@ def train(
     probe = RetrievalProbe(model, recipe.retrieval_layer, recipe.retrieval_head)
     local_probes = [(RetrievalProbe(model, layer, head), offset)
                     for layer, head, offset in recipe.local_heads]
+    entity_probe = None if recipe.entity_head is None else RetrievalProbe(model, *recipe.entity_head)
+    question_heads = recipe.question_heads or ((recipe.retrieval_layer, recipe.retrieval_head),)
+    question_probes = [probe if (layer, head) == (recipe.retrieval_layer, recipe.retrieval_head)
+                       else RetrievalProbe(model, layer, head) for layer, head in question_heads]
 
     step, data_hash, history, elapsed = 0, _EMPTY_HASH, [], 0.0
     resumed_from = None
@@ -279,7 +326,9 @@ def train(
         data_hash = chain_digest(data_hash, batch.digest())
         loss, parts = batch_loss(model, batch, recipe.aux_weight, probe, recipe.retrieval_weight,
                                  local_probes if step < recipe.local_steps else (), recipe.local_weight,
-                                 readout_weight=recipe.readout_weight)
+                                 readout_weight=recipe.readout_weight, entity_probe=entity_probe,
+                                 entity_weight=recipe.entity_weight, question_probes=question_probes,
+                                 question_weight=recipe.question_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
@@ -291,7 +340,8 @@ def train(
                         "length": int(batch.input_ids.shape[1]), "lr": scheduler.get_last_lr()[0]})
         bar.set_postfix({short: "-" if parts[key] is None else f"{parts[key]:.3f}"
                          for short, key in (("ans", "answer_loss"), ("aux", "aux_loss"),
-                                            ("ret", "retrieval_loss"))} | {"len": batch.input_ids.shape[1]})
+                                            ("ret", "retrieval_loss"), ("ent", "entity_loss"),
+                                            ("qst", "question_loss"))} | {"len": batch.input_ids.shape[1]})
         bar.update(1)
         if step % recipe.checkpoint_every == 0 or step == total:
             checkpoint()
@@ -299,6 +349,8 @@ def train(
     probe.close()
     for local, _ in local_probes:
         local.close()
+    for extra in {id(p): p for p in [entity_probe, *question_probes] if p is not None and p is not probe}.values():
+        extra.close()
     if stop_after is not None and step < total:
         checkpoint()
 

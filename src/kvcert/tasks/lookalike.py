@@ -1,0 +1,119 @@
+"""Needles among look-alike keys: RULER's needle task where the distractor needles'
+keys differ from the queried key in one word.
+
+Keys are RULER's word keys, "adjective-noun" pairs ("grumpy-pocket"). Besides the
+queried needle, the haystack holds ``lookalikes`` distractor needles whose keys share
+its noun ("sleepy-pocket", "rusty-pocket") and ``others`` whose keys share its
+adjective ("grumpy-lantern"); every needle has its own 7-digit value. Prompt, haystack
+layout, question, answer prefix and metric are those of :mod:`kvcert.tasks.needle`
+(RULER's ``niah`` conventions), with the key in place of the single word.
+
+This is the embedded world's task with *inherent* difficulty, the counterpart of
+LongBench's multi-hop and distractor-heavy items: a question-aware cache keeps every
+needle the question's key points to (each shares a word with it), so eviction costs
+little, but telling the right needle from its look-alikes is up to the model, and the
+small embedded model does it only part of the time (its measured accuracy is in the
+README). ``lookalikes`` defaults to a balanced cover of :data:`LOOKALIKES` (so the
+difficulty varies from item to item); the queried needle's depth covers ``depths``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from kvcert.tasks.lengths import fit_filler
+from kvcert.tasks.needle import (ANSWER_PREFIX, DEPTHS, INSTRUCTION, NEEDLE, QUESTION, RESPONSE,
+                                 SEPARATOR, draw_values, haystack_lines)
+from kvcert.tasks.prompting import build_prompt_ids
+from kvcert.tasks.records import QuestionAnswer, TaskRecord
+from kvcert.tasks.sampling import balanced_pick, example_rng
+from kvcert.tasks.wordlists import KEY_ADJECTIVES, NEEDLE_KEYS
+
+TASK = "lookalike"
+LOOKALIKES: tuple[int, ...] = (1, 2)  # same-noun distractors per item, covered in blocks
+OTHERS = 1  # same-adjective distractors per item
+
+
+def key_text(adjective: str, noun: str) -> str:
+    """A RULER word key: ``adjective-noun``."""
+    return f"{adjective}-{noun}"
+
+
+def make_record(
+    tokenizer: Any,
+    target_tokens: int,
+    seed: int,
+    index: int,
+    lookalikes: int | None = None,
+    others: int = OTHERS,
+    depth: float | None = None,
+    depths: Sequence[float] = DEPTHS,
+    value_digits: int = 7,
+) -> TaskRecord:
+    """One record of about ``target_tokens`` prompt tokens (see the module docstring)."""
+    if lookalikes is None:
+        lookalikes = int(balanced_pick(LOOKALIKES, seed, TASK, index))
+    if not 0 <= lookalikes < len(KEY_ADJECTIVES):
+        raise ValueError(f"lookalikes must be in 0..{len(KEY_ADJECTIVES) - 1}, got {lookalikes}")
+    if not 0 <= others < len(NEEDLE_KEYS):
+        raise ValueError(f"others must be in 0..{len(NEEDLE_KEYS) - 1}, got {others}")
+    rng = example_rng(seed, TASK, index)
+    noun = rng.choice(NEEDLE_KEYS)
+    adjectives = rng.sample(KEY_ADJECTIVES, 1 + lookalikes)
+    other_nouns = rng.sample([n for n in NEEDLE_KEYS if n != noun], others)
+    keys = [key_text(a, noun) for a in adjectives] + [key_text(adjectives[0], n) for n in other_nouns]
+    kinds = ["query"] + ["lookalike"] * lookalikes + ["other"] * others
+    values = draw_values(rng, len(keys), value_digits)
+    query_depth = float(depth) if depth is not None else float(balanced_pick(depths, seed, TASK, index))
+    needle_depths = [query_depth] + [rng.uniform(0.0, 100.0) for _ in keys[1:]]
+    needles = [(d, NEEDLE.format(key=k, value=v)) for d, k, v in zip(needle_depths, keys, values)]
+    question = QUESTION.format(key=keys[0])
+    prefix = ANSWER_PREFIX.format(key=keys[0])
+
+    def make_context(n: int) -> str:
+        return "\n".join([INSTRUCTION, *haystack_lines(needles, n)])
+
+    context, _, _ = fit_filler(tokenizer, make_context, question, target_tokens,
+                               separator=SEPARATOR, answer_prefix=prefix)
+    record = TaskRecord(
+        id=f"{TASK}-s{seed}-t{target_tokens}-l{lookalikes}-{index}",
+        task=TASK,
+        context=context,
+        question=question,
+        answers=[values[0]],
+        separator=SEPARATOR,
+        answer_prefix=prefix,
+        metadata={
+            "target_tokens": target_tokens,
+            "depth": query_depth,
+            "lookalikes": lookalikes,
+            "others": others,
+            "needles": [{"key": k, "value": v, "depth": d, "kind": kind}
+                        for k, v, d, kind in zip(keys, values, needle_depths, kinds)],
+        },
+    )
+    record.length = len(build_prompt_ids(tokenizer, record)[0])
+    return record
+
+
+def generate(
+    tokenizer: Any, n_examples: int, target_tokens: int, seed: int, **options: Any
+) -> list[TaskRecord]:
+    """``n_examples`` records (options: ``lookalikes``, ``others``, ``depth``, ``depths``,
+    ``value_digits``)."""
+    return [make_record(tokenizer, target_tokens, seed, i, **options) for i in range(n_examples)]
+
+
+def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
+    """A question, answer and reference response per needle; the queried needle first."""
+    return [
+        QuestionAnswer(QUESTION.format(key=n["key"]), n["value"], RESPONSE.format(value=n["value"]),
+                       n["key"], ANSWER_PREFIX.format(key=n["key"]),
+                       NEEDLE.format(key=n["key"], value=n["value"]))
+        for n in record.metadata["needles"]
+    ]
+
+
+def vocabulary_texts() -> list[str]:
+    """Every string this task can put into a prompt, for building a word-level vocabulary."""
+    return [key_text("", ""), *KEY_ADJECTIVES]
