@@ -30,7 +30,7 @@ from kvcert.tasks.sampling import balanced_pick, example_rng
 from kvcert.tasks.wordlists import KEY_ADJECTIVES, NEEDLE_KEYS
 
 TASK = "lookalike"
-LOOKALIKES: tuple[int, ...] = (1, 2)  # same-noun distractors per item, covered in blocks
+LOOKALIKES: tuple[int, ...] = (0, 1, 2, 3)  # same-noun distractors per item, covered in blocks
 OTHERS = 1  # same-adjective distractors per item
 
 

@@ -41,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="stop after this many steps, as if interrupted (a checkpoint is written)")
     parser.add_argument("--eval-examples", type=int, default=None,
                         help="records per task and length for the accuracy measurement (default: the recipe's)")
+    parser.add_argument("--regime-examples", type=int, default=None,
+                        help="records per task and length for the regime table (default: the recipe's)")
     parser.add_argument("--no-eval", action="store_true", help="skip the accuracy measurement")
     parser.add_argument("--install", action="store_true",
                         help="copy the trained model over the one shipped in the package")
@@ -53,12 +55,15 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["kvcert", "train-model", "--recipe", args.recipe, "--seed", str(args.seed)]
     if args.eval_examples is not None:
         parts += ["--eval-examples", str(args.eval_examples)]
+    if args.regime_examples is not None:
+        parts += ["--regime-examples", str(args.regime_examples)]
     return " ".join(parts)
 
 
 def run(args: argparse.Namespace) -> int:
     from kvcert.training import provenance
-    from kvcert.training.evaluate import EVAL_SEED, evaluate, evaluate_compressed
+    from kvcert.training.evaluate import (EVAL_SEED, REGIME_SEED, evaluate, evaluate_compressed,
+                                          evaluate_regime, format_regime)
     from kvcert.training.recipes import get_recipe
     from kvcert.training.train import train
 
@@ -113,6 +118,15 @@ def run(args: argparse.Namespace) -> int:
         for task, by_length in evicted.items():
             print(f"{task:>10}: " + "  ".join(f"{n} tokens {a:.3f}" for n, a in by_length.items())
                   + f"  (streaming, {STREAMING_BUDGET:.1%} budget, SnapKV top-k)")
+        # the eviction regime, on records from the training seed range (what a recipe
+        # and the tasks' difficulty may be chosen on; never the smoke or paper seeds)
+        started = time.monotonic()
+        regime = evaluate_regime(model, tokenizer, recipe.regime_tasks, recipe.eval_lengths,
+                                 args.regime_examples or recipe.regime_examples, seed=REGIME_SEED,
+                                 progress=not args.quiet)
+        regime["wall_time_s"] = round(time.monotonic() - started, 1)
+        record["regime"] = regime
+        print(format_regime(regime))
     provenance.write(result.model_dir, record)
     print(f"model written to {result.model_dir} ({result.steps} steps, "
           f"{result.wall_time_s / 60:.1f} min of training)")

@@ -12,7 +12,7 @@ from typing import Any
 from kvcert.training.data import Phase
 from kvcert.training.model import ModelSpec
 
-ALL_TASKS = {"needle": 1.0, "multikey": 1.0, "multiturn": 1.0}
+ALL_TASKS = {"needle": 1.0, "lookalike": 1.0, "multikey": 1.0, "multiturn": 1.0}
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,9 @@ class Recipe:
     checkpoint_every: int = 50
     eval_lengths: tuple[int, ...] = (512, 2048)
     eval_examples: int = 100
-    eval_tasks: tuple[str, ...] = field(default=("needle", "multikey", "multiturn"))
+    eval_tasks: tuple[str, ...] = field(default=("needle", "lookalike", "multikey", "multiturn"))
+    regime_examples: int = 32  # records per task and length of the regime table (provenance)
+    regime_tasks: tuple[str, ...] = field(default=("needle", "lookalike", "multikey"))
 
     @property
     def total_steps(self) -> int:
@@ -64,12 +66,17 @@ RECIPES: dict[str, Recipe] = {
             Phase(steps=250, lengths=(256, 256), tokens_per_batch=8192, task_weights={"copy": 1.0}),
             Phase(steps=500, lengths=(320, 768), tokens_per_batch=6144,
                   task_weights={"copy": 0.5, **ALL_TASKS}),
-            Phase(steps=1400, lengths=(640, 2304), tokens_per_batch=6144,
+            Phase(steps=1100, lengths=(640, 2304), tokens_per_batch=6144,
                   task_weights={"copy": 0.5, **ALL_TASKS}),
         ),
         retrieval_layer=1,
-        local_heads=((0, 0, 1), (0, 1, 2), (0, 2, 3), (0, 3, 4)),
+        # layer 0: three heads look 1-3 tokens back, the fourth at the most recent key
+        local_heads=((0, 0, 1), (0, 1, 2), (0, 2, 3)),
+        entity_head=(0, 3),
         readout_weight=1.0,
+        # every head of layer 1 looks at the fact's sentence from the question
+        question_weight=1.0,
+        question_heads=((1, 0), (1, 1), (1, 2), (1, 3)),
     ),
     "tiny": Recipe(
         name="tiny",
@@ -81,10 +88,13 @@ RECIPES: dict[str, Recipe] = {
                   task_weights={"copy": 0.5, **ALL_TASKS}),
         ),
         readout_weight=1.0,
+        entity_head=(0, 3),
+        question_weight=1.0,
         warmup_steps=2,
         checkpoint_every=2,
         eval_lengths=(256,),
         eval_examples=2,
+        regime_examples=1,
     ),
 }
 
