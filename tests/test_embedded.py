@@ -56,7 +56,7 @@ def test_provenance_records_how_it_was_made():
     lengths = record["eval_lengths"]
     assert len(lengths) >= 2 and max(lengths) >= 2048
     for table in ("accuracy_full_cache", "accuracy_streaming_topk_12_5"):
-        for task in ("needle", "multikey", "multiturn"):
+        for task in ("needle", "lookalike", "multikey", "multiturn"):
             assert set(record[table][task]) == {str(n) for n in lengths}, (table, task)
             assert all(0.0 <= a <= 1.0 for a in record[table][task].values())
 
@@ -71,7 +71,7 @@ def test_eviction_has_something_to_break():
     assert mean_evicted < 0.5 * mean_full, (mean_full, mean_evicted)
 
 
-@pytest.mark.parametrize("task", ["needle", "multikey", "multiturn"])
+@pytest.mark.parametrize("task", ["needle", "lookalike", "multikey", "multiturn"])
 def test_recorded_accuracy_reproduces(embedded, task):
     """The first records of the evaluation set, answered again, agree with provenance.json
     (a subset of 20 of its records: binomial tolerance)."""
@@ -88,12 +88,33 @@ def test_recorded_accuracy_reproduces(embedded, task):
     assert abs(measured[task][str(length)] - recorded) <= tolerance, (measured, recorded)
 
 
+MASTERED = ("needle", "multikey", "multiturn")  # the tasks the model is meant to solve
+
+
 def test_full_cache_accuracy_bar():
-    """Issue 3's bar: greedy full-cache accuracy >= 0.9 on every task and length."""
+    """The tasks the model masters stay at >= 0.9 on every length (issue 3's bar); the
+    look-alike needles are its task of inherent difficulty: solved only part of the time,
+    but well above nothing (issue 12)."""
     record = embedded_provenance()
-    for task in ("needle", "multikey", "multiturn"):
-        for length in record["eval_lengths"]:
+    for length in record["eval_lengths"]:
+        for task in MASTERED:
             assert record["accuracy_full_cache"][task][str(length)] >= 0.9, (task, length)
+        assert 0.3 <= record["accuracy_full_cache"]["lookalike"][str(length)] <= 0.85, length
+
+
+def test_recorded_regime_is_the_papers():
+    """Issue 12's regime, as measured on training-range records when the model was made:
+    question-aware eviction nearly free, streaming eviction harmful, failures inherent to
+    the model present."""
+    regime = embedded_provenance()["regime"]
+    assert regime["seed"] >= 1_000_000  # training seed range, not a smoke or paper seed
+    assert regime["samplers"] == ["topk", "poisson"] and regime["examples"] >= 24
+    induced = {cell: row["pooled"] for cell, row in regime["induced"].items()}
+    assert induced["aware@0.125"] <= 0.20
+    assert induced["aware@0.25"] <= 0.10 and induced["aware@0.5"] <= 0.10
+    assert induced["streaming@0.125"] >= 0.30 and induced["streaming@0.25"] >= 0.30
+    lookalike = regime["full"]["lookalike"]
+    assert all(0.3 <= a <= 0.85 for a in lookalike.values())
 
 
 def test_attention_implementation_can_be_switched(embedded):

@@ -21,10 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from kvcert.tasks.lengths import fit_filler
-from kvcert.tasks.needle import (ANSWER_PREFIX, DEPTHS, INSTRUCTION, NEEDLE, QUESTION, RESPONSE,
-                                 SEPARATOR, draw_values, haystack_lines)
-from kvcert.tasks.prompting import build_prompt_ids
+from kvcert.tasks.needle import ANSWER_PREFIX, DEPTHS, NEEDLE, QUESTION, RESPONSE, draw_values, needle_record
 from kvcert.tasks.records import QuestionAnswer, TaskRecord
 from kvcert.tasks.sampling import balanced_pick, example_rng
 from kvcert.tasks.wordlists import KEY_ADJECTIVES, NEEDLE_KEYS
@@ -67,24 +64,10 @@ def make_record(
     query_depth = float(depth) if depth is not None else float(balanced_pick(depths, seed, TASK, index))
     needle_depths = [query_depth] + [rng.uniform(0.0, 100.0) for _ in keys[1:]]
     needles = [(d, NEEDLE.format(key=k, value=v)) for d, k, v in zip(needle_depths, keys, values)]
-    question = QUESTION.format(key=keys[0])
-    prefix = ANSWER_PREFIX.format(key=keys[0])
-
-    def make_context(n: int) -> str:
-        return "\n".join([INSTRUCTION, *haystack_lines(needles, n)])
-
-    context, _, _ = fit_filler(tokenizer, make_context, question, target_tokens,
-                               separator=SEPARATOR, answer_prefix=prefix)
-    record = TaskRecord(
-        id=f"{TASK}-s{seed}-t{target_tokens}-l{lookalikes}-{index}",
-        task=TASK,
-        context=context,
-        question=question,
-        answers=[values[0]],
-        separator=SEPARATOR,
-        answer_prefix=prefix,
+    return needle_record(
+        tokenizer, target_tokens, needles, keys[0], values[0],
+        id=f"{TASK}-s{seed}-t{target_tokens}-l{lookalikes}-{index}", task=TASK,
         metadata={
-            "target_tokens": target_tokens,
             "depth": query_depth,
             "lookalikes": lookalikes,
             "others": others,
@@ -92,8 +75,6 @@ def make_record(
                         for k, v, d, kind in zip(keys, values, needle_depths, kinds)],
         },
     )
-    record.length = len(build_prompt_ids(tokenizer, record)[0])
-    return record
 
 
 def generate(

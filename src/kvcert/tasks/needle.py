@@ -103,24 +103,10 @@ def make_record(
     needles = [
         (d, NEEDLE.format(key=k, value=v)) for d, k, v in zip(needle_depths, keys, values)
     ]
-    question = QUESTION.format(key=keys[0])
-    prefix = ANSWER_PREFIX.format(key=keys[0])
-
-    def make_context(n: int) -> str:
-        return "\n".join([INSTRUCTION, *haystack_lines(needles, n)])
-
-    context, _, _ = fit_filler(tokenizer, make_context, question, target_tokens,
-                               separator=SEPARATOR, answer_prefix=prefix)
-    record = TaskRecord(
-        id=f"{TASK}-s{seed}-t{target_tokens}-n{num_needles}-{index}",
-        task=TASK,
-        context=context,
-        question=question,
-        answers=[values[0]],
-        separator=SEPARATOR,
-        answer_prefix=prefix,
+    return needle_record(
+        tokenizer, target_tokens, needles, keys[0], values[0],
+        id=f"{TASK}-s{seed}-t{target_tokens}-n{num_needles}-{index}", task=TASK,
         metadata={
-            "target_tokens": target_tokens,
             "depth": query_depth,
             "num_needles": num_needles,
             "needles": [
@@ -128,6 +114,23 @@ def make_record(
             ],
         },
     )
+
+
+def needle_record(tokenizer: Any, target_tokens: int, needles: Sequence[tuple[float, str]], key: str,
+                  value: str, *, id: str, task: str, metadata: dict[str, Any]) -> TaskRecord:
+    """The record of a RULER needle prompt: ``needles`` (depth, sentence) in a haystack
+    fitted to ``target_tokens``, the question and answer prefix about ``key``."""
+    question = QUESTION.format(key=key)
+    prefix = ANSWER_PREFIX.format(key=key)
+
+    def make_context(n: int) -> str:
+        return "\n".join([INSTRUCTION, *haystack_lines(needles, n)])
+
+    context, _, _ = fit_filler(tokenizer, make_context, question, target_tokens,
+                               separator=SEPARATOR, answer_prefix=prefix)
+    record = TaskRecord(id=id, task=task, context=context, question=question, answers=[value],
+                        separator=SEPARATOR, answer_prefix=prefix,
+                        metadata={"target_tokens": target_tokens, **metadata})
     record.length = len(build_prompt_ids(tokenizer, record)[0])
     return record
 

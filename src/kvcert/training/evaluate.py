@@ -57,6 +57,15 @@ def _cache_argument(model: Any) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def record_sets(tokenizer: Any, tasks: list[str], lengths: list[int], n_examples: int, seed: int,
+                options: dict[str, dict[str, Any]] | None = None):
+    """``(task, length, records)`` for every task and length: the evaluation records."""
+    for task in tasks:
+        for length in lengths:
+            yield task, length, TASKS[task].generate(tokenizer, n_examples, length, seed,
+                                                     **(options or {}).get(task, {}))
+
+
 def answer(model: Any, tokenizer: Any, record: Any, max_new_tokens: int = MAX_NEW_TOKENS) -> str:
     """The model's greedy answer to ``record`` (special tokens removed)."""
     ids, _ = build_prompt_ids(tokenizer, record)
@@ -86,21 +95,18 @@ def evaluate(
     model.eval()
     result: dict[str, dict[str, float]] = {}
     bar = tqdm(total=len(tasks) * len(lengths) * n_examples, desc="evaluate", disable=not progress)
-    for task in tasks:
-        result[task] = {}
-        for length in lengths:
-            records = TASKS[task].generate(tokenizer, n_examples, length, seed, **options.get(task, {}))
-            correct = 0
-            for record in records:
-                prediction = answer(model, tokenizer, record)
-                ok = is_correct(task, prediction, record.answers)
-                correct += ok
-                if details is not None:
-                    details.append({"id": record.id, "task": task, "length": length,
-                                    "prediction": prediction, "answers": record.answers,
-                                    "correct": ok})
-                bar.update(1)
-            result[task][str(length)] = correct / max(1, len(records))
+    for task, length, records in record_sets(tokenizer, tasks, lengths, n_examples, seed, options):
+        correct = 0
+        for record in records:
+            prediction = answer(model, tokenizer, record)
+            ok = is_correct(task, prediction, record.answers)
+            correct += ok
+            if details is not None:
+                details.append({"id": record.id, "task": task, "length": length,
+                                "prediction": prediction, "answers": record.answers,
+                                "correct": ok})
+            bar.update(1)
+        result.setdefault(task, {})[str(length)] = correct / max(1, len(records))
     bar.close()
     model.train(was_training)
     return result
@@ -144,16 +150,13 @@ def evaluate_compressed(
     bar = tqdm(total=len(tasks) * len(lengths) * n_examples, desc=f"evaluate {condition} {budget:g}",
                disable=not progress)
     try:
-        for task in tasks:
-            result[task] = {}
-            for length in lengths:
-                records = TASKS[task].generate(tokenizer, n_examples, length, seed)
-                correct = 0
-                for record in records:
-                    out = engine.run(record)
-                    correct += is_correct(task, out["answer"], record.answers)
-                    bar.update(1)
-                result[task][str(length)] = correct / max(1, len(records))
+        for task, length, records in record_sets(tokenizer, tasks, lengths, n_examples, seed):
+            correct = 0
+            for record in records:
+                out = engine.run(record)
+                correct += is_correct(task, out["answer"], record.answers)
+                bar.update(1)
+            result.setdefault(task, {})[str(length)] = correct / max(1, len(records))
     finally:
         bar.close()
         model.set_attn_implementation(previous)
@@ -215,25 +218,22 @@ def evaluate_regime(
     total = len(tasks) * len(lengths) * n_examples * (1 + len(cells) * len(samplers))
     bar = tqdm(total=total, desc="evaluate regime", disable=not progress)
     try:
-        for task in tasks:
-            full[task] = {}
-            for length in lengths:
-                records = TASKS[task].generate(tokenizer, n_examples, length, seed)
-                correct = 0
-                for record in records:
-                    ok = is_correct(task, engines["full"].run(record)["answer"], record.answers)
-                    correct += ok
-                    bar.update(1)
-                    for condition, budget in cells:
-                        name = f"{condition}@{budget:g}"
-                        for sampler in samplers:
-                            if ok:
-                                out = engines[(condition, budget, sampler)].run(record)
-                                counts = tally.setdefault((name, task), [0, 0])
-                                counts[0] += not is_correct(task, out["answer"], record.answers)
-                                counts[1] += 1
-                            bar.update(1)
-                full[task][str(length)] = correct / max(1, len(records))
+        for task, length, records in record_sets(tokenizer, tasks, lengths, n_examples, seed):
+            correct = 0
+            for record in records:
+                ok = is_correct(task, engines["full"].run(record)["answer"], record.answers)
+                correct += ok
+                bar.update(1)
+                for condition, budget in cells:
+                    name = f"{condition}@{budget:g}"
+                    for sampler in samplers:
+                        if ok:
+                            out = engines[(condition, budget, sampler)].run(record)
+                            counts = tally.setdefault((name, task), [0, 0])
+                            counts[0] += not is_correct(task, out["answer"], record.answers)
+                            counts[1] += 1
+                        bar.update(1)
+            full.setdefault(task, {})[str(length)] = correct / max(1, len(records))
     finally:
         bar.close()
         model.set_attn_implementation(previous)
