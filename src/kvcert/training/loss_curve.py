@@ -33,7 +33,7 @@ def plot_loss_curve(history: Sequence[dict[str, Any]], phase_ends: Sequence[int]
         ax.axvline(end, linestyle="--", color="gray", linewidth=0.8)
     ax.set_yscale("log")
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats)")
+    ax.set_ylabel("loss (nats): cross-entropy; KL for question-time attention")
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
