@@ -246,9 +246,13 @@ def test_train_model_command(tmp_path, capsys):
     assert record["command"] == "kvcert train-model --recipe tiny --seed 0 --eval-examples 1"
     assert len(record["training_data_sha256"]) == 64 and record["steps"] == get_recipe("tiny").total_steps
     assert record["eval_lengths"] == list(get_recipe("tiny").eval_lengths)
-    assert set(record["accuracy_full_cache"]) == {"needle", "multikey", "multiturn"}
-    assert set(record["accuracy_streaming_topk_12_5"]) == {"needle", "multikey", "multiturn"}
+    tasks = {"needle", "lookalike", "multikey", "multiturn"}
+    assert set(record["accuracy_full_cache"]) == set(record["accuracy_streaming_topk_12_5"]) == tasks
     assert record["streaming_topk_method"]["budget"] == 0.125
+    regime = record["regime"]  # the eviction regime, on records from the training seed range
+    assert regime["seed"] >= 1_000_000 and set(regime["full"]) == set(get_recipe("tiny").regime_tasks)
+    assert set(regime["induced"]) == {"aware@0.125", "aware@0.25", "aware@0.5",
+                                      "streaming@0.125", "streaming@0.25"}
     assert record["training_wall_time_s"] > 0
     assert (model_dir / "loss_curve.png").exists()
     assert str(tmp_path) not in (model_dir / "provenance.json").read_text()
@@ -263,3 +267,48 @@ def test_train_model_command(tmp_path, capsys):
     assert model(input_ids=torch.tensor([ids])).logits.shape[-1] == len(tokenizer)
     accuracy = evaluate(model, tokenizer, ["needle"], [200], 2, progress=False)
     assert 0.0 <= accuracy["needle"]["200"] <= 1.0
+
+
+def test_regime_counts_induced_failures_among_full_cache_successes(monkeypatch, tok):
+    """The regime table's rates are failures / runs over the records the full cache gets
+    right, pooled over samplers and tasks; records the full cache fails are not run."""
+    from kvcert.generation import engine as engine_module
+    from kvcert.training import evaluate as evaluate_module
+
+    calls = []
+
+    class FakeEngine:  # answers from the record's index and the condition
+        def __init__(self, model, tokenizer, spec):
+            self.spec = spec
+
+        def run(self, record):
+            index = int(record.id.rsplit("-", 1)[1])
+            condition, sampler = self.spec.condition, self.spec.method.sampler
+            calls.append((condition, sampler, index))
+            right = {"full": index != 3,  # the full cache fails record 3
+                     "aware": not (index == 0 and sampler == "poisson"),  # one induced failure
+                     "streaming": index >= 2}[condition]
+            return {"answer": record.answers[0] if right else "nothing"}
+
+    class FakeModel:
+        config = type("C", (), {"_attn_implementation": "sdpa"})()
+        training = False
+
+        def eval(self):
+            return self
+
+        def train(self, mode=True):
+            return self
+
+        def set_attn_implementation(self, name):
+            self.config._attn_implementation = name
+
+    monkeypatch.setattr(engine_module, "Engine", FakeEngine)
+    monkeypatch.setattr("kvcert.integration.enable_certified_attention", lambda model: None)
+    regime = evaluate_module.evaluate_regime(FakeModel(), tok, ["needle"], [300], 4, seed=1_000_001,
+                                             cells=[("aware", 0.25), ("streaming", 0.125)], progress=False)
+    assert regime["full"] == {"needle": {"300": 0.75}}
+    # aware: 3 successes x 2 samplers = 6 runs, 1 failure; streaming: records 0 and 1 fail, both samplers
+    assert regime["induced"]["aware@0.25"] == {"needle": 1 / 6, "pooled": 1 / 6}
+    assert regime["induced"]["streaming@0.125"] == {"needle": 4 / 6, "pooled": 4 / 6}
+    assert not any(index == 3 and condition != "full" for condition, _, index in calls)
