@@ -9,6 +9,7 @@ kvcert.pipeline.plan, the same code behind `kvcert plan`.
     snakemake --profile profiles/slurm --config experiment=paper
 """
 
+import sys
 from pathlib import Path
 
 import yaml
@@ -16,6 +17,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
+from kvcert.pipeline.check import preflight, profile_from_argv
 from kvcert.pipeline.config import check_pipeline_config
 from kvcert.pipeline.plan import build_plan, load_grid
 
@@ -36,6 +38,17 @@ EXP = config["experiment"]
 EXP_CFG = yaml.safe_load((CONFIGS / "experiment" / f"{EXP}.yaml").read_text())
 PREREG = config["prereg"]
 PLAN = build_plan(EXP, load_grid(PREREG, EXP_CFG["grid"]))
+if workflow.is_main_process:  # not again inside each cluster job
+    # pre-flight: what would fail on the cluster (missing models, data, placeholders,
+    # an edited pre-registration) stops even a dry run, at once, one line per problem
+    PROFILE = profile_from_argv(sys.argv)
+    if PROFILE and not Path(PROFILE).exists() and (Path(workflow.basedir) / "profiles" / PROFILE).exists():
+        PROFILE = str(Path(workflow.basedir) / "profiles" / PROFILE)
+    PROBLEMS = preflight(EXP, PREREG, CONFIGS, PROFILE)
+    if PROBLEMS:
+        raise WorkflowError("\n".join(PROBLEMS + [
+            f"{len(PROBLEMS)} problem(s) found before any job ran; `kvcert check --experiment {EXP}"
+            + (f" --profile {PROFILE}" if PROFILE else "") + "` lists them again"]))
 OUT = f"{config['results']}/{EXP}"
 ANALYSIS = Path(workflow.basedir) / "analysis"
 VERIFIED = f"{OUT}/prereg/verified.json"

@@ -152,12 +152,24 @@ def test_bad_config_one_line(patch, match):
     assert "\n" not in str(info.value)
 
 
-def test_missing_model_path_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="model.path: .*does not exist"):
+def test_missing_model_path_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVCERT_MODEL_DIR", raising=False)
+    with pytest.raises(FileNotFoundError, match="model.path: .*does not exist.*KVCERT_MODEL_DIR.*unset here") as info:
         resolve_model_path(str(tmp_path / "no-such-model"))
+    assert "\n" not in str(info.value)
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no config.json"):
         resolve_model_path(str(tmp_path / "empty"))
+    # the shipped paper configs' default: a relative local path, never taken for a Hub id
+    with pytest.raises(FileNotFoundError, match="models/qwen2.5-7b-instruct does not exist"):
+        resolve_model_path("models/qwen2.5-7b-instruct")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert resolve_model_path("hf:Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE is set"):
+        resolve_model_path("hf:Qwen/Qwen2.5-7B-Instruct")
+    with pytest.raises(FileNotFoundError, match="written hf:owner/name"):
+        resolve_model_path("hf:not-an-id")
 
 
 def test_runner_resumes_without_loss_or_duplicates(tmp_path, loaded, records):

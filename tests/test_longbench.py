@@ -239,8 +239,11 @@ def test_missing_field_names_field_file_and_row(tmp_path):
 
 def test_missing_path_is_file_not_found(tmp_path):
     missing = tmp_path / "nowhere"
-    with pytest.raises(FileNotFoundError, match="nowhere.*no such file or directory"):
+    with pytest.raises(FileNotFoundError, match="longbench: .*nowhere does not exist.*LONGBENCH_DIR"):
         load_longbench(missing, "hotpotqa")
+    # a relative path that looks like owner/name is a local path, not a Hub id
+    with pytest.raises(FileNotFoundError, match="data/longbench does not exist.*hf:owner/name"):
+        load_longbench("data/longbench", "hotpotqa")
     with pytest.raises(FileNotFoundError, match=r"no LongBench data for 'qasper'.*qasper\.jsonl"):
         load_longbench(tmp_path, "qasper")
 
@@ -257,7 +260,8 @@ def test_hub_id_goes_through_datasets_lazily(monkeypatch):
         return [_row(i) for i in range(3)]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    rows = load_longbench("someone/LongBench-parquet", "hotpotqa", limit=2,
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    rows = load_longbench("hf:someone/LongBench-parquet", "hotpotqa", limit=2,
                           revision="refs/convert/parquet")
     assert rows == [_row(0), _row(1)]
     assert calls[0] == ("someone/LongBench-parquet", "hotpotqa",
@@ -268,8 +272,13 @@ def test_hub_id_goes_through_datasets_lazily(monkeypatch):
         raise ConnectionError("hub unreachable")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(FileNotFoundError, match="no such local path.*hub unreachable"):
-        load_longbench("missing/dir", "hotpotqa")
+    with pytest.raises(FileNotFoundError, match="hf:missing/dir: loading the Hub dataset failed.*hub unreachable"):
+        load_longbench("hf:missing/dir", "hotpotqa")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a compute node: refused before any network call
+    calls.clear()
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE is set"):
+        load_longbench("hf:someone/LongBench-parquet", "hotpotqa")
+    assert not calls
 
     # neither module imports datasets (or pyarrow) at import time
     for module in (longbench, longbench_metrics):

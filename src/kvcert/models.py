@@ -1,9 +1,9 @@
 """Loading a model and its tokenizer from config: the embedded model, a local
-directory, or a hub id (only when a generation job asks for it, never at import).
+directory, or a Hub id written ``hf:owner/name`` (only when a job asks for it, never at
+import; see :mod:`kvcert.sources`).
 
-A missing local path is reported in one line before anything is loaded; a hub id is
-passed to ``from_pretrained`` unchanged (offline machines fail there, with the
-library's own message).
+A missing local path, or a Hub id on a machine with ``HF_HUB_OFFLINE`` set, is reported
+in one line before anything is loaded.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .sources import hub_id, missing
 
 EMBEDDED = "embedded"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -22,7 +24,7 @@ class ModelSpec:
     """Where a model comes from and how to run it.
 
     name: label written into every record. path: "embedded", a local directory, or a
-    hub id ("org/name"). dtype: float32 | bfloat16 | float16. device: auto | cpu | cuda[:n].
+    Hub id written "hf:org/name". dtype: float32 | bfloat16 | float16. device: auto | cpu | cuda[:n].
     """
 
     name: str = EMBEDDED
@@ -36,7 +38,8 @@ class ModelSpec:
 
 
 def resolve_model_path(path: str) -> str:
-    """The directory or hub id to load; raises FileNotFoundError for a missing local path."""
+    """The directory or Hub id to load; raises :class:`~kvcert.sources.SourceError`
+    (a ``FileNotFoundError``) in one line for a missing local path."""
     if path == EMBEDDED:
         from .embedded import embedded_model_path
 
@@ -44,17 +47,15 @@ def resolve_model_path(path: str) -> str:
         if not (resolved / "config.json").exists():
             raise FileNotFoundError(f"model.path: the embedded model is missing ({resolved}); run `kvcert train-model --install`")
         return str(resolved)
-    looks_local = path.startswith((".", "/", "~")) or Path(path).expanduser().exists() or path.count("/") != 1
-    if looks_local:
-        local = Path(path).expanduser()
-        if not local.exists():
-            raise FileNotFoundError(
-                f"model.path: {path} does not exist; give a local model directory, 'embedded', or a hub id like org/name"
-            )
-        if not (local / "config.json").exists():
-            raise FileNotFoundError(f"model.path: {path} has no config.json; it is not a Hugging Face model directory")
-        return str(local)
-    return path
+    ident = hub_id(path)
+    if ident is not None:
+        return ident
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        raise missing("model.path", path, "does not exist (a local model directory was expected)")
+    if not (local / "config.json").exists():
+        raise missing("model.path", path, "has no config.json; it is not a Hugging Face model directory")
+    return str(local)
 
 
 def pick_device(device: str) -> torch.device:
@@ -77,8 +78,8 @@ def load_model(spec: ModelSpec):
     except OSError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise FileNotFoundError(
-            f"model.path: could not load {spec.path!r} as a local directory or hub id ({first}); "
-            "download it first and give its local directory"
+            f"model.path: could not load {spec.path!r} ({first}); "
+            "give a complete local model directory (config, weights, tokenizer)"
         ) from exc
     model.to(device).eval()
     enable_certified_attention(model)

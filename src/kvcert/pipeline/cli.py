@@ -1,4 +1,4 @@
-"""Pipeline commands: ``kvcert plan``, ``kvcert manifest``, ``kvcert shard``.
+"""Pipeline commands: ``kvcert plan``, ``kvcert check``, ``kvcert manifest``, ``kvcert shard``.
 
 The Snakefile runs ``kvcert manifest`` and ``kvcert shard`` for its jobs; both look
 their job up in the plan of the experiment's pre-registered grid and compose the run
@@ -36,6 +36,21 @@ def plan_command(args) -> int:
         print(f"  cell {cell:<10} {n:>8} generations")
     hours = gpu_hours(plan, exp.get("seconds_per_generation", {}))
     print(f"generations={plan.generations} jobs={plan.jobs} gpu_hours={hours:.1f}")
+    return 0
+
+
+def check_command(args) -> int:
+    from .check import preflight
+
+    config_dir = Path(args.configs).resolve() if args.configs else configs_dir()
+    problems = preflight(args.experiment, args.prereg, config_dir, args.profile)
+    for line in problems:
+        print(line)
+    if problems:
+        print(f"experiment {args.experiment}: {len(problems)} problem(s) to fix before a run")
+        return 1
+    print(f"experiment {args.experiment}: ready (pre-registration, models, data"
+          + (f", profile {args.profile})" if args.profile else ")"))
     return 0
 
 
@@ -91,6 +106,11 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="generations, jobs per rule and expected GPU hours of an experiment")
     _common(p)
     p.set_defaults(func=plan_command)
+
+    p = subparsers.add_parser("check", help="pre-flight: pre-registration, model folders, data, profile placeholders")
+    _common(p)
+    p.add_argument("--profile", default=None, help="a Snakemake profile folder to check too (e.g. profiles/slurm)")
+    p.set_defaults(func=check_command)
 
     p = subparsers.add_parser("manifest", help="build the task records of one (model, task, length)")
     _common(p)

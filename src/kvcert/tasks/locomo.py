@@ -54,6 +54,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from kvcert.sources import missing
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import TaskRecord
 
@@ -94,11 +95,10 @@ _SESSION_KEY = re.compile(r"^session_(\d+)$")
 
 def load_locomo(path: str | Path) -> list[dict[str, Any]]:
     """The samples of a ``locomo10.json``-format file, checked field by field."""
+    given = str(path)
     path = Path(path).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path}: no such file (expected the released LoCoMo JSON, e.g. locomo10.json)"
-        )
+        raise missing("locomo", given, "does not exist (the released LoCoMo JSON, locomo10.json, was expected)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:

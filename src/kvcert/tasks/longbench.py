@@ -39,13 +39,13 @@ not comparable with published ones.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
 from kvcert.tasks.longbench_metrics import DATASET2METRIC, score_sample
 from kvcert.tasks.prompting import PROMPT_SEPARATOR, build_prompt_ids
+from kvcert.sources import HUB_PREFIX, hub_id, missing
 from kvcert.tasks.records import TaskRecord
 
 __all__ = [
@@ -163,7 +163,6 @@ REQUIRED_FIELDS: tuple[str, ...] = (
 )
 
 TASK_PREFIX = "longbench_"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def task_name(dataset: str) -> str:
@@ -178,8 +177,8 @@ def load_longbench(source: str | Path, dataset: str, split: str = "test",
     """The raw rows of one LongBench dataset (first ``limit`` rows when given).
 
     ``source`` is a local file (``.jsonl`` or ``.parquet``), a local directory (see
-    the module docstring for the layouts searched), or a hub dataset id
-    (``owner/name``), loaded as ``datasets.load_dataset(source, dataset, split=split,
+    the module docstring for the layouts searched), or a Hub dataset id written
+    ``hf:owner/name`` (:mod:`kvcert.sources`), loaded as ``datasets.load_dataset(source, dataset, split=split,
     revision=revision)`` and, when the repository has no configuration of that name
     (e.g. the ``refs/convert/parquet`` branch), with ``data_dir=dataset`` instead.
     """
@@ -202,12 +201,11 @@ def load_longbench(source: str | Path, dataset: str, split: str = "test",
             if limit is not None and len(rows) >= limit:
                 break
         return rows
-    if _HUB_ID.match(str(source)):
-        return _load_hub(str(source), dataset, split, limit, revision)
-    raise FileNotFoundError(
-        f"{source}: no such file or directory (expected a directory holding {dataset}.jsonl or "
-        "Parquet files, a .jsonl/.parquet file, or a hub dataset id 'owner/name')"
-    )
+    ident = hub_id(str(source))
+    if ident is not None:
+        return _load_hub(ident, dataset, split, limit, revision)
+    raise missing("longbench", str(source), f"does not exist (a directory holding {dataset}.jsonl or "
+                  "Parquet files, or a .jsonl/.parquet file, was expected)")
 
 
 def _local_files(directory: Path, dataset: str, split: str) -> list[Path]:
@@ -276,10 +274,9 @@ def _load_hub(source: str, dataset: str, split: str, limit: int | None,
             # no configuration named after the dataset: one folder per dataset instead
             data = datasets.load_dataset(source, data_dir=dataset, split=split, revision=revision)
     except Exception as exc:
-        # ``source`` may as well have been meant as a local path that is missing
+        first = (str(exc).strip().splitlines() or [""])[0]
         raise FileNotFoundError(
-            f"{source}: no such local path, and loading it as a hub dataset id failed "
-            f"({type(exc).__name__}: {exc})"
+            f"{HUB_PREFIX}{source}: loading the Hub dataset failed ({type(exc).__name__}: {first})"
         ) from exc
     rows = []
     for index, row in enumerate(data):

@@ -1,0 +1,58 @@
+"""Where models and data sets come from: local paths, or Hub ids written as such.
+
+A path in a config is local unless it is written ``hf:owner/name`` — then, and only
+then, it is a Hugging Face Hub id (a model, or the LongBench Parquet mirror). A local
+path that is missing fails at once, in one line naming the path and the environment
+variable the shipped configs build it from (:data:`ENV_VARS`); a Hub id fails at once
+on a machine where ``HF_HUB_OFFLINE`` is set (a compute node without internet), instead
+of retrying the network. Nothing here downloads anything.
+"""
+
+from __future__ import annotations
+
+import os
+
+HUB_PREFIX = "hf:"
+
+#: what a path is for -> (environment variable of the shipped configs, what it holds)
+ENV_VARS: dict[str, tuple[str, str]] = {
+    "model.path": ("KVCERT_MODEL_DIR", "the folder holding one folder per model"),
+    "longbench": ("LONGBENCH_DIR", "the folder holding LongBench v1's <dataset>.jsonl files"),
+    "locomo": ("LOCOMO_JSON", "the path of LoCoMo's locomo10.json"),
+}
+
+
+class SourceError(FileNotFoundError):
+    """A model or data path that cannot be used; the message is one line that says how
+    to fix it."""
+
+
+def hub_id(source: str) -> str | None:
+    """The Hub id of ``hf:owner/name`` (None for a local path); refused offline."""
+    text = str(source)
+    if not text.startswith(HUB_PREFIX):
+        return None
+    ident = text[len(HUB_PREFIX):]
+    if ident.count("/") != 1 or not all(ident.split("/")):
+        raise SourceError(f"{text}: a Hub id is written hf:owner/name")
+    if hub_offline():
+        raise SourceError(
+            f"{text} is a Hub id, but HF_HUB_OFFLINE is set on this machine; download it "
+            "(huggingface-cli download, on a machine with internet) and give its local path"
+        )
+    return ident
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def missing(what: str, path: str, expected: str) -> SourceError:
+    """The one-line error of a missing local ``path`` (``what``: a key of ENV_VARS)."""
+    hint = ""
+    if what in ENV_VARS:
+        variable, holds = ENV_VARS[what]
+        value = os.environ.get(variable)
+        now = f"now {value}" if value else "unset here"
+        hint = f"; the shipped configs read {variable} ({holds}; {now})"
+    return SourceError(f"{what}: {path} {expected}{hint}; a Hub id is written {HUB_PREFIX}owner/name")
