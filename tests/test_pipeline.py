@@ -19,11 +19,21 @@ from kvcert.prereg import PreregError, freeze, verify
 REPO = Path(__file__).resolve().parents[1]
 
 
-def snakemake(*args, cwd=REPO, timeout=300):
+def snakemake(*args, cwd=REPO, timeout=300, env=None):
     return subprocess.run(
         [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), *args],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
     )
+
+
+@pytest.fixture(scope="module")
+def paper_env(tmp_path_factory):
+    """The environment of a user who set the README's exports (stand-in models and data)."""
+    import os
+
+    from paper_sources import paper_sources
+
+    return {**os.environ, **paper_sources(tmp_path_factory.mktemp("paper-sources"))}
 
 
 def job_stats(output: str) -> dict[str, int]:
@@ -31,13 +41,13 @@ def job_stats(output: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
 
 
-def test_paper_plan_matches_dry_run_and_is_fast():
+def test_paper_plan_matches_dry_run_and_is_fast(paper_env):
     plan = build_plan("paper", load_grid(REPO / "preregistration", "grids/paper.yaml"))
     main = sum(s.generations for s in plan.shards if s.cell == "main")
     assert main == 4 * 2 * (4 * 150 + 110) * 13  # 73,840: the paper's ~74k generations
     assert all(s.generations <= 200 for s in plan.shards)  # a few hundred per GPU job at most
     t0 = time.time()
-    out = snakemake("-n", "--config", "experiment=paper")
+    out = snakemake("-n", "--config", "experiment=paper", env=paper_env)
     elapsed = time.time() - t0
     assert out.returncode == 0, out.stderr[-2000:]
     stats = job_stats(out.stdout)
@@ -51,6 +61,55 @@ def test_paper_plan_matches_dry_run_and_is_fast():
     last = plan_cli.stdout.strip().splitlines()[-1]
     assert last.startswith(f"generations={plan.generations} jobs={plan.jobs} gpu_hours=")
     assert float(last.split("gpu_hours=")[1]) > 0
+
+
+def test_dry_run_stops_on_missing_models_and_data():
+    """Model folders and data the user has not set up: a dry run stops before any job,
+    with one line per missing folder, no traceback and no Hub lookup."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("KVCERT_MODEL_DIR", "LONGBENCH_DIR", "LOCOMO_JSON")}
+    out = snakemake("-n", "--config", "experiment=paper", env=env)
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    grid = load_grid(REPO / "preregistration", "grids/paper.yaml")
+    lines = [line for line in text.splitlines() if line.startswith("model ")]
+    assert len(lines) == len(grid["models"])
+    for model, line in zip(sorted(grid["models"]), lines):
+        assert line.startswith(f"model {model}: models/{model} does not exist") and "KVCERT_MODEL_DIR" in line
+    assert sum(line.startswith("task longbench_") for line in text.splitlines()) == 4
+    assert "Traceback" not in text and "huggingface.co" not in text
+    assert "problem(s) found before any job ran; `kvcert check --experiment paper` lists them again" in text
+
+
+def test_check_command(paper_env, tmp_path):
+    """kvcert check: ready on complete sources; each broken piece named in one line."""
+    def check(*args, env=paper_env):
+        return subprocess.run([sys.executable, "-m", "kvcert.cli", "check", "--experiment", "paper", *args],
+                              cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+
+    ok = check()
+    assert ok.returncode == 0 and "experiment paper: ready" in ok.stdout, ok.stdout + ok.stderr
+    # the shipped Slurm profile still has its placeholders: one line each, with the line number
+    placeholders = check("--profile", "profiles/slurm")
+    assert placeholders.returncode == 1
+    lines = [line for line in placeholders.stdout.splitlines() if line.startswith("profile ")]
+    assert {line.split(": ")[1].split(" is still")[0] for line in lines} == {
+        "slurm_account", "slurm_partition", "gpu_model"}
+    assert all(re.match(r"profile profiles/slurm/config\.yaml:\d+: ", line) for line in lines)
+    # a model folder without weights, a data folder without one data set
+    models = Path(paper_env["KVCERT_MODEL_DIR"])
+    broken = tmp_path / "models"
+    shutil.copytree(models, broken)
+    (broken / "llama-3.1-8b-instruct" / "model.safetensors").unlink()
+    data = tmp_path / "longbench"
+    shutil.copytree(paper_env["LONGBENCH_DIR"], data)
+    (data / "qasper.jsonl").unlink()
+    out = check(env={**paper_env, "KVCERT_MODEL_DIR": str(broken), "LONGBENCH_DIR": str(data)})
+    assert out.returncode == 1
+    assert out.stdout.splitlines()[:2] == [
+        f"model llama-3.1-8b-instruct: {broken}/llama-3.1-8b-instruct has no weights (*.safetensors or *.bin)",
+        f"task longbench_qasper: {data} has no qasper.jsonl (nor Parquet files of it)"]
 
 
 def test_lint_is_clean():
