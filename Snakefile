@@ -9,6 +9,7 @@ kvcert.pipeline.plan, the same code behind `kvcert plan`.
     snakemake --profile profiles/slurm --config experiment=paper
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +29,14 @@ configfile: Path(workflow.basedir) / "configs" / "pipeline.yaml"
 
 
 CONFIGS = Path(workflow.basedir) / "configs"
+
+
+def here(path):
+    """``path`` relative to the working directory: job params must not depend on where
+    the checkout lives, or a moved (or copied) finished run would rerun every job."""
+    return os.path.relpath(path)
+
+
 try:
     check_pipeline_config(config, CONFIGS / "pipeline.schema.yaml", CONFIGS)
 except ValueError as exc:
@@ -50,9 +59,9 @@ if workflow.is_main_process:  # not again inside each cluster job
             f"{len(PROBLEMS)} problem(s) found before any job ran; `kvcert check --experiment {EXP}"
             + (f" --profile {PROFILE}" if PROFILE else "") + "` lists them again"]))
 OUT = f"{config['results']}/{EXP}"
-ANALYSIS = Path(workflow.basedir) / "analysis"
+ANALYSIS = Path(here(Path(workflow.basedir) / "analysis"))
 VERIFIED = f"{OUT}/prereg/verified.json"
-COMMON = f"--experiment {EXP} --prereg {PREREG} --configs {CONFIGS}"
+COMMON = f"--experiment {EXP} --prereg {PREREG} --configs {here(CONFIGS)}"
 RETRAIN = config["retrain_model"]
 TRAINED = f"{OUT}/model/embedded"
 SHARDS = [f"{OUT}/{s.path}" for s in PLAN.shards]

@@ -174,3 +174,31 @@ def test_corrupt_shard_is_named_at_scoring_and_resumed(ref, tmp_path):
     assert final[: SHARD_SIZE - 1] == whole[: SHARD_SIZE - 1]  # kept as written
     assert_same_records(run, refdir)
     assert (run / "results/smoke/scores.parquet").exists()
+
+
+def test_a_moved_checkout_with_its_finished_run_reruns_nothing(tmp_path):
+    """Job params do not depend on where the checkout lives: a finished run, copied with
+    its checkout to another folder (times kept), has nothing left to do there."""
+    import shutil
+    import subprocess
+    import sys
+
+    from smoke_pipeline import CONFIG, make_prereg, run_env
+
+    prereg = make_prereg(tmp_path / "preregistration")
+    first = tmp_path / "first" / "kvcert"
+    shutil.copytree(REPO, first, ignore=shutil.ignore_patterns(
+        ".venv*", ".git", "results", ".snakemake", "build", "*.egg-info", "__pycache__", "tests", "src"))
+
+    def run(checkout, *args):
+        return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(checkout / "Snakefile"),
+                               "--config", f"prereg={prereg}", "results=results", *CONFIG, *args],
+                              cwd=checkout, capture_output=True, text=True, timeout=900, env=run_env())
+
+    done = run(first, "--cores", "2", "--", *SHARDS)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    moved = tmp_path / "elsewhere" / "deeper" / "kvcert"
+    shutil.copytree(first, moved, copy_function=shutil.copy2, symlinks=True)
+    again = run(moved, "--cores", "2", "--", *SHARDS)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:] + again.stderr[-2000:]

@@ -175,3 +175,37 @@ def test_tampered_preregistration_stops_the_dag(tmp_path):
                     "--", str(tmp_path / "results" / "smoke" / "prereg" / "verified.json"), cwd=tmp_path)
     assert out.returncode != 0
     assert "claims.yaml was edited after the freeze" in out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_wheel_install_finds_its_configs_and_preregistration(tmp_path):
+    """A non-editable install carries configs/ and preregistration/; run outside any
+    checkout, `kvcert plan` and `kvcert check` use them."""
+    import os
+    import zipfile
+
+    wheels = tmp_path / "wheels"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(wheels), str(REPO)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheel = next(wheels.glob("kvcert-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"kvcert/_bundled/configs/config.yaml", "kvcert/_bundled/preregistration/claims.yaml",
+            "kvcert/_bundled/configs/experiment/paper.yaml"} <= names
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, timeout=600)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("KVCERT_CONFIGS", None)
+    plan = subprocess.run([sys.executable, "-m", "kvcert.cli", "plan", "--experiment", "paper"], cwd=elsewhere,
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.strip().splitlines()[-1].startswith("generations=84240 jobs=661")
+    where = subprocess.run([sys.executable, "-c", "import kvcert.pipeline.compose as c; print(c.configs_dir())"],
+                           cwd=elsewhere, capture_output=True, text=True, timeout=60, env=env)
+    assert where.stdout.strip() == str(site / "kvcert" / "_bundled" / "configs")
+    check = subprocess.run([sys.executable, "-m", "kvcert.cli", "check", "--experiment", "smoke"], cwd=elsewhere,
+                           capture_output=True, text=True, timeout=120, env=env)
+    assert check.returncode == 0 and "ready" in check.stdout, check.stdout + check.stderr

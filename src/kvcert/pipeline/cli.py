@@ -10,12 +10,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .compose import analysis_plan, compose_config, configs_dir, generation_config, run_overrides
+from .compose import analysis_plan, compose_config, configs_dir, generation_config, prereg_dir, run_overrides
 from .plan import build_plan, gpu_hours, load_grid
 
 
+def _folders(args) -> Path:
+    """Fill in ``args.prereg`` where not given; the configs folder to compose from."""
+    if args.prereg is None:
+        args.prereg = str(prereg_dir())
+    return Path(args.configs).resolve() if args.configs else configs_dir()
+
+
 def _experiment(args) -> tuple[dict, object]:
-    config_dir = Path(args.configs).resolve() if args.configs else configs_dir()
+    config_dir = _folders(args)
     exp = compose_config([f"experiment={args.experiment}"], config_dir)["experiment"]
     grid = load_grid(args.prereg, exp["grid"])
     return exp, build_plan(args.experiment, grid)
@@ -42,7 +49,7 @@ def plan_command(args) -> int:
 def check_command(args) -> int:
     from .check import preflight
 
-    config_dir = Path(args.configs).resolve() if args.configs else configs_dir()
+    config_dir = _folders(args)
     problems = preflight(args.experiment, args.prereg, config_dir, args.profile)
     for line in problems:
         print(line)
@@ -57,7 +64,7 @@ def check_command(args) -> int:
 def manifest_command(args) -> int:
     from .manifest import build_records, load_tokenizer, write_manifest
 
-    config_dir = Path(args.configs).resolve() if args.configs else configs_dir()
+    config_dir = _folders(args)
     _, plan = _experiment(args)
     item = plan.manifest(args.model, args.task, args.length)
     composed = compose_config([f"experiment={args.experiment}", f"model={args.model}", f"task={args.task}"], config_dir)
@@ -75,7 +82,7 @@ def manifest_command(args) -> int:
 def shard_command(args) -> int:
     from ..generation.runner import load_records, run_specs
 
-    config_dir = Path(args.configs).resolve() if args.configs else configs_dir()
+    config_dir = _folders(args)
     _, plan = _experiment(args)
     shard = plan.shard(args.model, args.cell, args.task, args.length, args.index)
     aplan = analysis_plan(args.prereg)
@@ -98,8 +105,10 @@ def shard_command(args) -> int:
 
 def _common(p) -> None:
     p.add_argument("--experiment", default="smoke")
-    p.add_argument("--prereg", default="preregistration", help="pre-registration folder")
-    p.add_argument("--configs", default=None, help="hydra configs folder (default: the repository's configs/)")
+    p.add_argument("--prereg", default=None,
+                   help="pre-registration folder (default: ./preregistration, else the installed copy)")
+    p.add_argument("--configs", default=None,
+                   help="hydra configs folder (default: ./configs, else the installed copy; or $KVCERT_CONFIGS)")
 
 
 def register(subparsers) -> None:
