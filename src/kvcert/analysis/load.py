@@ -233,6 +233,11 @@ def check_record(record: Mapping, where: str, prereg_hash: str) -> None:
                 f"{where}: generation record lacks the required field {name!r}; it was not written by this "
                 "kvcert's generation engine (regenerate the shard)"
             )
+    if record["prereg_hash"] is None:
+        raise RecordRefused(
+            f"{where}: a one-off record (kvcert run or kvcert generate without --prereg-hash), made outside "
+            "the pre-registration; claims score only the pipeline's shards"
+        )
     if record["prereg_hash"] != prereg_hash:
         raise RecordRefused(
             f"{where}: record prereg_hash {record['prereg_hash']} differs from the verified freeze's {prereg_hash}; "

@@ -121,6 +121,17 @@ def register(subparsers) -> None:
     p.add_argument("--profile", default=None, help="a Snakemake profile folder to check too (e.g. profiles/slurm)")
     p.set_defaults(func=check_command)
 
+    p = subparsers.add_parser(
+        "run", help="one-off generations from overrides (outside the pre-registration), with a summary table",
+        description=__import__("kvcert.pipeline.oneoff", fromlist=["x"]).__doc__,
+        formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="model=… model.path=… task=… method=… budget=… | compression_ratio=… condition=… limit=…")
+    p.add_argument("--prereg", default=None, help="pre-registration folder whose analysis plan sets the design")
+    p.add_argument("--configs", default=None, help="hydra configs folder (default: ./configs, else the installed copy)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=lambda args: __import__("kvcert.pipeline.oneoff", fromlist=["x"]).run_command(args))
+
     p = subparsers.add_parser("manifest", help="build the task records of one (model, task, length)")
     _common(p)
     p.add_argument("--model", required=True)

@@ -1,0 +1,161 @@
+"""``kvcert run``: one-off generations from hydra-style overrides, outside the
+pre-registration.
+
+    kvcert run model.path=/ckpt task=longbench_hotpotqa method=snapkv-poisson budget=0.25 limit=20
+
+composes ``configs/config.yaml`` with the overrides (``model=…``, ``task=…``,
+``method=…``, ``condition=…``, ``seed=…``, or any dotted key such as ``model.path=…``
+or ``model.dtype=…``), builds ``limit`` records of the task, and generates each with
+the full cache and with the chosen setting into ``<out>/generations.jsonl``
+(resumable, like a shard). It ends with a table: accuracy, mean score, mean relative
+certificate, kept fraction. Keys of its own: ``budget`` (fraction of the cache kept)
+or ``compression_ratio`` (kvpress's convention: the fraction *removed*; give exactly
+one), ``limit``, ``length`` (prompt tokens: synthetic tasks' target, LongBench's
+truncation; default 512 and 6144), ``data_seed``, ``out``, ``threads``.
+
+The retention design and δ come from the pre-registration's analysis plan, as in the
+pipeline. The records carry ``prereg_hash: null``: claim scoring refuses them — a
+one-off run is exploration, not evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+
+OWN_KEYS = ("budget", "compression_ratio", "limit", "length", "data_seed", "out", "threads")
+DEFAULT_LENGTH = {"synthetic": 512, "longbench": 6144, "locomo": 0}
+
+
+def parse_overrides(items: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Split ``key=value`` items into hydra overrides and this command's own keys."""
+    hydra, own = [], {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"{item!r}: overrides are key=value (e.g. task=needle budget=0.25)")
+        key, value = item.split("=", 1)
+        if key in OWN_KEYS:
+            own[key] = value
+        else:
+            hydra.append(item)
+    return hydra, own
+
+
+def kept_budget(own: dict[str, str], method_name: str) -> float:
+    """The kept fraction from ``budget`` or ``compression_ratio`` (exactly one)."""
+    if "budget" in own and "compression_ratio" in own:
+        raise ValueError("give budget (fraction kept) or compression_ratio (fraction removed), not both")
+    if method_name == "full":
+        return 1.0
+    if "compression_ratio" in own:
+        ratio = float(own["compression_ratio"])
+        if not 0.0 <= ratio < 1.0:
+            raise ValueError(f"compression_ratio: must lie in [0, 1), got {ratio}")
+        return 1.0 - ratio
+    if "budget" not in own:
+        raise ValueError("budget=<fraction kept> (or compression_ratio=<fraction removed>) is needed with a method")
+    budget = float(own["budget"])
+    if not 0.0 < budget <= 1.0:
+        raise ValueError(f"budget: must lie in (0, 1], got {budget}")
+    return budget
+
+
+def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[dict], dict, dict]:
+    """(generation configs: full cache + the chosen setting, task config, own keys)."""
+    from .compose import analysis_plan, compose_config, generation_config
+
+    hydra, own = parse_overrides(items)
+    composed = compose_config(hydra, configs)
+    method = composed["method"]["name"]
+    if method != "full" and not any(o.startswith("condition=") for o in hydra):
+        composed["condition"] = "aware"  # a method without a condition: question-aware
+    composed["budget"] = kept_budget(own, method)
+    if method == "full":
+        composed["condition"] = "full"
+    if any(o.startswith("model.path=") for o in hydra) and not any(o.startswith("model.name=") for o in hydra):
+        composed["model"]["name"] = Path(str(composed["model"]["path"])).name or composed["model"]["name"]
+    plan = analysis_plan(prereg)
+    setting = generation_config(composed, plan, None)
+    configs_out = [setting]
+    if method != "full":
+        full = dict(composed, condition="full", budget=1.0, method={"name": "full"}, chunk_tokens=None)
+        configs_out.insert(0, generation_config(full, plan, None))
+    return configs_out, composed["task"], own
+
+
+def summary_rows(records: list[dict]) -> list[dict]:
+    """Per setting: records, accuracy (score ≥ the synthetic pass mark), mean score, mean
+    relative certificate (over steps, mean over heads), kept fraction."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["condition"], r["method"], r["budget"]), []).append(r)
+    rows = []
+    for (condition, method, budget), group in groups.items():
+        scores = [r["score"] for r in group if r["score"] is not None]
+        certs = []
+        for r in group:
+            steps = (r.get("certificate") or {}).get("relative_steps", {}).get("mean") or []
+            if steps:
+                certs.append(sum(steps) / len(steps))
+        rows.append({
+            "condition": condition, "method": method, "budget": budget, "records": len(group),
+            "accuracy": sum(s >= 1.0 for s in scores) / len(scores) if scores else math.nan,
+            "score": sum(scores) / len(scores) if scores else math.nan,
+            "certificate": sum(certs) / len(certs) if certs else math.nan,
+            "kept": sum(_mean(r["kept_fraction"]) for r in group) / len(group),
+        })
+    return rows
+
+
+def _mean(per_layer) -> float:
+    """A record's kept fraction (per layer) as one number: the mean over layers."""
+    if isinstance(per_layer, (int, float)):
+        return float(per_layer)
+    return sum(per_layer) / len(per_layer) if per_layer else 1.0
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'condition':<10} {'method':<18} {'budget':>6} {'records':>7} {'accuracy':>8} {'score':>6} " \
+           f"{'certificate':>11} {'kept':>6}"
+    lines = [head]
+    for r in rows:
+        cert = "-" if math.isnan(r["certificate"]) else f"{r['certificate']:.4f}"
+        lines.append(f"{r['condition']:<10} {r['method']:<18} {r['budget']:>6.3g} {r['records']:>7} "
+                     f"{r['accuracy']:>8.3f} {r['score']:>6.3f} {cert:>11} {r['kept']:>6.3f}")
+    return "\n".join(lines)
+
+
+def run_command(args) -> int:
+    from ..generation.runner import run_specs
+    from ..generation.shards import read_records
+    from ..models import ModelSpec, load_model
+    from .compose import configs_dir, prereg_dir
+    from .manifest import build_records
+
+    configs = Path(args.configs).resolve() if args.configs else configs_dir()
+    prereg = Path(args.prereg) if args.prereg else prereg_dir()
+    gen_configs, task_cfg, own = compose_run(args.overrides, configs, prereg)
+    kind = task_cfg.get("kind", "synthetic")
+    length = int(own.get("length", DEFAULT_LENGTH.get(kind, 512)))
+    limit = int(own.get("limit", 10))
+    if own.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(own["threads"]))
+    setting = gen_configs[-1]
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(own.get("out") or f"results/runs/{stamp}-{task_cfg['name']}-{setting['method']['name']}-"
+               f"{setting['condition']}-b{setting['budget']:g}")
+    model, tokenizer = load_model(ModelSpec(**{k: setting["model"][k] for k in ("name", "path", "dtype", "device")}))
+    records = build_records(task_cfg, tokenizer, length, limit, int(own.get("data_seed", 0)))
+    if not records:
+        raise ValueError(f"task {task_cfg['name']}: no records")
+    shard = run_specs(gen_configs, records, out / "generations.jsonl", prereg_hash=None,
+                      model_and_tokenizer=(model, tokenizer), progress=not args.quiet)
+    rows = summary_rows(read_records(shard))
+    print(f"{len(records)} records of {task_cfg['name']} ({length or 'native'} tokens), model "
+          f"{setting['model']['name']}; one-off run outside the pre-registration (claims never score it)")
+    print(format_table(rows))
+    print(f"records: {shard}")
+    return 0
