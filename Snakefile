@@ -20,7 +20,7 @@ from snakemake.utils import min_version, validate
 
 from kvcert.pipeline.check import preflight, profile_from_argv
 from kvcert.pipeline.config import check_pipeline_config
-from kvcert.pipeline.plan import build_plan, load_grid
+from kvcert.pipeline.plan import build_plan, load_grid, shard_minutes
 
 min_version("8.0")
 
@@ -42,6 +42,11 @@ try:
 except ValueError as exc:
     raise WorkflowError(str(exc)) from None
 validate(config, str(CONFIGS / "pipeline.schema.yaml"))
+
+if config["container"]:
+
+    container: config["container"]
+
 
 EXP = config["experiment"]
 EXP_CFG = yaml.safe_load((CONFIGS / "experiment" / f"{EXP}.yaml").read_text())
@@ -81,6 +86,19 @@ def vanished(paths):
 
 def model_inputs(wildcards):
     return [TRAINED] if RETRAIN and wildcards.model == "embedded" else []
+
+
+def gpus(wildcards):
+    """One GPU for a real model's generate/replay job; none for the embedded CPU model. A
+    local one-GPU run of the paper profile adds `--resources gpu=1` (one model at a time)."""
+    return 0 if wildcards.model == "embedded" else 1
+
+
+def shard_runtime(wildcards):
+    """Minutes: the plan's cost model of this shard (kvcert.pipeline.plan.shard_minutes)."""
+    shard = PLAN.shard(wildcards.model, wildcards.cell, wildcards.task, int(wildcards.length),
+                       int(wildcards.index))
+    return shard_minutes(shard, EXP_CFG.get("seconds_per_generation", {}))
 
 
 def model_path_flag(wildcards):
@@ -126,7 +144,7 @@ rule train_model:
         f"{OUT}/logs/train_model.log",
     params:
         recipe=config["train_recipe"],
-    threads: workflow.cores
+    threads: 64  # every core Snakemake was given (a local run caps it at --cores)
     conda:
         "environment.yml"
     shell:
@@ -166,6 +184,8 @@ rule replay:
         common=COMMON,
         model_path=model_path_flag,
     threads: EXP_CFG.get("threads_per_job", 1)
+    resources:
+        gpu=gpus,
     conda:
         "environment.yml"
     shell:
@@ -187,6 +207,9 @@ rule generate:
         common=COMMON,
         model_path=model_path_flag,
     threads: EXP_CFG.get("threads_per_job", 1)
+    resources:
+        gpu=gpus,
+        runtime=shard_runtime,
     conda:
         "environment.yml"
     shell:

@@ -109,6 +109,8 @@ def local_profile(folder: Path) -> Path:
     """profiles/slurm with its placeholders set for the local cluster (no GPU) and small resources."""
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     assert profile["executor"] == "slurm"
+    # GPUs and shard runtimes come from the Snakefile (the plan's cost model), not the profile
+    assert not {"gpu", "runtime"} & set(profile["set-resources"]["generate"])
     profile["default-resources"].update(slurm_account=ACCOUNT, slurm_partition=PARTITION, mem_mb=2000, cpus_per_task=1)
     for resources in profile["set-resources"].values():
         resources.pop("gpu", None)
@@ -136,18 +138,25 @@ def faulty_kvcert(folder: Path, shard: str, faults: Path) -> Path:
 
 def sacct_jobs(run_id: str, env: dict) -> dict[str, list[tuple[str, str]]]:
     """{rule comment: [(state, account), ...] in submission order} of one Snakemake run."""
+    jobs = sacct_fields(run_id, env, "JobIDRaw,State,Account")
+    return {c: [(state, account) for _, state, account in sorted(v, key=lambda row: int(row[0]))]
+            for c, v in jobs.items()}
+
+
+def sacct_fields(run_id: str, env: dict, fields: str) -> dict[str, list[tuple[str, ...]]]:
+    """{rule comment: [(field values...), ...]} of one Snakemake run's jobs."""
     since = (datetime.now() - timedelta(days=1)).strftime("%Y-%m-%dT%H:%M")
     out = subprocess.run(
         ["sacct", "-X", "--parsable2", "--noheader", "--name", run_id, "--starttime", since,
-         "--format=JobIDRaw,State,Comment%300,Account"],
+         f"--format=Comment%300,{fields}"],
         env=env, capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    jobs: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
+    jobs: dict[str, list[tuple[str, ...]]] = defaultdict(list)
     for line in out.stdout.strip().splitlines():
-        job_id, state, comment, account = line.split("|")
-        jobs[comment].append((int(job_id), state, account))
-    return {c: [(s, a) for _, s, a in sorted(v)] for c, v in jobs.items()}
+        comment, *values = line.split("|")
+        jobs[comment].append(tuple(values))
+    return dict(jobs)
 
 
 def test_smoke_experiment_on_slurm_equals_local_run(cluster, ref, tmp_path):
@@ -176,6 +185,17 @@ def test_smoke_experiment_on_slurm_equals_local_run(cluster, ref, tmp_path):
         shard.format("000"): [("COMPLETED", ACCOUNT)],
         shard.format("001"): [("FAILED", ACCOUNT), ("COMPLETED", ACCOUNT)],
     }, text[-5000:]
+
+    # each shard's time limit is the plan's estimate, not a flat 6 h; the embedded model asks for no GPU
+    from kvcert.pipeline.plan import build_plan, load_grid, shard_minutes
+
+    plan = build_plan("smoke", load_grid(prereg, "grids/smoke.yaml"))
+    seconds = yaml.safe_load((REPO / "configs" / "experiment" / "smoke.yaml").read_text())["seconds_per_generation"]
+    limits = sacct_fields(run_id, cluster, "Timelimit,ReqTRES")
+    for index in ("000", "001"):
+        minutes = shard_minutes(plan.shard("embedded", "main", "needle", 512, int(index)), seconds)
+        for timelimit, tres in limits[shard.format(index)]:
+            assert timelimit == f"{minutes // 60:02d}:{minutes % 60:02d}:00" and "gpu" not in tres
 
     assert (run / MANIFEST).read_bytes() == (refdir / MANIFEST).read_bytes()
     assert_same_records(run, refdir)

@@ -174,13 +174,29 @@ def build_plan(experiment: str, grid: dict) -> Plan:
     return plan
 
 
+def seconds_per(seconds_per_generation: dict, model: str, length: int) -> float:
+    """The planning estimate of one generation of ``model`` at ``length`` (experiment config)."""
+    table = seconds_per_generation.get(model, {})
+    per = table.get(length, table.get(str(length)))
+    if per is None:
+        raise ValueError(f"seconds_per_generation: no estimate for {model} at length {length}")
+    return float(per)
+
+
 def gpu_hours(plan: Plan, seconds_per_generation: dict) -> float:
     """Expected device hours from per-generation estimates {model: {length: seconds}}."""
-    total = 0.0
-    for s in plan.shards:
-        table = seconds_per_generation.get(s.model, {})
-        per = table.get(s.length, table.get(str(s.length)))
-        if per is None:
-            raise ValueError(f"seconds_per_generation: no estimate for {s.model} at length {s.length}")
-        total += per * s.generations
-    return total / 3600.0
+    return sum(seconds_per(seconds_per_generation, s.model, s.length) * s.generations
+               for s in plan.shards) / 3600.0
+
+
+#: a shard's time limit: this many times its expected time, plus the start-up (model load)
+RUNTIME_SAFETY = 3.0
+RUNTIME_STARTUP_MIN = 10
+
+
+def shard_minutes(shard: Shard, seconds_per_generation: dict) -> int:
+    """The time limit (minutes) of one shard job, from the plan's cost model: expected
+    generation time × :data:`RUNTIME_SAFETY` + :data:`RUNTIME_STARTUP_MIN`, in whole
+    5-minute steps (a short, honest limit lets the scheduler backfill the job)."""
+    expected = seconds_per(seconds_per_generation, shard.model, shard.length) * shard.generations / 60.0
+    return int(5 * math.ceil((expected * RUNTIME_SAFETY + RUNTIME_STARTUP_MIN) / 5))
