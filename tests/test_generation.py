@@ -244,3 +244,21 @@ def test_two_writers_on_one_shard_are_refused(tmp_path):
         ShardWriter(tmp_path / "s.jsonl").open()
     first.close()
     ShardWriter(tmp_path / "s.jsonl").open().close()  # free again once the first writer is done
+
+
+def test_compression_ratio_is_kvpress_fraction_removed():
+    """Wherever a budget (fraction kept) is taken, kvpress's compression_ratio (fraction
+    removed) is accepted instead — one of the two."""
+    from kvcert import EvictionPress
+
+    cfg = job()
+    del cfg["budget"]
+    assert GenerationSpec.from_dict({**cfg, "compression_ratio": 0.75}).budget == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="not both"):
+        GenerationSpec.from_dict({**cfg, "budget": 0.25, "compression_ratio": 0.75})
+    with pytest.raises(ValueError, match=r"compression_ratio: .*\[0, 1\)"):
+        GenerationSpec.from_dict({**cfg, "compression_ratio": 1.0})
+    assert EvictionPress(compression_ratio=0.875).budget == pytest.approx(0.125)
+    assert EvictionPress().budget == 0.25 and EvictionPress(budget=64).budget == 64
+    with pytest.raises(ValueError, match="not both"):
+        EvictionPress(budget=0.5, compression_ratio=0.5)

@@ -12,7 +12,7 @@ import pytest
 from kvcert.analysis.load import RecordRefused, check_record
 from kvcert.embedded import embedded_model_path
 from kvcert.pipeline.compose import configs_dir, prereg_dir
-from kvcert.pipeline.oneoff import compose_run, kept_budget, parse_overrides, summary_rows
+from kvcert.pipeline.oneoff import budget_of, compose_run, parse_overrides, summary_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,14 +20,14 @@ REPO = Path(__file__).resolve().parents[1]
 def test_overrides_split_and_budget_conventions():
     hydra, own = parse_overrides(["task=needle", "model.path=/x", "budget=0.25", "limit=3"])
     assert hydra == ["task=needle", "model.path=/x"] and own == {"budget": "0.25", "limit": "3"}
-    assert kept_budget({"budget": "0.25"}, "snapkv-poisson") == 0.25
+    assert budget_of({"budget": "0.25"}, "snapkv-poisson") == 0.25
     # kvpress's compression_ratio is the fraction removed: 0.75 removed = 0.25 kept
-    assert kept_budget({"compression_ratio": "0.75"}, "snapkv-poisson") == pytest.approx(0.25)
-    assert kept_budget({}, "full") == 1.0
+    assert budget_of({"compression_ratio": "0.75"}, "snapkv-poisson") == pytest.approx(0.25)
+    assert budget_of({}, "full") == 1.0
     with pytest.raises(ValueError, match="not both"):
-        kept_budget({"budget": "0.25", "compression_ratio": "0.75"}, "snapkv-topk")
+        budget_of({"budget": "0.25", "compression_ratio": "0.75"}, "snapkv-topk")
     with pytest.raises(ValueError, match=r"budget=<fraction kept>"):
-        kept_budget({}, "snapkv-topk")
+        budget_of({}, "snapkv-topk")
     with pytest.raises(ValueError, match="key=value"):
         parse_overrides(["needle"])
 

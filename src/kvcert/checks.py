@@ -76,3 +76,17 @@ def resolve_budget(budget: float | int | torch.Tensor, num_tokens: int) -> torch
             raise ValueError(f"budget: a fraction must lie in (0, 1], got {budget!r}")
         return max(1, min(num_tokens, int(round(value * num_tokens))))
     raise ValueError(f"budget: must be a fraction in (0, 1] or a token count, got {type(budget).__name__}")
+
+
+def kept_budget(budget, compression_ratio, default=None):
+    """The cache budget from ``budget`` (kvcert's convention: the fraction *kept*, or a
+    token count) or ``compression_ratio`` (kvpress's: the fraction *removed*, so
+    ``budget = 1 − compression_ratio``); at most one of the two, else ``default``."""
+    if compression_ratio is None:
+        return default if budget is None else budget
+    if budget is not None:
+        raise ValueError("budget: give budget (fraction kept) or compression_ratio (fraction removed), not both")
+    if isinstance(compression_ratio, bool) or not isinstance(compression_ratio, Real) \
+            or not (0.0 <= float(compression_ratio) < 1.0):
+        raise ValueError(f"compression_ratio: the fraction removed must lie in [0, 1), got {compression_ratio!r}")
+    return 1.0 - float(compression_ratio)

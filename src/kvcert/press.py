@@ -23,6 +23,7 @@ import torch
 
 from .allocation import get_allocation
 from .cache import CompactLayer
+from .checks import kept_budget
 from .design import DEFAULT_DESIGN, SAMPLERS, RetentionDesign, sample_retention
 from .scorers import Scorer, get_scorer
 from .scorers.base import LayerObservation
@@ -33,7 +34,9 @@ class EvictionPress:
     """Eviction method applied layer by layer.
 
     scorer: a scorer name (see ``kvcert.scorers.SCORERS``) or instance.
-    budget: fraction of the layer's tokens in (0, 1], or a token count.
+    budget: fraction of the layer's tokens kept, in (0, 1], or a token count (default 0.25).
+    compression_ratio: kvpress's convention instead, the fraction removed (budget = 1 − it);
+    give one of the two.
     sampler: "topk", "poisson" or "priority".
     allocation: "uniform", "pyramid" or "adakv".
     design: certainty set and tail parameters (sinks, window, top_fraction, floor).
@@ -41,13 +44,16 @@ class EvictionPress:
     """
 
     scorer: str | Scorer = "snapkv"
-    budget: float | int = 0.25
+    budget: float | int | None = None
     sampler: str = "poisson"
     allocation: str = "uniform"
     design: RetentionDesign = field(default_factory=lambda: DEFAULT_DESIGN)
     seed: int = 0
+    compression_ratio: float | None = None
 
     def __post_init__(self) -> None:
+        self.budget = kept_budget(self.budget, self.compression_ratio, default=0.25)
+        self.compression_ratio = None
         self.scorer = get_scorer(self.scorer)
         if self.sampler not in SAMPLERS:
             raise ValueError(f"sampler: must be one of {SAMPLERS}, got {self.sampler!r}")

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..allocation import ALLOCATIONS
+from ..checks import kept_budget
 from ..certificate import AGGREGATIONS
 from ..design import SAMPLERS, RetentionDesign
 from ..models import ModelSpec
@@ -107,7 +108,9 @@ class GenerationSpec:
     def from_dict(cls, data: dict[str, Any]) -> "GenerationSpec":
         """Build from a plain mapping (e.g. a composed hydra config), rejecting unknown keys."""
         data = dict(data)
-        _reject_unknown("", data, {f for f in cls.__dataclass_fields__})
+        if "compression_ratio" in data:  # kvpress's convention: the fraction removed
+            data["budget"] = kept_budget(data.get("budget"), data.pop("compression_ratio"))
+        _reject_unknown("", data, {f for f in cls.__dataclass_fields__} | {"compression_ratio"})
         model = dict(data.pop("model", {}) or {})
         _reject_unknown("model", model, set(ModelSpec.__dataclass_fields__))
         method = dict(data.pop("method", {}) or {})

@@ -42,23 +42,24 @@ def parse_overrides(items: list[str]) -> tuple[list[str], dict[str, str]]:
     return hydra, own
 
 
-def kept_budget(own: dict[str, str], method_name: str) -> float:
-    """The kept fraction from ``budget`` or ``compression_ratio`` (exactly one)."""
-    if "budget" in own and "compression_ratio" in own:
-        raise ValueError("give budget (fraction kept) or compression_ratio (fraction removed), not both")
+def budget_of(own: dict[str, str], method_name: str) -> float:
+    """The kept fraction from ``budget`` or ``compression_ratio`` (one of the two)."""
+    from ..checks import kept_budget
+
     if method_name == "full":
+        if "budget" in own or "compression_ratio" in own:
+            kept_budget(_number(own.get("budget")), _number(own.get("compression_ratio")))  # both: refused
         return 1.0
-    if "compression_ratio" in own:
-        ratio = float(own["compression_ratio"])
-        if not 0.0 <= ratio < 1.0:
-            raise ValueError(f"compression_ratio: must lie in [0, 1), got {ratio}")
-        return 1.0 - ratio
-    if "budget" not in own:
+    budget = kept_budget(_number(own.get("budget")), _number(own.get("compression_ratio")))
+    if budget is None:
         raise ValueError("budget=<fraction kept> (or compression_ratio=<fraction removed>) is needed with a method")
-    budget = float(own["budget"])
     if not 0.0 < budget <= 1.0:
-        raise ValueError(f"budget: must lie in (0, 1], got {budget}")
+        raise ValueError(f"budget: the fraction kept must lie in (0, 1], got {budget}")
     return budget
+
+
+def _number(text: str | None) -> float | None:
+    return None if text is None else float(text)
 
 
 def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[dict], dict, dict]:
@@ -70,7 +71,7 @@ def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[dic
     method = composed["method"]["name"]
     if method != "full" and not any(o.startswith("condition=") for o in hydra):
         composed["condition"] = "aware"  # a method without a condition: question-aware
-    composed["budget"] = kept_budget(own, method)
+    composed["budget"] = budget_of(own, method)
     if method == "full":
         composed["condition"] = "full"
     if any(o.startswith("model.path=") for o in hydra) and not any(o.startswith("model.name=") for o in hydra):
