@@ -209,3 +209,41 @@ def test_wheel_install_finds_its_configs_and_preregistration(tmp_path):
     check = subprocess.run([sys.executable, "-m", "kvcert.cli", "check", "--experiment", "smoke"], cwd=elsewhere,
                            capture_output=True, text=True, timeout=120, env=env)
     assert check.returncode == 0 and "ready" in check.stdout, check.stdout + check.stderr
+
+
+def test_adding_a_model_to_the_paper_grid(paper_env, tmp_path):
+    """The README's path: a model config, the grid and its planning estimate, an amendment;
+    then the plan has the new model's jobs and the pre-flight finds its folder."""
+    import os
+
+    from paper_sources import make_model_dir
+
+    configs, prereg = tmp_path / "configs", tmp_path / "preregistration"
+    shutil.copytree(REPO / "configs", configs)
+    shutil.copytree(REPO / "preregistration", prereg)
+    (configs / "model" / "my-model.yaml").write_text(
+        "name: my-model\npath: ${oc.env:KVCERT_MODEL_DIR,models}/my-model\ndtype: bfloat16\ndevice: auto\n")
+    grid = prereg / "grids" / "paper.yaml"
+    grid.write_text(grid.read_text().replace("models: [", "models: [my-model, "))
+    experiment = configs / "experiment" / "paper.yaml"
+    experiment.write_text(experiment.read_text() + "  my-model: {6144: 2.0, 16384: 4.5, 0: 2.8}\n")
+    models = tmp_path / "models"
+    shutil.copytree(paper_env["KVCERT_MODEL_DIR"], models)
+    make_model_dir(models / "my-model", "Llama")
+    env = {**paper_env, "KVCERT_MODEL_DIR": str(models)}
+
+    def kvcert(*args):
+        return subprocess.run([sys.executable, "-m", "kvcert.cli", *args, "--experiment", "paper",
+                               "--configs", str(configs), "--prereg", str(prereg)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+
+    refused = kvcert("check")
+    assert refused.returncode == 1 and "grids/paper.yaml was edited after the freeze" in refused.stdout
+    amend = subprocess.run([sys.executable, "-m", "kvcert.cli", "prereg", "freeze", "--folder", str(prereg),
+                            "--reason", "add my-model to the paper grid"], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "KVCERT_GIT_COMMIT": "test"})
+    assert amend.returncode == 0, amend.stderr
+    assert kvcert("check").returncode == 0
+    plan = kvcert("plan")
+    assert plan.returncode == 0, plan.stderr
+    assert plan.stdout.strip().splitlines()[-1].startswith("generations=105300 ")  # 84,240 × 5 / 4
