@@ -20,6 +20,8 @@ from snakemake.utils import min_version, validate
 
 from kvcert.pipeline.check import preflight, profile_from_argv
 from kvcert.pipeline.config import check_pipeline_config
+from kvcert.pipeline.digest import config_digest, job_config_files
+from kvcert.prereg import PreregError, verify
 from kvcert.pipeline.plan import build_plan, load_grid, shard_minutes
 
 min_version("8.0")
@@ -63,6 +65,10 @@ if workflow.is_main_process:  # not again inside each cluster job
         raise WorkflowError("\n".join(PROBLEMS + [
             f"{len(PROBLEMS)} problem(s) found before any job ran; `kvcert check --experiment {EXP}"
             + (f" --profile {PROFILE}" if PROFILE else "") + "` lists them again"]))
+try:  # what decides a rerun is the freeze's content hash, not the files' times
+    PREREG_HASH = verify(PREREG).prereg_hash
+except PreregError:  # inside a cluster job; its own verification fails first
+    PREREG_HASH = "unverified"
 OUT = f"{config['results']}/{EXP}"
 ANALYSIS = Path(here(Path(workflow.basedir) / "analysis"))
 VERIFIED = f"{OUT}/prereg/verified.json"
@@ -72,9 +78,21 @@ TRAINED = f"{OUT}/model/embedded"
 SHARDS = [f"{OUT}/{s.path}" for s in PLAN.shards]
 REPLAYS = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.parquet" for r in PLAN.replays]
 IMPOSSIBILITY = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.impossibility.json" for r in PLAN.replays]
-PREREG_FILES = [f"{PREREG}/claims.yaml", f"{PREREG}/{EXP_CFG['grid']}"] + sorted(
-    str(p) for p in Path(PREREG, "freeze").glob("*.yaml")
-)
+
+
+def configs_of(wildcards):
+    """Digest of the config files a manifest / generate / replay job composes."""
+    if "cell" in wildcards.keys():
+        runs = PLAN.shard(wildcards.model, wildcards.cell, wildcards.task, int(wildcards.length),
+                          int(wildcards.index)).runs
+        methods = {r.method for r in runs if r.condition != "full"}
+        budgets = {r.budget for r in runs}
+    else:
+        methods = {PLAN.grid["replay"]["method"]} if "replay" in PLAN.grid else set()
+        budgets = set()
+    files = job_config_files(EXP, wildcards.model, wildcards.task, methods, budgets)
+    return config_digest(CONFIGS, files)
+
 
 
 def vanished(paths):
@@ -123,14 +141,13 @@ rule all:
 
 
 rule verify_prereg:
-    input:
-        PREREG_FILES,
     output:
         VERIFIED,
     log:
         f"{OUT}/logs/verify_prereg.log",
     params:
-        folder=lambda wildcards, input: Path(input[0]).parent,
+        folder=PREREG,
+        prereg_hash=PREREG_HASH,  # reruns (and everything after it) only when the freeze's content changes
     conda:
         "environment.yml"
     shell:
@@ -162,6 +179,7 @@ rule manifest:
     params:
         common=COMMON,
         model_path=model_path_flag,
+        configs=configs_of,
     conda:
         "environment.yml"
     shell:
@@ -183,6 +201,7 @@ rule replay:
         script=ANALYSIS / "replay.py",
         common=COMMON,
         model_path=model_path_flag,
+        configs=configs_of,
     threads: EXP_CFG.get("threads_per_job", 1)
     resources:
         gpu=gpus,
@@ -206,6 +225,7 @@ rule generate:
     params:
         common=COMMON,
         model_path=model_path_flag,
+        configs=configs_of,
     threads: EXP_CFG.get("threads_per_job", 1)
     resources:
         gpu=gpus,

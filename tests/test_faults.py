@@ -21,6 +21,7 @@ The Slurm side (submission, retried and failing jobs) is tests/test_slurm.py.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -176,29 +177,75 @@ def test_corrupt_shard_is_named_at_scoring_and_resumed(ref, tmp_path):
     assert (run / "results/smoke/scores.parquet").exists()
 
 
+def _checkout_copy(folder: Path) -> Path:
+    """The pipeline's files (Snakefile, configs, analysis, profiles) in ``folder``."""
+    import shutil
+
+    shutil.copytree(REPO, folder, ignore=shutil.ignore_patterns(
+        ".venv*", ".git", "results", ".snakemake", "build", "*.egg-info", "__pycache__", "tests", "src"))
+    return folder
+
+
+def _run_in(checkout: Path, prereg: Path, *args: str):
+    import subprocess
+    import sys
+
+    from smoke_pipeline import CONFIG, run_env
+
+    return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(checkout / "Snakefile"),
+                           "--config", f"prereg={prereg}", "results=results", *CONFIG, *args],
+                          cwd=checkout, capture_output=True, text=True, timeout=900, env=run_env())
+
+
 def test_a_moved_checkout_with_its_finished_run_reruns_nothing(tmp_path):
     """Job params do not depend on where the checkout lives: a finished run, copied with
     its checkout to another folder (times kept), has nothing left to do there."""
     import shutil
-    import subprocess
-    import sys
 
-    from smoke_pipeline import CONFIG, make_prereg, run_env
+    from smoke_pipeline import make_prereg
 
     prereg = make_prereg(tmp_path / "preregistration")
-    first = tmp_path / "first" / "kvcert"
-    shutil.copytree(REPO, first, ignore=shutil.ignore_patterns(
-        ".venv*", ".git", "results", ".snakemake", "build", "*.egg-info", "__pycache__", "tests", "src"))
-
-    def run(checkout, *args):
-        return subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(checkout / "Snakefile"),
-                               "--config", f"prereg={prereg}", "results=results", *CONFIG, *args],
-                              cwd=checkout, capture_output=True, text=True, timeout=900, env=run_env())
-
-    done = run(first, "--cores", "2", "--", *SHARDS)
+    first = _checkout_copy(tmp_path / "first" / "kvcert")
+    done = _run_in(first, prereg, "--cores", "2", "--", *SHARDS)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     moved = tmp_path / "elsewhere" / "deeper" / "kvcert"
     shutil.copytree(first, moved, copy_function=shutil.copy2, symlinks=True)
-    again = run(moved, "--cores", "2", "--", *SHARDS)
+    again = _run_in(moved, prereg, "--cores", "2", "--", *SHARDS)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:] + again.stderr[-2000:]
+
+
+def test_reruns_follow_content_not_file_times(tmp_path):
+    """A refused pre-registration edit, once restored, reruns nothing; a config rewritten
+    with the same content reruns nothing; a config whose content changes reruns exactly
+    the jobs that read it."""
+    from smoke_pipeline import make_prereg
+
+    prereg = make_prereg(tmp_path / "preregistration")
+    checkout = _checkout_copy(tmp_path / "kvcert")
+    done = _run_in(checkout, prereg, "--cores", "2", "--", *SHARDS)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    def nothing_to_do():
+        out = _run_in(checkout, prereg, "-n", "--", *SHARDS)
+        return out.returncode == 0 and "Nothing to be done" in out.stdout + out.stderr
+
+    claims = prereg / "claims.yaml"
+    original = claims.read_bytes()
+    claims.write_bytes(original.replace(b"threshold: 0.85", b"threshold: 0.80", 1))
+    refused = _run_in(checkout, prereg, "--cores", "2", "--", *SHARDS)
+    assert refused.returncode != 0 and "claims.yaml was edited after the freeze" in refused.stdout + refused.stderr
+    claims.write_bytes(original)  # restored (a new file time, the frozen content)
+    assert nothing_to_do()
+
+    model = checkout / "configs" / "model" / "embedded.yaml"
+    model.write_text("# the same settings, commented and reordered\n" + "\n".join(
+        reversed([line for line in model.read_text().splitlines() if line and not line.startswith("#")])) + "\n")
+    assert nothing_to_do()
+
+    task = checkout / "configs" / "task" / "needle.yaml"
+    task.write_text(task.read_text().replace("max_new_tokens: 16", "max_new_tokens: 12"))
+    changed = _run_in(checkout, prereg, "-n", "--", *SHARDS)
+    text = changed.stdout + changed.stderr
+    stats = dict(re.findall(r"^(\w+)\s+(\d+)$", text.split("Job stats:")[1], re.M))
+    assert stats == {"generate": "2", "manifest": "1", "total": "3"}, text[-2000:]
