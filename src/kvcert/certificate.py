@@ -35,9 +35,24 @@ set S with inclusion probabilities π_i, Hájek weights w_i = e^{s_i}/π_i / Σ_
   dominates (tails of many small terms). Under these, P(‖ô − o‖ > ε_δ) ≲ δ per step.
 
 * Anytime variant across decode steps t = 1, 2, …: the same radius at
-  δ_t = δ / (t (t + 1)), so that Σ_t δ_t = δ (union bound). It covers the whole
-  sequence of steps at once; it is honest only about the steps it is evaluated on
-  (the sample is drawn once; later queries are not the ones that set π).
+  δ_t = δ / (t (t + 1)), so that Σ_t δ_t = δ (union bound). It inherits validity only
+  from valid per-step bounds, and what it claims is simultaneous: its coverage is the
+  share of draws whose *every* step is covered, not the per-step average (the sample is
+  drawn once; later queries are not the ones that set π).
+
+* Robust variant (this project's, beyond the paper). The plug-in sums run over the kept
+  tokens only: the evicted summands of the linearised error, e^{s_j}(v_j − o)/Z, enter
+  neither V̂ nor b̂, which is harmless for the query that set π (its heavy tokens have
+  large π) and not for a later query that weighs tokens π did not favour. The eviction
+  sketch (:mod:`kvcert.sketch`) bounds the evicted summands of its r shadow tokens under
+  any query, t_j ≥ e^{s_j}‖v_j − ô‖/Ẑ, and the robust radius adds them as summands of the
+  same Bernstein bound::
+
+      ε_R = sqrt(2 · (V̂ + Σ_j t_j²) · L) + (2/3) · max(b̂_c, max_j t_j) · L
+
+  (:func:`robust_radius`; anytime: the same at δ_t). Evicted tokens outside the shadow
+  are left to the plug-in's Horvitz–Thompson logic, so ε_R is not valid for every query:
+  its coverage is measured (``kvcert bench coverage``, the replay's claim C8).
 """
 
 from __future__ import annotations
@@ -82,6 +97,16 @@ def anytime_radius(
     d_t = anytime_delta(delta, step)
     big_l = torch.log(2.0 / torch.as_tensor(d_t, dtype=torch.float64)).to(variance.dtype)
     return torch.sqrt(2.0 * variance.clamp(min=0) * big_l) + (2.0 / 3.0) * range_term * big_l
+
+
+def robust_radius(
+    variance: torch.Tensor, range_term: torch.Tensor, shadow_variance: torch.Tensor, shadow_range: torch.Tensor,
+    delta: float, step: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """ε_R = sqrt(2 (V̂ + Σ t_j²) L) + (2/3) max(b̂_c, max t_j) L at δ (or at δ_t for decode ``step`` t ≥ 1)."""
+    v = variance + shadow_variance
+    b = torch.maximum(range_term, shadow_range)
+    return bernstein_radius(v, b, delta) if step is None else anytime_radius(v, b, delta, step)
 
 
 def aggregate(values: torch.Tensor, how: str, dims: tuple[int, ...]) -> torch.Tensor:
