@@ -128,7 +128,7 @@ def hajek_attention(
             query, key, value, log_pi, centre if certificate else None, scaling, certificate=certificate,
             sketch=sketch if use_sketch else None,
         )
-        return AttentionResult(*res)
+        return AttentionResult(res[0], *res[2:])
     b, hq, n_q, d = query.shape
     hkv, length, dv = key.shape[1], key.shape[2], value.shape[-1]
     if hq % hkv:
