@@ -35,7 +35,7 @@ record:
    cache uses (the mean of the kept values); o = exact attention over every key the
    query sees, float64; error = ‖ô − o‖. The robust radius ε_R adds the shadow terms of
    the draw's eviction sketch (:mod:`kvcert.sketch`: the shadow chosen among the draw's
-   evicted tokens by the drift potential of the prompt's observation window, int8 keys,
+   evicted tokens by the selection score ψ̃ of the prompt's observation window, int8 keys,
    the memory budget of :data:`kvcert.sketch.SKETCH_FRACTION` at the captured dtype).
    The anytime radii use δ_t = δ/(t(t+1)) with t = 1 for the setting query and t = 1 + i
    for the i-th decode query of either path.
@@ -69,7 +69,7 @@ from ..impossibility import TABLE_HEADER, impossibility_demo
 from ..integration import ATTENTION_NAME
 from ..scorers import get_scorer
 from ..scorers.base import LayerObservation
-from ..sketch import POTENTIAL_WINDOW, build_sketch, drift_potential, shadow_count
+from ..sketch import POTENTIAL_WINDOW, build_sketch, shadow_count, sketch_potential
 from ..tasks.prompting import build_prompt_ids
 from .stats import spearman
 
@@ -236,12 +236,12 @@ def _exact_own(q: torch.Tensor, k_prompt: torch.Tensor, v_prompt: torch.Tensor, 
 
 
 def _potential(cap: Capture, layer: int) -> torch.Tensor:
-    """Drift potential [Hkv, N] of the prompt tokens from the prompt's observation window (float64)."""
+    """The sketch's selection score ψ̃ [Hkv, N] of the prompt tokens from the prompt's observation window (float64)."""
     obs = cap.prompt[layer]
     q = obs.query[0, :, -POTENTIAL_WINDOW:].to(torch.float64)  # [Hq, W, D]
     hkv = obs.key.shape[1]
     window = q.reshape(hkv, -1, q.shape[-1])  # the window queries of every query head of the group
-    return drift_potential(window, obs.key[0].to(torch.float64), float(obs.scaling))
+    return sketch_potential(window, obs.key[0].to(torch.float64), float(obs.scaling))
 
 
 def _shadow_slots(cap: Capture, layer: int) -> int:

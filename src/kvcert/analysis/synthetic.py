@@ -6,7 +6,7 @@ result: every number is drawn from the stated generative model.
 
 :func:`make_record` builds one record with every field the engine writes
 (:data:`kvcert.analysis.load.REQUIRED_FIELDS`); its certificate trace is constant over
-decode steps, so every aggregation of it equals ``signal``.
+decode steps, so every aggregation of it equals ``signal`` (the robust certificate's, 1.25 × ``signal``).
 
 :func:`paper_records` simulates the paper's main grid — models × lengths × tasks ×
 examples × 13 runs (the full cache, and {aware, streaming} × {12.5, 25, 50} % ×
@@ -60,6 +60,7 @@ def make_record(
     method = "full" if full else f"snapkv-{sampler}"
     randomized = sampler in ("poisson", "priority")
     cert = certificate_block(signal, decode_steps, layers) if randomized and signal is not None else None
+    robust = certificate_block(1.25 * signal, decode_steps, layers) if cert is not None else None
     tokens = list(range(5, 5 + decode_steps))
     lp = -0.5 if mean_logprob is None else float(mean_logprob)
     metadata = {"target_tokens": target_tokens, "depth": 50}
@@ -72,8 +73,8 @@ def make_record(
         "budget": float(budget), "seed": seed, "answer": "x", "tokens": tokens,
         "token_logprobs": [lp] * decode_steps, "mean_logprob": mean_logprob,
         "min_logprob": None if mean_logprob is None else lp - 1.0, "answers": ["x"], "score": score,
-        "certificate": cert, "kept_fraction": [float(budget)] * layers, "prefill_seconds": 0.01,
-        "decode_seconds": 0.01, "decode_steps": decode_steps, "kv_bytes_peak": 1000, "kv_bytes_final": 500,
+        "certificate": cert, "certificate_robust": robust, "kept_fraction": [float(budget)] * layers, "prefill_seconds": 0.01,
+        "decode_seconds": 0.01, "decode_steps": decode_steps, "kv_bytes_peak": 1000, "kv_bytes_final": 500, "sketch_bytes": 10,
         "metadata": metadata, "started_utc": started_utc, "config_hash": "c0ffee", "prereg_hash": prereg_hash,
         "git_commit": "0" * 40, "kvcert_version": "0.1.0",
     }

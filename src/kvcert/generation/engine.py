@@ -13,7 +13,10 @@ Conditions (DESIGN.md §2):
   it leaves the recent window, its π fixed from then on (the multi-turn setting).
 
 Decoding is greedy; decode-time tokens enter the cache with π = 1. Every forward's
-certificates are folded into a :class:`~kvcert.generation.signals.CertificateTrace`.
+certificates are folded into a :class:`~kvcert.generation.signals.CertificateTrace`: the
+record carries the paper's plug-in certificate (``certificate``) and the robust one
+(``certificate_robust``, from the layers' eviction sketches; ``sketch_bytes`` their memory,
+included in ``kv_bytes_*``).
 """
 
 from __future__ import annotations
@@ -164,12 +167,14 @@ class Engine:
             "answers": list(record.answers),
             "score": value,
             "certificate": trace.to_record(),
+            "certificate_robust": trace.robust_record(),
             "kept_fraction": kept_fraction,
             "prefill_seconds": t1 - t0,
             "decode_seconds": t2 - t1,
             "decode_steps": len(tokens),
             "kv_bytes_peak": cache.peak_nbytes,
             "kv_bytes_final": cache.nbytes(),
+            "sketch_bytes": cache.sketch_nbytes(),
             "metadata": dict(record.metadata),
             "started_utc": started,
             **self.provenance,
