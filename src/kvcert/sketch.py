@@ -63,6 +63,23 @@ SUCCESSOR_PENALTY = 2.0
 SCALAR_BYTES = 16
 
 
+#: the pre-registered parameters (``analysis_plan.robust_certificate``) this module implements
+PLAN = {"sketch_fraction": SKETCH_FRACTION, "key_bits": 8, "drift": DRIFT, "window": POTENTIAL_WINDOW,
+        "successor_horizon": SUCCESSOR_HORIZON, "successor_penalty": SUCCESSOR_PENALTY}
+
+
+def check_plan(section) -> None:
+    """Refuse a pre-registered ``robust_certificate`` section that differs from what this module computes."""
+    if not section:
+        return
+    for key, value in section.items():
+        if key not in PLAN:
+            raise ValueError(f"analysis_plan.robust_certificate.{key}: unknown; known: {', '.join(PLAN)}")
+        if float(value) != float(PLAN[key]):
+            raise ValueError(f"analysis_plan.robust_certificate.{key}: {value} differs from kvcert.sketch's {PLAN[key]}; "
+                             "the robust certificate is computed as kvcert.sketch states it (amend the plan or the code)")
+
+
 def shadow_count(num_tokens: int, kv_bytes_per_token: int, key_dim: int, fraction: float = SKETCH_FRACTION) -> int:
     """r = ⌊fraction · N · (key + value bytes per token) / (d + 16)⌋: the shadow that fits the memory budget."""
     if fraction < 0:

@@ -470,9 +470,13 @@ def simultaneous_anytime(draws: pd.DataFrame, covered: str = "covered_anytime") 
 
 
 def replay_cells(draws: pd.DataFrame) -> pd.DataFrame:
-    """Per replay cell: observations, per-step coverage (anytime radius too) and median tightness of both certificates."""
-    cols = [*CELL_KEY, "n", "coverage", "coverage_anytime_step", "tightness", "coverage_robust",
-            "coverage_anytime_step_robust", "tightness_robust"]
+    """Per replay cell: observations, per-step coverage, the anytime coverage (simultaneous over the paths of a decode
+    kind's cell — NaN for the setting cell, whose query starts every path — and the per-step mean of the anytime
+    radius) and the median tightness, of both certificates (``*_robust``)."""
+    cols = [*CELL_KEY, "n"]
+    for v in VARIANTS:
+        sfx = "" if v == "plugin" else "_robust"
+        cols += [f"coverage{sfx}", f"coverage_anytime{sfx}", f"coverage_anytime_step{sfx}", f"tightness{sfx}"]
     if draws.empty:
         return pd.DataFrame(columns=cols)
     d = draws.assign(log_ratio=_log_tightness(draws), log_ratio_robust=_log_tightness(draws, "radius_robust"))
@@ -483,6 +487,12 @@ def replay_cells(draws: pd.DataFrame) -> pd.DataFrame:
                 tightness_robust=("log_ratio_robust", "median")).reset_index()
     out["tightness"] = 10.0 ** out["tightness"]
     out["tightness_robust"] = 10.0 ** out["tightness_robust"]
+    for v, (_, _, _, cov_any) in VARIANTS.items():
+        sfx = "" if v == "plugin" else "_robust"
+        paths = simultaneous_anytime(draws, cov_any)
+        per = (paths.groupby([*PATH_KEY[:-1], "path"], observed=True)["covered"].mean().rename(f"coverage_anytime{sfx}")
+               .reset_index().rename(columns={"path": "query_kind"}))
+        out = out.merge(per, on=CELL_KEY, how="left") if len(per) else out.assign(**{f"coverage_anytime{sfx}": np.nan})
     return out[cols]
 
 
