@@ -257,12 +257,12 @@ def sketch_terms(
     hkv = sketch.codes.shape[1]
     g = hq // hkv
     q = query.to(dtype).reshape(b, hkv, g * nq, d) * scaling
-    k = sketch.keys(dtype)  # [B, Hkv, R, D]
-    u = q @ k.transpose(-1, -2) + torch.linalg.vector_norm(q, dim=-1, keepdim=True) * sketch.key_error.to(dtype).unsqueeze(-2)
-    valid = sketch.valid.unsqueeze(-2)
-    lse_g = lse.reshape(b, hkv, g * nq, 1)
-    dev_g = out_dev.to(dtype).reshape(b, hkv, g * nq, 1)
-    t = torch.where(valid, torch.exp(u - lse_g) * (sketch.value_dev.to(dtype).unsqueeze(-2) + dev_g), 0.0)
+    # q·k̃_j = (q·codes_j)·scale_j: the int8 codes are read once, the scale applied per slot
+    u = torch.matmul(q, sketch.codes.to(dtype).transpose(-1, -2)).mul_(sketch.scale.to(dtype).unsqueeze(-2))
+    u.addcmul_(torch.linalg.vector_norm(q, dim=-1, keepdim=True), sketch.key_error.to(dtype).unsqueeze(-2))
+    u.sub_(lse.reshape(b, hkv, g * nq, 1)).exp_()
+    dev = sketch.value_dev.to(dtype).unsqueeze(-2) + out_dev.to(dtype).reshape(b, hkv, g * nq, 1)
+    t = torch.where(sketch.valid.unsqueeze(-2), u.mul_(dev), 0.0)  # padding slots: 0 even where e^{U − lse} overflows
     if t.shape[-1] == 0:
         zero = torch.zeros(b, hq, nq, dtype=dtype, device=query.device)
         return zero, zero.clone()
