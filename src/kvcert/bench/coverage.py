@@ -172,10 +172,15 @@ def summary(cells: dict, budgets=BUDGETS, rhos=RHOS) -> dict:
 def run(args) -> int:
     import torch
 
-    torch.set_grad_enabled(False)
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads or 1)
     t0 = time.perf_counter()
-    cells = run_harness(sizes=args.sizes, instances=args.instances, draws=args.draws, later=args.later, seed=args.seed)
+    try:
+        with torch.no_grad():
+            cells = run_harness(sizes=args.sizes, instances=args.instances, draws=args.draws, later=args.later,
+                                seed=args.seed)
+    finally:
+        torch.set_num_threads(threads)
     print(f"heavy-tailed harness: d={DIM}, t_{NU} logits, N {args.sizes}, β {list(BETAS)}, {args.instances} heads each, "
           f"{args.draws} Poisson draws per head and budget, {args.later} later queries per ρ; δ = 0.1")
     print(f"{'budget':>6} {'query':>14} {'n':>6} {'plugin cov':>10} {'ε/err':>6} {'robust cov':>10} {'ε/err':>6}"
