@@ -538,13 +538,14 @@ def _median(values: np.ndarray) -> float | None:
     return float(np.median(values)) if values.size else None
 
 
-def variant_block(d: pd.DataFrame, variant: str, paths: pd.DataFrame | None = None) -> dict:
-    """Coverage (per step, and simultaneous anytime over paths), Spearman and tightness of one certificate."""
+def variant_block(d: pd.DataFrame, variant: str, paths: pd.DataFrame | None = None, within: bool = True) -> dict:
+    """Coverage (per step, and simultaneous anytime over paths), Spearman and tightness of one certificate
+    (the within-cell and within-head Spearman only with ``within``: they rank every group)."""
     rad, anyr, cov, cov_any = VARIANTS[variant]
     lr = _log_tightness(d, rad)
     lr = lr[np.isfinite(lr)]
     paths = simultaneous_anytime(d, cov_any) if paths is None else paths
-    within_cell = within_cell_spearman(d, rad)
+    within_cell = within_cell_spearman(d, rad) if within else np.empty(0)
     return {
         "coverage": float(d[cov].mean()),
         "coverage_anytime": float(paths["covered"].mean()) if len(paths) else None,
@@ -552,7 +553,7 @@ def variant_block(d: pd.DataFrame, variant: str, paths: pd.DataFrame | None = No
         "paths": int(len(paths)),
         "spearman": spearman(d[rad].to_numpy(), d["error"].to_numpy()),
         "spearman_within_cell_median": _median(within_cell),
-        "spearman_within_head_median": _median(within_head_spearman(d, rad)),
+        "spearman_within_head_median": _median(within_head_spearman(d, rad)) if within else None,
         "tightness_median": float(10 ** np.median(lr)) if lr.size else None,
         "tightness_q10": float(10 ** np.quantile(lr, 0.1)) if lr.size else None,
         "tightness_q90": float(10 ** np.quantile(lr, 0.9)) if lr.size else None,
@@ -560,8 +561,9 @@ def variant_block(d: pd.DataFrame, variant: str, paths: pd.DataFrame | None = No
 
 
 def summarize_replay(draws: pd.DataFrame, delta: float) -> dict:
-    """Both certificates' coverage (per step; anytime = simultaneous over a draw's path), Spearman (pooled, within
-    cell, within head) and tightness; pooled, by query kind, by budget, by layer (and by model when several).
+    """Both certificates' coverage (per step; anytime = simultaneous over a draw's path), Spearman (pooled; within
+    cell and within head for the pooled and per-kind blocks) and tightness; pooled, by query kind, by budget, by layer
+    (and by model when several).
 
     The plug-in's fields keep their names (``coverage``, ``spearman``, ...); the robust
     certificate's are under ``robust``. The anytime coverage of a query kind is that of its
@@ -572,20 +574,20 @@ def summarize_replay(draws: pd.DataFrame, delta: float) -> dict:
         return {"observations": 0}
     paths = {v: simultaneous_anytime(draws, VARIANTS[v][3]) for v in VARIANTS}
 
-    def block(d: pd.DataFrame, pick) -> dict:
+    def block(d: pd.DataFrame, pick, within: bool = False) -> dict:
         out = {"observations": int(len(d)), "cells": int(d.groupby(CELL_KEY, observed=True).ngroups),
                "zero_error": int((d["error"] <= 0).sum())}
         for variant in VARIANTS:
-            v = variant_block(d, variant, pick(paths[variant]))
+            v = variant_block(d, variant, pick(paths[variant]), within)
             if variant == "plugin":
                 out.update(v)
             else:
                 out["robust"] = v
         return out
 
-    out = {"delta": delta, "target_coverage": 1.0 - delta, "pooled": block(draws, lambda p: p)}
+    out = {"delta": delta, "target_coverage": 1.0 - delta, "pooled": block(draws, lambda p: p, True)}
     out["pooled"]["spearman_anytime"] = spearman(draws["anytime_radius"].to_numpy(), draws["error"].to_numpy())
-    out["by_kind"] = {k: block(draws[draws["query_kind"] == k], lambda p, k=k: p[p["path"] == k])
+    out["by_kind"] = {k: block(draws[draws["query_kind"] == k], lambda p, k=k: p[p["path"] == k], True)
                       for k in QUERY_KINDS if (draws["query_kind"] == k).any()}
     out["by_budget"] = {f"{b:g}": block(d, lambda p, b=b: p[p["budget"] == b])
                         for b, d in draws.groupby("budget", observed=True)}

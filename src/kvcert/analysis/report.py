@@ -364,7 +364,17 @@ def build_report(
         doc.paragraph("Cell: " + ", ".join(f"{names.get(k, k)} {v}" for k, v in cell.items() if k != "minimum")
                       + " (pre-registered minimum: "
                       + ", ".join(f"{names.get(k, k)} {v}" for k, v in (cell.get("minimum") or {}).items()) + ").")
-        stats = c.get("details", {}).get("statistics", {})
+        det = c.get("details", {})
+        if det.get("within_cell_median") is not None:
+            doc.paragraph(f"Spearman within a cell (one example × layer × head × budget × step, across draws): median "
+                          f"{fmt(det['within_cell_median'])} over {det.get('step_cells')} cells (interquartile "
+                          f"{fmt((det.get('within_cell_q25_q75') or [None])[0])}–"
+                          f"{fmt((det.get('within_cell_q25_q75') or [None, None])[1])}); within a head "
+                          f"{fmt(det.get('within_head_median'))}. The pre-registered statistic is the pooled one.")
+        if det.get("paths"):
+            doc.paragraph(f"Anytime coverage = the share of {det['paths']} paths (a draw's setting query and the decode "
+                          "steps of one run) whose every step is covered; coverage_anytime_step is the per-step mean.")
+        stats = det.get("statistics", {})
         if stats:
             doc.table(["statistic", "estimate [90 % CI]", "resamples", "skipped"],
                       [[n, fmt_ci(s, 4), s["resamples"], s["skipped"]] for n, s in stats.items()])
