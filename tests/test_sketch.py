@@ -86,6 +86,22 @@ def test_robust_radius_reduces_to_the_plug_in_without_shadow():
     assert robust_radius(v_, b_, torch.tensor([0.3]), torch.tensor([0.2]), 0.1) == bernstein_radius(v_ + 0.3, b_ * 2, 0.1)
 
 
+def test_robust_radius_is_floored_at_the_output_resolution():
+    from kvcert.certificate import UNIT_ROUNDOFF, unit_roundoff
+
+    assert unit_roundoff(torch.float32) == 2.0**-24 and unit_roundoff(torch.bfloat16) == 2.0**-8
+    assert set(UNIT_ROUNDOFF) == {torch.float64, torch.float32, torch.float16, torch.bfloat16}
+    q, k, v, lp, _, _, _ = _retained_and_evicted(6)
+    lp = torch.zeros_like(lp)  # everything certain: V̂ = b̂ = 0, only the floor is left
+    for dtype in (torch.float32, torch.bfloat16):
+        empty = build_sketch(k, v, torch.zeros(k.shape[:3], dtype=torch.bool), torch.zeros(k.shape[:3]), v.mean(2), 5)
+        res = certified_attention(q.to(dtype), k.to(dtype), v.to(dtype), lp, sketch=empty)
+        assert torch.all(res.radius == 0)
+        torch.testing.assert_close(res.robust_radius, unit_roundoff(dtype) * torch.linalg.vector_norm(res.output.float(), dim=-1))
+    v_, b_ = torch.tensor([1e-4]), torch.tensor([0.0])
+    assert robust_radius(v_, b_, v_ * 0, b_, 0.1, floor=torch.tensor([1.0])) == 1.0
+
+
 def test_default_centre_keeps_bf16_variance_accurate():
     """certified_attention centres on the kept values' mean: bf16 values offset by 10 keep V̂ within 3 % of float64."""
     g = _gen(3)
@@ -149,7 +165,9 @@ def test_memory_budget_is_two_percent_of_a_quarter_cache(dim, element_size):
 
 
 def test_plan_check():
-    check_plan({"drift": 2.0, "window": 32})
+    check_plan({"drift": 2.0, "window": 32, "floor": "unit_roundoff"})
+    with pytest.raises(ValueError, match="robust_certificate.floor"):
+        check_plan({"floor": "none"})
     with pytest.raises(ValueError, match="robust_certificate.drift"):
         check_plan({"drift": 3.0})
     with pytest.raises(ValueError, match="unknown"):

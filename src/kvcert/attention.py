@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .certificate import bernstein_radius, robust_radius
+from .certificate import bernstein_radius, robust_radius, unit_roundoff
 from .checks import check_delta, check_ndim
 from .sketch import EvictionSketch, sketch_terms
 
@@ -263,7 +263,7 @@ def certified_attention(
     an eviction sketch (:mod:`kvcert.sketch`) whose value deviations refer to that centre.
     Returns ô [B, Hq, Q, D], V̂ and b̂_c [B, Hq, Q], the radius
     ε_δ = sqrt(2 V̂ L) + (2/3) b̂_c L with L = log(2/δ), and with a sketch the robust radius
-    (:func:`kvcert.certificate.robust_radius`).
+    (:func:`kvcert.certificate.robust_radius`, floored at the values' dtype's u·‖ô‖).
     """
     check_ndim("query", query, 4, "[B, Hq, Q, D]")
     check_ndim("key", key, 4, "[B, Hkv, K, D]")
@@ -293,6 +293,7 @@ def certified_attention(
     radius = bernstein_radius(res.variance, res.range_term, delta)
     if sketch is None:
         return CertifiedAttention(res.output, res.variance, res.range_term, radius)
-    robust = robust_radius(res.variance, res.range_term, res.shadow_variance, res.shadow_range, delta)
+    floor = unit_roundoff(value.dtype) * torch.linalg.vector_norm(res.output.to(res.variance.dtype), dim=-1)
+    robust = robust_radius(res.variance, res.range_term, res.shadow_variance, res.shadow_range, delta, floor=floor)
     return CertifiedAttention(res.output, res.variance, res.range_term, radius, res.shadow_variance,
                               res.shadow_range, robust)

@@ -48,9 +48,12 @@ set S with inclusion probabilities π_i, Hájek weights w_i = e^{s_i}/π_i / Σ_
   any query, t_j ≥ e^{s_j}‖v_j − ô‖/Ẑ, and the robust radius adds them as summands of the
   same Bernstein bound::
 
-      ε_R = sqrt(2 · (V̂ + Σ_j t_j²) · L) + (2/3) · max(b̂_c, max_j t_j) · L
+      ε_R = max( sqrt(2 · (V̂ + Σ_j t_j²) · L) + (2/3) · max(b̂_c, max_j t_j) · L ,  u · ‖ô‖ )
 
-  (:func:`robust_radius`; anytime: the same at δ_t). Evicted tokens outside the shadow
+  (:func:`robust_radius`; anytime: the same at δ_t). The second term is the resolution of
+  the output itself: ô is computed and stored in the cache's dtype, whose unit roundoff u
+  (:data:`UNIT_ROUNDOFF`: 2⁻²⁴ fp32, 2⁻¹¹ fp16, 2⁻⁸ bf16) bounds how finely it can be
+  resolved, so the robust certificate claims nothing below u·‖ô‖. Evicted tokens outside the shadow
   are left to the plug-in's Horvitz–Thompson logic, so ε_R is not valid for every query:
   its coverage is measured (``kvcert bench coverage``, the replay's claim C8).
 """
@@ -99,14 +102,29 @@ def anytime_radius(
     return torch.sqrt(2.0 * variance.clamp(min=0) * big_l) + (2.0 / 3.0) * range_term * big_l
 
 
+#: unit roundoff u of each dtype (round to nearest): the finest relative resolution of a value stored in it
+UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u of ``dtype`` (:data:`UNIT_ROUNDOFF`)."""
+    if dtype not in UNIT_ROUNDOFF:
+        raise ValueError(f"dtype: no unit roundoff for {dtype}; one of {', '.join(map(str, UNIT_ROUNDOFF))}")
+    return UNIT_ROUNDOFF[dtype]
+
+
 def robust_radius(
     variance: torch.Tensor, range_term: torch.Tensor, shadow_variance: torch.Tensor, shadow_range: torch.Tensor,
-    delta: float, step: int | torch.Tensor | None = None,
+    delta: float, step: int | torch.Tensor | None = None, floor: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """ε_R = sqrt(2 (V̂ + Σ t_j²) L) + (2/3) max(b̂_c, max t_j) L at δ (or at δ_t for decode ``step`` t ≥ 1)."""
+    """ε_R = max(sqrt(2 (V̂ + Σ t_j²) L) + (2/3) max(b̂_c, max t_j) L, floor) at δ (or at δ_t for decode ``step`` t ≥ 1).
+
+    ``floor``: the output's resolution u·‖ô‖ (:func:`unit_roundoff` of the cache dtype), None = 0.
+    """
     v = variance + shadow_variance
     b = torch.maximum(range_term, shadow_range)
-    return bernstein_radius(v, b, delta) if step is None else anytime_radius(v, b, delta, step)
+    radius = bernstein_radius(v, b, delta) if step is None else anytime_radius(v, b, delta, step)
+    return radius if floor is None else torch.maximum(radius, floor.to(radius.dtype))
 
 
 def aggregate(values: torch.Tensor, how: str, dims: tuple[int, ...]) -> torch.Tensor:

@@ -37,7 +37,8 @@ linearised error, e^{s_j}‖v_j − o‖ / Z ≈ e^{s_j}‖v_j − ô‖ / Ẑ, 
     t_j = e^{U_j − m} · (d_j + ‖ô − c‖) / l .
 
 The robust certificate (:func:`kvcert.certificate.robust_radius`) adds them to the
-Bernstein bound as the summands the plug-in omits: V_R = V̂ + Σ_j t_j², b_R = max(b̂_c, max_j t_j).
+Bernstein bound as the summands the plug-in omits: V_R = V̂ + Σ_j t_j², b_R = max(b̂_c, max_j t_j)
+(and floors the radius at the output's resolution u·‖ô‖).
 Evicted tokens outside the shadow are left to the plug-in's Horvitz–Thompson logic.
 """
 
@@ -65,7 +66,7 @@ SCALAR_BYTES = 16
 
 #: the pre-registered parameters (``analysis_plan.robust_certificate``) this module implements
 PLAN = {"sketch_fraction": SKETCH_FRACTION, "key_bits": 8, "drift": DRIFT, "window": POTENTIAL_WINDOW,
-        "successor_horizon": SUCCESSOR_HORIZON, "successor_penalty": SUCCESSOR_PENALTY}
+        "successor_horizon": SUCCESSOR_HORIZON, "successor_penalty": SUCCESSOR_PENALTY, "floor": "unit_roundoff"}
 
 
 def check_plan(section) -> None:
@@ -75,7 +76,8 @@ def check_plan(section) -> None:
     for key, value in section.items():
         if key not in PLAN:
             raise ValueError(f"analysis_plan.robust_certificate.{key}: unknown; known: {', '.join(PLAN)}")
-        if float(value) != float(PLAN[key]):
+        same = value == PLAN[key] if isinstance(PLAN[key], str) else float(value) == float(PLAN[key])
+        if not same:
             raise ValueError(f"analysis_plan.robust_certificate.{key}: {value} differs from kvcert.sketch's {PLAN[key]}; "
                              "the robust certificate is computed as kvcert.sketch states it (amend the plan or the code)")
 

@@ -11,12 +11,12 @@ statistics (names as in ``claims.yaml``):
   step of the path is covered, ``coverage_anytime``, beside its per-step mean).
 * ``spearman`` (C2) — Spearman(ε_δ, ‖ô − o‖) over all those draws (the median within a
   cell — one example, layer, head, budget, kind and step, across draws — and within a
-  head reported beside it).
-* ``coverage_robust_<kind>``, ``tightness_robust_<kind>`` (C8, this project's claim) —
-  the same coverage, and the median ε_R/‖ô − o‖, of the robust certificate
-  (:func:`kvcert.certificate.robust_radius`) on the replay cells of one query kind. The point estimate uses every draw; beyond
+  head reported beside it). The point estimate uses every draw; beyond
   ``MAX_SPEARMAN_BOOTSTRAP_OBS`` draws × queries the bootstrap keeps every replay cell
   but only its first draws (draws are i.i.d.), which can only widen the interval.
+* ``coverage_robust_<kind>``, ``tightness_robust_<kind>`` (C8, this project's claim) —
+  the same coverage, and the median ε_R/‖ô − o‖, of the robust certificate
+  (:func:`kvcert.certificate.robust_radius`) on the replay cells of one query kind.
 * ``induced_failure_rate`` (C3) — among compressed runs whose full-cache run is
   correct, the fraction that fail.
 * ``auc_certificate``, ``auc_certificate_minus_confidence`` (C4) — AUC of the

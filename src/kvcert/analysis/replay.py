@@ -36,7 +36,8 @@ record:
    query sees, float64; error = ‖ô − o‖. The robust radius ε_R adds the shadow terms of
    the draw's eviction sketch (:mod:`kvcert.sketch`: the shadow chosen among the draw's
    evicted tokens by the selection score ψ̃ of the prompt's observation window, int8 keys,
-   the memory budget of :data:`kvcert.sketch.SKETCH_FRACTION` at the captured dtype).
+   the memory budget of :data:`kvcert.sketch.SKETCH_FRACTION` at the captured dtype), and
+   its floor u·‖ô‖ uses the unit roundoff of the captured dtype.
    The anytime radii use δ_t = δ/(t(t+1)) with t = 1 for the setting query and t = 1 + i
    for the i-th decode query of either path.
 
@@ -63,7 +64,7 @@ import torch
 
 from ..attention import hajek_attention
 from ..cache import CertifiedCache
-from ..certificate import anytime_radius, bernstein_radius, robust_radius
+from ..certificate import anytime_radius, bernstein_radius, robust_radius, unit_roundoff
 from ..design import DEFAULT_DESIGN, RetentionDesign, Sample, inclusion_probabilities, poisson_sample
 from ..impossibility import TABLE_HEADER, impossibility_demo
 from ..integration import ATTENTION_NAME
@@ -250,13 +251,15 @@ def _shadow_slots(cap: Capture, layer: int) -> int:
     return shadow_count(cap.prompt_tokens, per_token, k.shape[-1])
 
 
-def _columns(res, err, steps, delta, kind_steps, d0, nd, hq, group, lengths, out: dict) -> None:
-    """Append one chunk's rows: res = the hajek_attention result [nd, Hq, Q]; err [nd, Hq, Q]."""
+def _columns(res, err, steps, delta, kind_steps, d0, nd, hq, group, lengths, out: dict, roundoff: float) -> None:
+    """Append one chunk's rows: res = the hajek_attention result [nd, Hq, Q]; err [nd, Hq, Q]; ``roundoff`` the
+    unit roundoff of the captured cache's dtype (the robust radius's floor u·‖ô‖)."""
     var, rng = res.variance, res.range_term
     rad = bernstein_radius(var, rng, delta)
     anyr = anytime_radius(var, rng, delta, steps)
-    rob = robust_radius(var, rng, res.shadow_variance, res.shadow_range, delta)
-    anyrob = robust_radius(var, rng, res.shadow_variance, res.shadow_range, delta, steps)
+    floor = roundoff * torch.linalg.vector_norm(res.output, dim=-1)
+    rob = robust_radius(var, rng, res.shadow_variance, res.shadow_range, delta, floor=floor)
+    anyrob = robust_radius(var, rng, res.shadow_variance, res.shadow_range, delta, steps, floor=floor)
     n_q = err.shape[-1]
     shape = (nd, hq, n_q)
     out["draw"].append(np.broadcast_to(np.arange(d0, d0 + nd, dtype=np.int32)[:, None, None], shape).reshape(-1))
@@ -303,6 +306,7 @@ def replay_layer(
     steps = torch.arange(1, n_q + 1, dtype=f64, device=k_all.device)  # anytime step t: 1 for the setting query, 1 + i for later query i
     potential = _potential(cap, layer)  # [Hkv, N]
     slots = _shadow_slots(cap, layer)
+    roundoff = unit_roundoff(cap.values[layer].dtype)
     tail = pi < 1
     decode_idx = torch.arange(n, n + n_q - 1, device=k_all.device).expand(1, hkv, -1)
     names = ["step", "draw", "head", "kept", *FLOAT_COLUMNS, *COVERED_COLUMNS]
@@ -330,7 +334,8 @@ def replay_layer(
         qq = queries.unsqueeze(0).expand(nd, -1, -1, -1)  # [nd, Hq, Q, D]
         res = hajek_attention(qq, ks, vs, lps, scaling, causal=True, certificate=True, centre=centre, sketch=sketch)
         err = torch.linalg.vector_norm(res.output - exact.unsqueeze(0), dim=-1)  # [nd, Hq, Q]
-        _columns(res, err, steps, delta, list(range(n_q)), d0, nd, hq, group, sample.lengths[d0:d1], cols["full"])
+        _columns(res, err, steps, delta, list(range(n_q)), d0, nd, hq, group, sample.lengths[d0:d1], cols["full"],
+                 roundoff)
         if own:
             j = compressed.queries.shape[2]
             qo = compressed.queries[d0:d1].to(f64)  # [nd, Hq, J, D]
@@ -342,7 +347,7 @@ def replay_layer(
             err_o = torch.linalg.vector_norm(res_o.output - exact_o, dim=-1)
             steps_o = torch.arange(2, j + 2, dtype=f64, device=k_all.device)
             _columns(res_o, err_o, steps_o, delta, list(range(1, j + 1)), d0, nd, hq, group, sample.lengths[d0:d1],
-                     cols["own"])
+                     cols["own"], roundoff)
     out = {}
     parts = [("full", cols["full"])] + ([("own", cols["own"])] if own else [])
     for c in names:

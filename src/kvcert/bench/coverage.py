@@ -72,7 +72,7 @@ def evaluate_head(keys, values, queries, pi, draws: int, gen, delta: float, slot
     import torch
 
     from ..attention import hajek_attention
-    from ..certificate import bernstein_radius, robust_radius
+    from ..certificate import bernstein_radius, robust_radius, unit_roundoff
     from ..design import poisson_sample
     from ..sketch import build_sketch, sketch_potential
 
@@ -99,8 +99,9 @@ def evaluate_head(keys, values, queries, pi, draws: int, gen, delta: float, slot
         res = hajek_attention(q, ks, vs, lp, 1.0, causal=False, certificate=True, centre=centre, sketch=sketch)
         out["error"].append(torch.linalg.vector_norm(res.output[:, 0] - exact, dim=-1))
         out["radius"].append(bernstein_radius(res.variance, res.range_term, delta)[:, 0])
+        floor = unit_roundoff(f64) * torch.linalg.vector_norm(res.output, dim=-1)
         out["robust"].append(robust_radius(res.variance, res.range_term, res.shadow_variance, res.shadow_range,
-                                           delta)[:, 0])
+                                           delta, floor=floor)[:, 0])
     result = {k: torch.cat(v) for k, v in out.items()}
     result["floor"] = RESOLUTION * float(torch.linalg.vector_norm(values, dim=-1).max())
     return result

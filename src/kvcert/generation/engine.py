@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 import torch
 
 from ..cache import CertifiedCache
+from ..certificate import unit_roundoff
 from ..press import EvictionPress
 from ..tasks.scoring import score_record
 from ..tasks.prompting import build_prompt_ids
@@ -119,7 +120,8 @@ class Engine:
         limit = int(record.metadata.get("max_new_tokens") or max_new_tokens or spec.max_new_tokens)
         cache = CertifiedCache(record_certificates=spec.method.randomized)
         press = self.press(record.id, spec.budget)
-        trace = CertificateTrace(spec.certificate.delta, spec.certificate.aggregations, self.num_layers)
+        trace = CertificateTrace(spec.certificate.delta, spec.certificate.aggregations, self.num_layers,
+                                 unit_roundoff(next(self.model.parameters()).dtype))
 
         _sync(self.device)
         t0 = time.perf_counter()

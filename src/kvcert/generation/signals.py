@@ -61,10 +61,11 @@ class _Block:
 class CertificateTrace:
     """Accumulates the certificates of one generation, step by step (plug-in and robust)."""
 
-    def __init__(self, delta: float, aggregations: tuple[str, ...], num_layers: int):
+    def __init__(self, delta: float, aggregations: tuple[str, ...], num_layers: int, roundoff: float = 0.0):
         self.delta = delta
         self.aggregations = aggregations
         self.num_layers = num_layers
+        self.roundoff = roundoff  # u of the cache dtype: the robust radius's floor u·‖ô‖
         self.plugin = _Block(aggregations, num_layers)
         self.robust = _Block(aggregations, num_layers)
         self.variance_mean: list[float] = []
@@ -87,8 +88,9 @@ class CertificateTrace:
         sv = stack(step.shadow_variance) if shadow else torch.zeros_like(var)
         sr = stack(step.shadow_range) if shadow else torch.zeros_like(var)
         self.plugin.add(bernstein_radius(var, rng, self.delta), anytime_radius(var, rng, self.delta, t), norm, layers)
-        self.robust.add(robust_radius(var, rng, sv, sr, self.delta), robust_radius(var, rng, sv, sr, self.delta, t),
-                        norm, layers)
+        floor = None if norm is None else self.roundoff * norm
+        self.robust.add(robust_radius(var, rng, sv, sr, self.delta, floor=floor),
+                        robust_radius(var, rng, sv, sr, self.delta, t, floor=floor), norm, layers)
         self.variance_mean.append(float(var.mean()))
         self.robust_variance_mean.append(float((var + sv).mean()))
 
