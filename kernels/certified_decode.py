@@ -27,6 +27,17 @@ its partial state and a second kernel merges them exactly: m = max_j m_j,
 ``CERT=False`` compiles the same kernels without the certificate accumulators (the
 baseline the certificate's overhead is measured against).
 
+With an eviction sketch (``SKETCH``; :mod:`kvcert.sketch`) the finalisation also bounds the
+evicted summands of the r shadow tokens of the KV head (int8 keys k̃ = scale·codes, key
+error e, value deviation d), with the final m and l of each query row::
+
+    U_j = (q·k̃_j + ‖q‖ e_j)·scale·log2(e)        t_j = 2^(U_j − m − log2 l) · (d_j + ‖ô − c‖)
+    shadow_variance = Σ_j t_j²                    shadow_range = max_j t_j
+
+(blocks of ``BLOCK_R`` shadow slots; slots ≥ the head's count are masked). It runs once per
+(batch, KV head), after the pass over the cache: r ≪ L, so it adds r·(D + 16) bytes to
+the L·(2D·dtype + 4) the pass reads.
+
 On a CPU the kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` must be set
 before triton is first imported (triton.language jits its own helpers at import).
 
@@ -45,6 +56,7 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SKETCH_BLOCK = 16  # shadow slots per block of the sketch epilogue
 
 
 @triton.jit
@@ -57,11 +69,53 @@ def _round_bf16(x):
 
 
 @triton.jit
+def _sketch_epilogue(
+    Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR,
+    b, h, srow, lse2, oc, scale_log2e, n_slots,
+    stride_qb, stride_qh, stride_qd,
+    stride_kcb, stride_kch, stride_kcr, stride_kcd,
+    stride_ksb, stride_ksh, stride_ksr,
+    stride_knb, stride_knh,
+    GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """Σ t_j² and max t_j of the KV head's shadow tokens for the group's query rows (see the module docstring)."""
+    offs_g = tl.arange(0, G_PAD)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_r = tl.arange(0, BLOCK_R)
+    g_ok = offs_g < GROUP
+    d_ok = offs_d < D
+    q_ptrs = Q + b * stride_qb + (h * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    qn = tl.sqrt(tl.sum(q * q, 1))
+    count = tl.load(SK_N + b * stride_knb + h * stride_knh).to(tl.int32)
+    sv = tl.zeros([G_PAD], tl.float32)
+    sr = tl.zeros([G_PAD], tl.float32)
+    for r0 in range(0, n_slots, BLOCK_R):
+        offs = r0 + offs_r
+        r_ok = offs < count
+        c_ptrs = SK_C + b * stride_kcb + h * stride_kch + offs[:, None] * stride_kcr + offs_d[None, :] * stride_kcd
+        codes = tl.load(c_ptrs, mask=r_ok[:, None] & d_ok[None, :], other=0).to(tl.float32)
+        sbase = b * stride_ksb + h * stride_ksh + offs * stride_ksr
+        kscale = tl.load(SK_S + sbase, mask=r_ok, other=0.0)
+        kerr = tl.load(SK_E + sbase, mask=r_ok, other=0.0)
+        vdev = tl.load(SK_D + sbase, mask=r_ok, other=0.0)
+        u = tl.dot(q, tl.trans(codes * kscale[:, None]), input_precision="ieee")  # [G_PAD, BLOCK_R]
+        u = (u + qn[:, None] * kerr[None, :]) * scale_log2e
+        t = tl.exp2(u - lse2[:, None]) * (vdev[None, :] + oc[:, None])
+        t = tl.where(r_ok[None, :] & g_ok[:, None], t, 0.0)
+        sv += tl.sum(t * t, 1)
+        sr = tl.maximum(sr, tl.max(t, 1))
+    tl.store(SV + srow, sv, mask=g_ok)
+    tl.store(SR + srow, sr, mask=g_ok)
+
+
+@triton.jit
 def _stage1(
     Q, K, V, LP, CEN, LEN,
     OUT, LSE, VAR, RNG,
     P_M, P_L, P_ACC, P_A, P_B, P_C, P_M0, P_M1,
-    scale_log2e, seq_len, chunk, n_splits,
+    SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR,
+    scale_log2e, seq_len, chunk, n_splits, n_slots,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -69,9 +123,13 @@ def _stage1(
     stride_cb, stride_ch, stride_cd,
     stride_nb, stride_nh,
     stride_ob, stride_oh, stride_od,
+    stride_kcb, stride_kch, stride_kcr, stride_kcd,
+    stride_ksb, stride_ksh, stride_ksr,
+    stride_knb, stride_knh,
     HKV: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     CERT: tl.constexpr, HAS_LP: tl.constexpr, HAS_LEN: tl.constexpr, SPLIT: tl.constexpr,
+    SKETCH: tl.constexpr, BLOCK_R: tl.constexpr,
     DOT_PREC: tl.constexpr, CERT_PREC: tl.constexpr, INTERP_BF16: tl.constexpr, INTERP_OUT_BF16: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -203,20 +261,34 @@ def _stage1(
             out_c = tl.where(dv_ok[None, :], out - c_vec[None, :], 0.0)
             var = (c_i - 2.0 * tl.sum(b_acc * out_c, 1) + a_i * tl.sum(out_c * out_c, 1)) / (l_safe * l_safe)
             var = tl.maximum(var, 0.0)
-            rng = (m1_i + m0_i * tl.sqrt(tl.sum(out_c * out_c, 1))) / l_safe
+            oc = tl.sqrt(tl.sum(out_c * out_c, 1))
+            rng = (m1_i + m0_i * oc) / l_safe
             tl.store(VAR + srow, var, mask=g_ok)
             tl.store(RNG + srow, rng, mask=g_ok)
+            if SKETCH:
+                _sketch_epilogue(
+                    Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, b, h, srow, tl.where(nonempty, m_i + tl.log2(l_safe), float("inf")), oc,
+                    scale_log2e, n_slots, stride_qb, stride_qh, stride_qd,
+                    stride_kcb, stride_kch, stride_kcr, stride_kcd, stride_ksb, stride_ksh, stride_ksr,
+                    stride_knb, stride_knh, GROUP=GROUP, G_PAD=G_PAD, D=D, BLOCK_D=BLOCK_D, BLOCK_R=BLOCK_R,
+                )
 
 
 @triton.jit
 def _merge(
-    CEN, OUT, LSE, VAR, RNG,
+    Q, CEN, OUT, LSE, VAR, RNG,
     P_M, P_L, P_ACC, P_A, P_B, P_C, P_M0, P_M1,
-    n_splits,
+    SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR,
+    n_splits, scale_log2e, n_slots,
+    stride_qb, stride_qh, stride_qd,
     stride_cb, stride_ch, stride_cd,
     stride_ob, stride_oh, stride_od,
+    stride_kcb, stride_kch, stride_kcr, stride_kcd,
+    stride_ksb, stride_ksh, stride_ksr,
+    stride_knb, stride_knh,
     HKV: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     CERT: tl.constexpr, INTERP_OUT_BF16: tl.constexpr,
+    SKETCH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     b = (pid_bh // HKV).to(tl.int64)
@@ -273,9 +345,17 @@ def _merge(
         out_c = tl.where(dv_ok[None, :], out - c_vec[None, :], 0.0)
         var = (c_i - 2.0 * tl.sum(b_acc * out_c, 1) + a_i * tl.sum(out_c * out_c, 1)) / (l_safe * l_safe)
         var = tl.maximum(var, 0.0)
-        rng = (m1_i + m0_i * tl.sqrt(tl.sum(out_c * out_c, 1))) / l_safe
+        oc = tl.sqrt(tl.sum(out_c * out_c, 1))
+        rng = (m1_i + m0_i * oc) / l_safe
         tl.store(VAR + srow, var, mask=g_ok)
         tl.store(RNG + srow, rng, mask=g_ok)
+        if SKETCH:
+            _sketch_epilogue(
+                Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, b, h, srow, tl.where(nonempty, m + tl.log2(l_safe), float("inf")), oc,
+                scale_log2e, n_slots, stride_qb, stride_qh, stride_qd,
+                stride_kcb, stride_kch, stride_kcr, stride_kcd, stride_ksb, stride_ksh, stride_ksr,
+                stride_knb, stride_knh, GROUP=GROUP, G_PAD=G_PAD, D=D, BLOCK_D=BLOCK_D, BLOCK_R=BLOCK_R,
+            )
 
 
 def interpreting() -> bool:
@@ -353,6 +433,7 @@ def certified_decode(
     num_stages: int | None = None,
     poison: bool = False,
     out: tuple | None = None,
+    sketch=None,
 ):
     """Hájek decode attention with its certificate in one pass over the compacted cache.
 
@@ -368,8 +449,16 @@ def certified_decode(
     that fills the GPU). ``poison`` fills every output and workspace buffer with NaN
     before the launch (tests); ``out`` takes preallocated (output, lse, variance,
     range_term) buffers of the returned shapes.
+
+    ``sketch`` (a :class:`kvcert.sketch.EvictionSketch` of the same batch and KV heads, with
+    the certificate): the shadow terms are computed too, and two more tensors are returned,
+    shadow_variance and shadow_range (fp32, the stat shape).
     """
     _check(query, key, value, log_pi, centre, lengths)
+    if sketch is not None and not certificate:
+        raise ValueError("sketch: the shadow terms belong to the certificate; pass certificate=True")
+    if sketch is not None and (tuple(sketch.codes.shape[:2]) != tuple(key.shape[:2]) or sketch.codes.shape[-1] != key.shape[-1]):
+        raise ValueError(f"sketch: codes of shape {tuple(sketch.codes.shape)} do not fit key {tuple(key.shape)}")
     q3 = query[:, :, 0] if query.ndim == 4 else query
     bsz, hq, d = q3.shape
     hkv, seq_len, dv = key.shape[1], key.shape[2], value.shape[-1]
@@ -428,6 +517,24 @@ def certified_decode(
                 t.fill_(float("nan"))
     var_arg = variance if variance is not None else lse
     rng_arg = range_term if range_term is not None else lse
+    use_sketch = sketch is not None and sketch.slots > 0
+    if sketch is not None:
+        shadow_v = torch.zeros(stat_shape, device=dev, dtype=torch.float32)
+        shadow_r = torch.zeros(stat_shape, device=dev, dtype=torch.float32)
+    if use_sketch:
+        sk_c, sk_s, sk_e, sk_d = sketch.codes, sketch.scale, sketch.key_error, sketch.value_dev
+        sk_n = sketch.count
+        sk_strides = (*sk_c.stride(), *sk_s.stride(), *sk_n.stride())
+        if sk_e.stride() != sk_s.stride() or sk_d.stride() != sk_s.stride():
+            sk_e, sk_d, sk_s = sk_e.contiguous(), sk_d.contiguous(), sk_s.contiguous()
+            sk_strides = (*sk_c.stride(), *sk_s.stride(), *sk_n.stride())
+        n_slots = sketch.slots
+    else:
+        sk_c = sk_s = sk_e = sk_d = sk_n = lse
+        sk_strides = (0,) * 9
+        n_slots = 0
+    sv_arg = shadow_v if use_sketch else lse
+    sr_arg = shadow_r if use_sketch else lse
 
     interp = interpreting()  # the interpreter's fp32 → bf16 cast truncates: round explicitly there
     interp_out = interp and output.dtype == torch.bfloat16
@@ -445,7 +552,8 @@ def certified_decode(
         q3, key, value, lp, centre_t, len_t,
         o3, lse, var_arg, rng_arg,
         p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1,
-        float(scaling) * LOG2E, seq_len, chunk, num_splits,
+        sk_c, sk_s, sk_e, sk_d, sk_n, sv_arg, sr_arg,
+        float(scaling) * LOG2E, seq_len, chunk, num_splits, n_slots,
         q3.stride(0), q3.stride(1), q3.stride(2),
         key.stride(0), key.stride(1), key.stride(2), key.stride(3),
         value.stride(0), value.stride(1), value.stride(2), value.stride(3),
@@ -453,21 +561,29 @@ def certified_decode(
         centre_t.stride(0), centre_t.stride(1), centre_t.stride(2),
         len_t.stride(0), len_t.stride(1),
         o3.stride(0), o3.stride(1), o3.stride(2),
+        *sk_strides,
         **consts, D=d, DV=dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
         CERT=bool(certificate), HAS_LP=log_pi is not None, HAS_LEN=lengths is not None, SPLIT=split,
+        SKETCH=use_sketch and not split, BLOCK_R=SKETCH_BLOCK,
         DOT_PREC=dot_prec, CERT_PREC=cert_prec,
         INTERP_BF16=interp and key.dtype == torch.bfloat16, INTERP_OUT_BF16=interp_out,
         **launch,
     )
     if split:
         _merge[(bsz * hkv,)](
-            centre_t, o3, lse, var_arg, rng_arg,
+            q3, centre_t, o3, lse, var_arg, rng_arg,
             p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1,
-            num_splits,
+            sk_c, sk_s, sk_e, sk_d, sk_n, sv_arg, sr_arg,
+            num_splits, float(scaling) * LOG2E, n_slots,
+            q3.stride(0), q3.stride(1), q3.stride(2),
             centre_t.stride(0), centre_t.stride(1), centre_t.stride(2),
             o3.stride(0), o3.stride(1), o3.stride(2),
+            *sk_strides,
             **consts, DV=dv, BLOCK_DV=block_dv, CERT=bool(certificate), INTERP_OUT_BF16=interp_out,
+            SKETCH=use_sketch, D=d, BLOCK_D=block_d, BLOCK_R=SKETCH_BLOCK,
         )
+    if sketch is not None:
+        return output, lse, variance, range_term, shadow_v, shadow_r
     return output, lse, variance, range_term
 
 

@@ -93,3 +93,20 @@ def variance_scale(
     dev2 = (v - c.unsqueeze(-2)).pow(2).sum(-1).unsqueeze(-2)
     out2 = (out - c.unsqueeze(-2)).pow(2).sum(-1, keepdim=True)
     return (one_minus * w.pow(2) * (dev2 + out2)).sum(-1).reshape(bsz, hq)
+
+
+def sketch_reference(query: torch.Tensor, sketch, centre: torch.Tensor, scaling: float,
+                     ref: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 shadow terms (Σ t_j², max t_j) [B, Hq] of an eviction sketch, from :func:`decode_reference`'s
+    output and lse (``ref``); a head with no valid slot (lse −inf) gets 0, as the kernel."""
+    from kvcert.sketch import sketch_terms
+
+    q = (query[:, :, 0] if query.ndim == 4 else query).to(torch.float64)
+    out, lse = ref[0].to(torch.float64), ref[1].to(torch.float64)
+    group = q.shape[1] // centre.shape[1]
+    c = centre.to(torch.float64).repeat_interleave(group, dim=1)
+    out_dev = torch.linalg.vector_norm(out.to(c.device) - c, dim=-1)
+    empty = torch.isneginf(lse)
+    sv, sr = sketch_terms(q.unsqueeze(2), sketch, scaling, torch.where(empty, torch.inf, lse).unsqueeze(-1),
+                          out_dev.unsqueeze(-1))
+    return sv[..., 0], sr[..., 0]

@@ -12,12 +12,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvcert import certified_attention, enable_certified_attention
 from kvcert.analysis.replay import (
-    CELL_KEY, REPLAY_COLUMNS, _seed, capture, impossibility_for_model, replay_cells, replay_layers, replay_model,
-    summarize_replay, within_head_spearman,
+    CELL_KEY, REPLAY_COLUMNS, _potential, _seed, _shadow_slots, capture, compressed_decode, draw_samples,
+    impossibility_for_model, replay_cells, replay_layers, replay_model, simultaneous_anytime, summarize_replay,
+    within_cell_spearman, within_head_spearman,
 )
 from kvcert.analysis.stats import spearman
-from kvcert.certificate import anytime_radius
+from kvcert.certificate import anytime_radius, robust_radius
 from kvcert.design import DEFAULT_DESIGN, inclusion_probabilities, poisson_sample
+from kvcert.sketch import build_sketch
 from kvcert.scorers import SnapKVScorer
 from kvcert.tasks import build_prompt_ids, generate
 from kvcert.training.tokenizer import build_tokenizer
@@ -41,10 +43,15 @@ def setup():
 def test_shape_and_columns(setup):
     _, _, records, df = setup
     assert list(df.columns) == REPLAY_COLUMNS
-    assert len(df) == len(records) * 2 * 4 * len(BUDGETS) * (1 + LATER) * DRAWS  # examples × layers × heads × ...
-    assert set(df["query_kind"]) == {"setting", "later"} and (df.loc[df["step"] == 0, "query_kind"] == "setting").all()
+    # examples × layers × heads × budgets × (setting + later + sample-dependent steps) × draws
+    assert len(df) == len(records) * 2 * 4 * len(BUDGETS) * (1 + 2 * LATER) * DRAWS
+    assert set(df["query_kind"]) == {"setting", "later", "sample_dependent"}
+    assert (df.loc[df["step"] == 0, "query_kind"] == "setting").all() and (df.loc[df["step"] > 0, "query_kind"] != "setting").all()
     assert (df["covered"] == (df["error"] <= df["radius"])).all()
+    assert (df["covered_robust"] == (df["error"] <= df["radius_robust"])).all()
     assert (df["anytime_radius"] >= df["radius"] - 1e-15).all()  # δ_t ≤ δ widens the radius
+    assert (df["radius_robust"] >= df["radius"] - 1e-15).all() and (df["shadow_range"] >= 0).all()
+    assert (df["shadow_variance"] > 0).any()  # the sketch bounds some evicted summand
     assert (df["kv_head"] == df["head"] // 2).all()
 
 
@@ -74,31 +81,102 @@ def _independent(model, tok, record, layer, budget, draw, step):
     exact = torch.einsum("hgl,hld->hgd", torch.softmax(logits, -1), full_v).reshape(q.shape[0], -1)
     error = torch.linalg.vector_norm(res.output[0, :, 0] - exact, dim=-1)
     anyr = anytime_radius(res.variance, res.range_term, DELTA, step + 1)[0, :, 0]
-    return error, res.radius[0, :, 0], anyr
+    evicted = ~sample.kept_mask()[draw] & (pi < 1)
+    sketch = build_sketch(k[None, :, :n], v[None, :, :n], evicted[None], _potential(cap, layer)[None], centre[None],
+                          _shadow_slots(cap, layer))
+    rob = certified_attention(q[None, :, None], keys[None], values[None], log_pi[None], DELTA, obs.scaling, centre[None],
+                              sketch=sketch)
+    torch.testing.assert_close(rob.radius, res.radius)  # the sketch leaves the plug-in alone
+    return error, res.radius[0, :, 0], anyr, rob.robust_radius[0, :, 0]
 
 
 @pytest.mark.parametrize("layer,budget,draw,step", [(0, 0.25, 3, 0), (1, 0.5, 7, 2), (1, 0.25, 0, 1)])
 def test_vectorised_draws_equal_certified_attention(setup, layer, budget, draw, step):
     model, tok, records, df = setup
-    error, radius, anyr = _independent(model, tok, records[0], layer, budget, draw, step)
+    error, radius, anyr, robust = _independent(model, tok, records[0], layer, budget, draw, step)
     rows = df[(df["example_id"] == records[0].id) & (df["layer"] == layer) & (df["budget"] == budget)
-              & (df["draw"] == draw) & (df["step"] == step)].sort_values("head")
+              & (df["draw"] == draw) & (df["step"] == step) & (df["query_kind"] != "sample_dependent")].sort_values("head")
     torch.testing.assert_close(torch.tensor(rows["error"].to_numpy()), error, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(torch.tensor(rows["radius"].to_numpy()), radius, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(torch.tensor(rows["anytime_radius"].to_numpy()), anyr, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(torch.tensor(rows["radius_robust"].to_numpy()), robust, rtol=1e-9, atol=1e-12)
+
+
+def test_sample_dependent_queries_are_the_draws_own_decoding(setup):
+    """A draw's sample-dependent rows: its own compressed run (queries differ from the full-cache run's beyond the
+    first layer), error against exact attention over every prompt key and that run's decode keys."""
+    model, tok, records, df = setup
+    record, budget, draw = records[1], 0.5, 4
+    ids, _ = build_prompt_ids(tok, record)
+    cap = capture(model, ids, [0, 1], LATER)
+    drawn = {i: draw_samples(cap, i, budget, DRAWS, DEFAULT_DESIGN, SEED, record.id) for i in (0, 1)}
+    comp = compressed_decode(model, cap, {i: d[1] for i, d in drawn.items()}, LATER, [0, 1])
+    n = len(ids)
+    for layer in (0, 1):
+        c = comp[layer]
+        assert c.queries.shape == (DRAWS, 4, LATER, 16) and c.keys.shape == (DRAWS, 2, LATER, 16)
+        # the first decode step's layer-0 query depends on the token only: the same as the full-cache run's
+        if layer == 0:
+            torch.testing.assert_close(c.queries[draw, :, 0], cap.later[0][0], rtol=1e-5, atol=1e-5)
+        q = c.queries[draw, :, -1].double()  # the last decode step sees every decode key of its run
+        k = torch.cat([cap.keys[layer][:, :n], c.keys[draw]], 1).double()
+        v = torch.cat([cap.values[layer][:, :n], c.values[draw]], 1).double()
+        g = q.shape[0] // k.shape[0]
+        w = torch.softmax(torch.einsum("hgd,hld->hgl", q.reshape(k.shape[0], g, -1), k) * cap.prompt[layer].scaling, -1)
+        exact = torch.einsum("hgl,hld->hgd", w, v).reshape(q.shape[0], -1)
+        rows = df[(df["example_id"] == record.id) & (df["layer"] == layer) & (df["budget"] == budget)
+                  & (df["draw"] == draw) & (df["step"] == LATER) & (df["query_kind"] == "sample_dependent")]
+        assert len(rows) == 4
+        pi, sample = drawn[layer]
+        idx = sample.indices[draw]
+        kk = torch.cat([cap.keys[layer][:, :n].double().gather(1, idx.unsqueeze(-1).expand(-1, -1, 16)), c.keys[draw].double()], 1)
+        vv = torch.cat([cap.values[layer][:, :n].double().gather(1, idx.unsqueeze(-1).expand(-1, -1, 16)), c.values[draw].double()], 1)
+        lp = torch.cat([sample.log_pi[draw].double(), torch.zeros(2, LATER, dtype=torch.float64)], 1)
+        valid = sample.valid[draw].unsqueeze(-1).double()
+        kept_v = cap.values[layer][:, :n].double().gather(1, idx.unsqueeze(-1).expand(-1, -1, 16))
+        centre = (kept_v * valid).sum(1) / valid.sum(1)
+        res = certified_attention(q[None, :, None], kk[None], vv[None], lp[None], DELTA, cap.prompt[layer].scaling,
+                                  centre[None])
+        err = torch.linalg.vector_norm(res.output[0, :, 0] - exact, dim=-1)
+        torch.testing.assert_close(torch.tensor(rows.sort_values("head")["error"].to_numpy()), err, rtol=1e-7, atol=1e-10)
+
+
+def test_simultaneous_anytime_counts_whole_paths():
+    """A path is covered only when every step is: one missed step of four uncovers the draw's path."""
+    import pandas as pd
+
+    base = {"model": "m", "example_id": "e", "layer": 0, "head": 0, "budget": 0.25}
+    rows = []
+    for draw, misses in ((0, ()), (1, (2,)), (2, (0,))):
+        for step in range(4):
+            rows.append({**base, "draw": draw, "step": step, "query_kind": "setting" if step == 0 else "later",
+                         "covered_anytime": step not in misses})
+    paths = simultaneous_anytime(pd.DataFrame(rows))
+    assert list(paths["covered"]) == [True, False, False] and set(paths["path"]) == {"later"}
+    assert float(pd.DataFrame(rows)["covered_anytime"].mean()) == pytest.approx(10 / 12)  # the per-step mean is not it
 
 
 def test_summaries(setup):
     _, _, records, df = setup
     cells = replay_cells(df)
-    assert len(cells) == len(records) * 2 * 4 * len(BUDGETS) * 2 and list(cells.columns[: len(CELL_KEY)]) == CELL_KEY
+    assert len(cells) == len(records) * 2 * 4 * len(BUDGETS) * 3 and list(cells.columns[: len(CELL_KEY)]) == CELL_KEY
     assert cells["n"].sum() == len(df)
     s = summarize_replay(df, DELTA)
     assert s["pooled"]["coverage"] == pytest.approx(df["covered"].mean())
-    assert set(s["by_kind"]) == {"setting", "later"} and -1 <= s["pooled"]["spearman"] <= 1
-    assert s["pooled"]["cells"] == len(cells)
+    assert s["pooled"]["robust"]["coverage"] == pytest.approx(df["covered_robust"].mean())
+    assert set(s["by_kind"]) == {"setting", "later", "sample_dependent"} and -1 <= s["pooled"]["spearman"] <= 1
+    assert s["pooled"]["cells"] == len(cells) and set(s["by_layer"]) == {"0", "1"}
+    # anytime: the share of whole paths covered, at most the per-step mean of the anytime radius
+    later = s["by_kind"]["later"]
+    assert later["paths"] == len(records) * 2 * 4 * len(BUDGETS) * DRAWS
+    assert later["coverage_anytime"] <= later["coverage_anytime_step"] + 1e-12
+    assert s["by_kind"]["setting"]["coverage_anytime"] is None
     direct = sorted(spearman(h["radius"], h["error"]) for _, h in df.groupby(["model", "example_id", "layer", "head"]))
     assert sorted(within_head_spearman(df)) == pytest.approx(direct, abs=1e-12)
+    per_cell = sorted(spearman(h["radius"], h["error"]) for _, h in df.groupby([*CELL_KEY, "step"]))
+    per_cell = [x for x in per_cell if x == x]
+    assert sorted(within_cell_spearman(df)) == pytest.approx(per_cell, abs=1e-12)
+    assert cells["coverage_anytime"].isna().sum() == (cells["query_kind"] == "setting").sum()
 
 
 def test_layers_subset_and_checks(setup):
@@ -106,6 +184,11 @@ def test_layers_subset_and_checks(setup):
     assert replay_layers(32, 4) == [0, 10, 21, 31] and replay_layers(2, None) == [0, 1]
     df = replay_model(model, tok, records[:1], [0.5], 3, 0, DELTA, max_layers=1, model_name="tiny")
     assert set(df["layer"]) == {0} and set(df["query_kind"]) == {"setting"} and len(df) == 4 * 3
+    df = replay_model(model, tok, records[:1], [0.5], 3, 1, DELTA, max_layers=1, model_name="tiny",
+                      query_kinds=("setting", "sample_dependent"))
+    assert set(df["query_kind"]) == {"setting", "sample_dependent"} and len(df) == 4 * 3 * 2
+    with pytest.raises(ValueError, match="query_kinds"):
+        replay_model(model, tok, records[:1], [0.5], 3, 1, DELTA, query_kinds=("setting", "stale"))
     config = copy.deepcopy(model.config)
     config._attn_implementation = "sdpa"
     plain = LlamaForCausalLM(config)
@@ -155,6 +238,7 @@ def test_replay_entry_point(setup, tmp_path):
         df, prov = read_table(out)
         assert prov["prereg_hash"] == fr.prereg_hash and prov["model"] == name and prov["layers"] == [0]
         assert prov["draws"] == 200 and prov["budgets"] == [0.125, 0.25, 0.5]  # the pre-registered replay settings
-        assert len(df) == 1 * 4 * 3 * 5 * 200 and set(df["model"]) == {name}
+        assert len(df) == 1 * 4 * 3 * 9 * 200 and set(df["model"]) == {name}  # setting + 4 later + 4 sample-dependent
+        assert prov["query_kinds"] == ["setting", "later", "sample_dependent"]
         rows = json.loads(imp.read_text())
         assert rows["prereg_hash"] == fr.prereg_hash and rows["rows"][0]["identical_retained_state"]

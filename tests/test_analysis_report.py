@@ -39,7 +39,7 @@ def run(tmp_path_factory):
             "--out", str(tmp / "scores.parquet")]
     with patch.object(sys, "argv", argv):
         runpy.run_path(argv[0], run_name="__main__")
-    replay = write_table(replay_frame(24, 20, 4, seed=0, layers=2, heads=2), tmp / "replay.parquet",
+    replay = write_table(replay_frame(24, 20, 4, seed=0, layers=2, heads=2, sample_dependent=True), tmp / "replay.parquet",
                          {"prereg_hash": h, "model": "synthetic", "examples": 2, "budgets": [0.125, 0.25, 0.5]})
     gen = torch.Generator().manual_seed(0)
     obs = LayerObservation(torch.randn(1, 4, 40, 16, generator=gen, dtype=torch.float64),
@@ -57,10 +57,14 @@ def run(tmp_path_factory):
 
 def test_claims_json(run):
     doc = json.loads((run["tmp"] / "claims.json").read_text())
-    assert [c["id"] for c in doc["claims"]] == [f"C{i}" for i in range(1, 8)]
+    assert [c["id"] for c in doc["claims"]] == [f"C{i}" for i in range(1, 9)]
     for c in doc["claims"]:
         assert {"id", "statement", "value", "ci", "threshold", "verdict", "paper", "tests"} <= set(c)
-        assert c["verdict"] in ("holds", "killed", "inconclusive") and c["paper"]["verdict"]
+        assert c["verdict"] in ("holds", "killed", "inconclusive") and (c["paper"]["verdict"] or c["beyond_paper"])
+    c8 = doc["claims"][7]
+    assert c8["beyond_paper"] and c8["cell"]["generations"] == 72  # 24 groups × 3 query kinds
+    assert [t["statistic"] for t in c8["tests"]] == ["coverage_robust_later", "coverage_robust_sample_dependent",
+                                                     "tightness_robust_later"]
     assert doc["provenance"]["prereg_hash"] == run["hash"]
     assert doc["claims"][0]["cell"]["generations"] == 48  # replay cells: 24 groups × 2 query kinds
 
@@ -78,7 +82,8 @@ def test_report_markdown_order_and_provenance(run):
         assert f"figures/{name}.png" in md
     assert (run["tmp"] / "report" / "failure_labels.csv").exists()
     summary = json.loads(run["paths"]["summary"].read_text())
-    assert set(summary["claims"]) == {f"C{i}" for i in range(1, 8)} and summary["prereg_hash"] == run["hash"]
+    assert set(summary["claims"]) == {f"C{i}" for i in range(1, 9)} and summary["prereg_hash"] == run["hash"]
+    assert "beyond the paper" in md and "anytime (all steps of a path)" in md
 
 
 def test_report_html_is_self_contained(run):

@@ -38,6 +38,25 @@ def test_expected_count_fp32_rows_and_per_row_budgets():
     assert torch.allclose(pi.double().sum(-1), counts.double(), rtol=1e-6, atol=0)
 
 
+def test_floor_is_eta_c_over_tail_size():
+    """The floor's lower bound is η·c/|T| (c the solved scale, ≥ k_T), reached by zero-importance tail tokens."""
+    n, budget = 1024, 0.25
+    scores = heavy_scores(n=n, rows=1)[0]
+    scores[100:200] = 0.0  # tail tokens with no importance sit exactly on the floor
+    design = RetentionDesign()
+    pi = inclusion_probabilities(scores, budget, design)
+    tail = pi < 1
+    k_t = 256 - 36 - round(0.25 * 220)
+    n_tail = n - 36 - round(0.25 * 220)
+    capped = int((pi == 1).sum()) - (36 + round(0.25 * 220))
+    floor = pi[100:200]
+    assert torch.allclose(floor, floor[0].expand_as(floor)) and bool(tail[100:200].all())
+    c = float(floor[0]) * n_tail / design.floor  # π = c·η/|T| where the importance is 0
+    assert c >= k_t * (1 - 1e-9) and (capped == 0) == (abs(c - k_t) < 1e-6 * k_t)
+    assert float(pi[tail].min()) == pytest.approx(design.floor * c / n_tail, rel=1e-9)
+    assert design.floor * k_t / n_tail == pytest.approx(0.0177, abs=5e-5)  # the docstring's example
+
+
 def test_certainty_set_sinks_window_and_top_slice():
     design = RetentionDesign(sinks=4, window=32, top_fraction=0.25, floor=0.1)
     scores = heavy_scores(n=400, rows=1)[0]

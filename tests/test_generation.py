@@ -67,8 +67,9 @@ def engine(loaded, **kw):
 
 RECORD_FIELDS = {
     "example_id", "task", "model", "condition", "method", "budget", "seed", "answer", "tokens", "token_logprobs",
-    "mean_logprob", "min_logprob", "score", "certificate", "kept_fraction", "prefill_seconds", "decode_seconds",
-    "kv_bytes_peak", "kv_bytes_final", "started_utc", "config_hash", "prereg_hash", "git_commit", "metadata",
+    "mean_logprob", "min_logprob", "score", "certificate", "certificate_robust", "kept_fraction", "prefill_seconds",
+    "decode_seconds", "kv_bytes_peak", "kv_bytes_final", "sketch_bytes", "started_utc", "config_hash", "prereg_hash",
+    "git_commit", "metadata",
 }
 
 
@@ -96,6 +97,11 @@ def test_randomized_conditions_record_certificates(loaded, records, condition):
     assert len(cert["first_step_layers"]["max"]) == 2
     assert all(0.15 < f < 0.45 for f in out["kept_fraction"])
     assert out["kv_bytes_final"] < out["kv_bytes_peak"]
+    robust = out["certificate_robust"]  # the second certificate field: same layout, never below the plug-in
+    assert set(robust) == set(cert) and len(robust["steps"]["mean"]) == len(cert["steps"]["mean"])
+    for key in ("steps", "anytime_steps", "relative_steps"):
+        assert all(r >= p - 1e-12 for r, p in zip(robust[key]["max"], cert[key]["max"]))
+    assert 0 < out["sketch_bytes"] <= 0.02 * 0.25 * out["prompt_tokens"] * 2 * 2 * 2 * 16 * 4  # layers·heads·K+V·dim·fp32
 
 
 def test_streaming_positions_continue_from_original_length(loaded, records):
@@ -111,7 +117,8 @@ def test_deterministic_method_has_no_certificate_and_runs_repeat(loaded, records
     a = engine(loaded, condition="aware", sampler="topk").run(records[0])
     b = engine(loaded, condition="aware", sampler="poisson").run(records[0])
     c = engine(loaded, condition="aware", sampler="poisson").run(records[0])
-    assert a["certificate"] is None
+    assert a["certificate"] is None and a["certificate_robust"] is None and a["sketch_bytes"] == 0
+    assert b["certificate_robust"] == c["certificate_robust"]
     assert b["tokens"] == c["tokens"] and b["certificate"] == c["certificate"]  # same seed, same sample
 
 

@@ -36,7 +36,8 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from kvcert import attention as attn  # noqa: E402
 from kvcert.attention import hajek_attention, squared_deviation  # noqa: E402
 from kvcert_kernels import certified_decode  # noqa: E402
-from kvcert_kernels.reference import decode_reference, variance_scale  # noqa: E402
+from kvcert_kernels.reference import decode_reference, sketch_reference, variance_scale  # noqa: E402
+from kvcert.sketch import build_sketch  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -346,6 +347,55 @@ def test_dispatch_uses_kernel_for_decode_steps(seed, monkeypatch):
     monkeypatch.delenv("KVCERT_DECODE_KERNEL")
     hajek_attention(q.clone().requires_grad_(), k, v, lp, scale)
     assert calls == [True, False]
+
+
+def make_sketch(seed, k, c, slots=37, evicted_tokens=90):
+    """An eviction sketch for the heads of ``k``/``c``: random evicted keys (larger than the kept ones) and
+    values, one head with a partial shadow (5 slots) and, with several KV heads, one with none."""
+    g = _gen(seed + 1)
+    b, hkv, _, d = k.shape
+    ek = torch.randn(b, hkv, evicted_tokens, d, generator=g) * 1.5
+    ev = torch.randn(b, hkv, evicted_tokens, d, generator=g)
+    evicted = torch.rand(b, hkv, evicted_tokens, generator=g) < 0.7
+    sketch = build_sketch(ek, ev, evicted, torch.randn(b, hkv, evicted_tokens, generator=g), c.cpu(), slots)
+    sketch.count[0, 0] = min(5, int(sketch.count[0, 0]))
+    if hkv > 1:
+        sketch.count[b - 1, 1] = 0
+    for name in ("codes", "scale", "key_error", "value_dev", "potential", "count"):
+        setattr(sketch, name, getattr(sketch, name).to(DEVICE))
+    return sketch
+
+
+@pytest.mark.parametrize("dtype,group,splits", [(torch.float32, 2, 1), (torch.float32, 4, 3), (torch.bfloat16, 2, 2)],
+                         ids=lambda x: str(x).replace("torch.", ""))
+@kernel_test
+def test_sketch_terms_match_float64_reference(seed, dtype, group, splits):
+    """The shadow terms Σ t_j² and max t_j of the robust certificate, in the kernel's finalisation (one split) and in
+    the merge kernel (several), against float64; the plug-in outputs are unchanged by the sketch."""
+    q, k, v, lp, c, lengths = make_case(seed, dtype, group=group)
+    scale = q.shape[-1] ** -0.5
+    sketch = make_sketch(seed, k, c)
+    res = certified_decode(q, k, v, lp, c, scale, lengths=lengths, num_splits=splits, block_n=BLOCK_N, poison=True,
+                           sketch=sketch)
+    assert len(res) == 6 and res[4].shape == res[5].shape == q.shape[:3]
+    ref, vs = reference(q, k, v, lp, c, scale, lengths)
+    check_all(res[:4], ref, dtype, seed, var_scale=vs)
+    sv, sr = sketch_reference(q, sketch, c, scale, ref)
+    rtol = RTOL[dtype] * (3 if dtype != torch.float32 else 1)  # t_j = e^{U − lse}: the 16-bit lse error, exponentiated
+    check("shadow_variance", res[4], sv, 2 * rtol, seed)
+    check("shadow_range", res[5], sr, rtol, seed)
+    assert torch.all(res[4][q.shape[0] - 1, group:2 * group] == 0)  # the head without a shadow
+
+
+@kernel_test
+def test_kernel_sketch_equals_torch_path(seed):
+    q, k, v, lp, c, _ = make_case(seed, torch.float32, poison_padding=False)
+    scale = q.shape[-1] ** -0.5
+    sketch = make_sketch(seed, k, c)
+    torch_res = hajek_attention(q, k, v, lp, scale, certificate=True, centre=c, sketch=sketch)
+    res = certified_decode(q, k, v, lp, c, scale, num_splits=2, block_n=BLOCK_N, poison=True, sketch=sketch)
+    check("shadow_variance", res[4], torch_res.shadow_variance.double(), 1e-5, seed)
+    check("shadow_range", res[5], torch_res.shadow_range.double(), 1e-5, seed)
 
 
 def test_kernel_module_is_importable_by_package_name():

@@ -193,3 +193,39 @@ def test_streaming_rounds_decide_new_tokens_once():
         valid = layer.log_pi[0, h][torch.isfinite(layer.log_pi[0, h])]
         n_old = int(valid_before[0, h].sum())
         assert (valid[-32:] == 0).all() and (valid[n_old:-32] < 0).any()
+
+
+@torch.no_grad()
+def test_compaction_keeps_an_eviction_sketch(arch):
+    """A randomized press leaves each layer the shadow of its evicted tokens of largest selection score, within the
+    memory budget and counted in nbytes; decode steps record the shadow terms; merging across streaming rounds."""
+    from kvcert.sketch import SCALAR_BYTES, shadow_count
+
+    model = enable_certified_attention(tiny_model(arch))
+    x = ids(600, seed=3)
+    cache = CertifiedCache(press=EvictionPress(scorer="snapkv", budget=0.25, sampler="poisson", seed=1))
+    model(input_ids=x[:, :580], cache=cache)
+    for layer in cache.layers:
+        sk = layer.sketch
+        slots = shadow_count(580, 2 * 16 * 4, 16)
+        assert sk is not None and sk.slots == slots and torch.all(sk.count == slots)
+        assert layer.sketch_nbytes() == 2 * slots * (16 + SCALAR_BYTES)
+        assert layer.sketch_nbytes() <= 0.02 * layer.kv_nbytes()  # ~25 % cache: at most 2 % of its key + value bytes
+        assert layer.nbytes() == layer.kv_nbytes() + 12 * 2 * layer.length + layer.sketch_nbytes()
+    cache.pop_steps()
+    model(input_ids=x[:, 580:581], cache=cache)
+    step = cache.pop_steps()[0]
+    assert set(step.shadow_variance) == set(step.variance) and all(torch.all(v >= 0) for v in step.shadow_range.values())
+    assert any(bool((v > 0).any()) for v in step.shadow_range.values())
+    # topk: no certificate, no sketch
+    cache = CertifiedCache(press=EvictionPress(scorer="snapkv", budget=0.25, sampler="topk"))
+    model(input_ids=x[:, :300], cache=cache)
+    assert all(layer.sketch is None for layer in cache.layers)
+    # streaming rounds: each round's evicted tokens compete with the previous shadow
+    cache = CertifiedCache()
+    press = EvictionPress(scorer="snapkv", budget=0.25, sampler="poisson", seed=2)
+    for start in range(0, 512, 128):
+        cache.arm(press, keep_recent=32)
+        model(input_ids=x[:, start:start + 128], cache=cache)
+    for layer in cache.layers:
+        assert layer.sketch.slots == shadow_count(512, 2 * 16 * 4, 16) and torch.all(layer.sketch.count > 0)

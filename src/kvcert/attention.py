@@ -5,7 +5,8 @@ estimator ô = Σ_S (e^{s_i}/π_i) v_i / Σ_S e^{s_i}/π_i (Xie, arXiv 2607.2147
 §1): the per-key bias −log π_i is the whole correction. This module computes it for
 grouped-query attention without repeating keys (query heads are grouped per KV head),
 and, when asked, the certificate's variance V̂ and range term b̂_c in the same pass
-(see :mod:`kvcert.certificate` for the formulas).
+(see :mod:`kvcert.certificate` for the formulas) — with an eviction sketch
+(:mod:`kvcert.sketch`) also the robust certificate's shadow terms Σ t_j² and max t_j.
 
 Layout: query [B, Hq, Q, D]; key/value [B, Hkv, L, D]; log_pi [B, Hkv, L] (fp32; 0 for
 certain tokens, +inf on padding). With ``causal=True`` the last Q keys are the queries'
@@ -22,17 +23,21 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .certificate import bernstein_radius
+from .certificate import bernstein_radius, robust_radius, unit_roundoff
 from .checks import check_delta, check_ndim
+from .sketch import EvictionSketch, sketch_terms
 
 
 @dataclass
 class AttentionResult:
-    """Output [B, Hq, Q, D]; with a certificate also V̂ and b̂_c [B, Hq, Q] (fp32)."""
+    """Output [B, Hq, Q, D]; with a certificate also V̂ and b̂_c [B, Hq, Q] (fp32), and with a
+    sketch the shadow terms Σ_j t_j² and max_j t_j [B, Hq, Q]."""
 
     output: torch.Tensor
     variance: torch.Tensor | None = None
     range_term: torch.Tensor | None = None
+    shadow_variance: torch.Tensor | None = None
+    shadow_range: torch.Tensor | None = None
 
 
 def squared_deviation(value: torch.Tensor, centre: torch.Tensor | None) -> torch.Tensor:
@@ -103,6 +108,7 @@ def hajek_attention(
     query_block: int = 256,
     one_minus: torch.Tensor | None = None,
     dev: torch.Tensor | None = None,
+    sketch: EvictionSketch | None = None,
 ) -> AttentionResult:
     """Grouped Hájek attention (and optionally V̂, b̂_c); see the module docstring for layouts.
 
@@ -112,13 +118,17 @@ def hajek_attention(
     extra_mask: an additive float or boolean mask broadcastable to [B, Hq, Q, L].
     Queries are processed in blocks of ``query_block`` to bound memory. A decode step on a
     CUDA device runs the fused Triton kernel instead (:func:`use_decode_kernel`); it
-    recomputes ‖v_i − c‖ from the values, so ``sq_dev`` is not read there.
+    recomputes ‖v_i − c‖ from the values, so ``sq_dev`` is not read there. ``sketch``
+    (with ``certificate``): the eviction sketch of this layer; its shadow terms are returned
+    too (:func:`kvcert.sketch.sketch_terms`).
     """
+    use_sketch = certificate and sketch is not None
     if use_decode_kernel(query, key, value, extra_mask):
-        output, _, variance, range_term = _decode_kernel()(
-            query, key, value, log_pi, centre if certificate else None, scaling, certificate=certificate
+        res = _decode_kernel()(
+            query, key, value, log_pi, centre if certificate else None, scaling, certificate=certificate,
+            sketch=sketch if use_sketch else None,
         )
-        return AttentionResult(output, variance, range_term)
+        return AttentionResult(res[0], *res[2:])
     b, hq, n_q, d = query.shape
     hkv, length, dv = key.shape[1], key.shape[2], value.shape[-1]
     if hq % hkv:
@@ -138,7 +148,7 @@ def hajek_attention(
         centre32 = (
             torch.zeros(b, hkv, dv, device=key.device, dtype=acc_dtype) if centre is None else centre.to(acc_dtype)
         ).unsqueeze(-2)
-    outs, variances, ranges = [], [], []
+    outs, variances, ranges, shadow_v, shadow_r = [], [], [], [], []
     for q0 in range(0, n_q, query_block):
         q1 = min(n_q, q0 + query_block)
         nq = q1 - q0
@@ -176,9 +186,16 @@ def hajek_attention(
             b_c = bv - a * centre32
             var = c_term - 2.0 * (b_c * out_c).sum(-1, keepdim=True) + a * out_c.pow(2).sum(-1, keepdim=True)
             var = (var / (l * l)).clamp_(min=0).squeeze(-1)
-            rng = (m1 + m0 * torch.linalg.vector_norm(out_c, dim=-1)) / l.squeeze(-1)
+            out_dev = torch.linalg.vector_norm(out_c, dim=-1)
+            rng = (m1 + m0 * out_dev) / l.squeeze(-1)
             variances.append(var.reshape(b, hkv, group, nq))
             ranges.append(rng.reshape(b, hkv, group, nq))
+            if use_sketch:
+                lse = (m + torch.log(l)).squeeze(-1).reshape(b, hkv * group, nq)  # rows are (group, query)
+                qrows = qc.reshape(b, hkv * group, nq, d)
+                sv, sr = sketch_terms(qrows, sketch, 1.0, lse, out_dev.reshape(b, hkv * group, nq))
+                shadow_v.append(sv.reshape(b, hkv, group, nq))
+                shadow_r.append(sr.reshape(b, hkv, group, nq))
         else:
             out = torch.matmul(p.to(value.dtype), value).to(acc_dtype).div_(l)
         outs.append(out.to(query.dtype).reshape(b, hkv, group, nq, dv))
@@ -187,7 +204,10 @@ def hajek_attention(
         return AttentionResult(output)
     variance = torch.cat(variances, dim=3).reshape(b, hq, n_q)
     range_term = torch.cat(ranges, dim=3).reshape(b, hq, n_q)
-    return AttentionResult(output, variance, range_term)
+    if not use_sketch:
+        return AttentionResult(output, variance, range_term)
+    return AttentionResult(output, variance, range_term, torch.cat(shadow_v, dim=3).reshape(b, hq, n_q),
+                           torch.cat(shadow_r, dim=3).reshape(b, hq, n_q))
 
 
 def causal_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -202,12 +222,25 @@ def plain_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scal
 
 @dataclass
 class CertifiedAttention:
-    """Public result of :func:`certified_attention`: output ô, variance V̂ and radius ε_δ."""
+    """Public result of :func:`certified_attention`: output ô, variance V̂, range b̂_c and radius ε_δ;
+    with a sketch also the shadow terms and the robust radius ε_R (None without one)."""
 
     output: torch.Tensor
     variance: torch.Tensor
     range_term: torch.Tensor
     radius: torch.Tensor
+    shadow_variance: torch.Tensor | None = None
+    shadow_range: torch.Tensor | None = None
+    robust_radius: torch.Tensor | None = None
+
+
+def kept_value_mean(value: torch.Tensor, log_pi: torch.Tensor | None) -> torch.Tensor:
+    """The mean of the kept (non-padding) values per head [B, Hkv, D], fp32 at least: the default value centre."""
+    v = value.to(torch.promote_types(value.dtype, torch.float32))
+    if log_pi is None:
+        return v.mean(2)
+    valid = torch.isfinite(log_pi).unsqueeze(-1).to(v.dtype)
+    return (torch.where(valid > 0, v, 0.0) * valid).sum(2) / valid.sum(2).clamp(min=1)
 
 
 def certified_attention(
@@ -218,13 +251,19 @@ def certified_attention(
     delta: float = 0.1,
     scaling: float | None = None,
     centre: torch.Tensor | None = None,
+    sketch: EvictionSketch | None = None,
 ) -> CertifiedAttention:
     """Hájek-corrected attention of queries over a retained set, with the error certificate.
 
     query [B, Hq, Q, D]; key, value [B, Hkv, K, D] (the kept tokens only); log_pi [B, Hkv, K]
     (log inclusion probability of each kept token, +inf on padding; None = all certain).
-    Every query sees every kept key. Returns ô [B, Hq, Q, D], V̂ and b̂_c [B, Hq, Q], and
-    the radius ε_δ = sqrt(2 V̂ L) + (2/3) b̂_c L with L = log(2/δ).
+    Every query sees every kept key. ``centre`` [B, Hkv, D]: the value centre of the
+    one-pass sums (default: the mean of the kept values, as the cache uses — it leaves
+    V̂ unchanged in exact arithmetic and keeps the fp32 cancellation small). ``sketch``:
+    an eviction sketch (:mod:`kvcert.sketch`) whose value deviations refer to that centre.
+    Returns ô [B, Hq, Q, D], V̂ and b̂_c [B, Hq, Q], the radius
+    ε_δ = sqrt(2 V̂ L) + (2/3) b̂_c L with L = log(2/δ), and with a sketch the robust radius
+    (:func:`kvcert.certificate.robust_radius`, floored at the values' dtype's u·‖ô‖).
     """
     check_ndim("query", query, 4, "[B, Hq, Q, D]")
     check_ndim("key", key, 4, "[B, Hkv, K, D]")
@@ -243,8 +282,18 @@ def certified_attention(
             raise ValueError("log_pi: contains NaN")
         if ((log_pi > 0) & ~torch.isinf(log_pi)).any():
             raise ValueError("log_pi: log inclusion probabilities must be <= 0 (or +inf for padding)")
+    if sketch is not None and (tuple(sketch.codes.shape[:2]) != tuple(key.shape[:2]) or sketch.codes.shape[-1] != key.shape[-1]):
+        raise ValueError(f"sketch: codes of shape {tuple(sketch.codes.shape)} do not fit key {tuple(key.shape)} "
+                         "(batch, KV heads, head dim)")
     delta = check_delta(delta)
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
-    res = hajek_attention(query, key, value, log_pi, scale, causal=False, certificate=True, centre=centre)
+    if centre is None:
+        centre = kept_value_mean(value, log_pi)
+    res = hajek_attention(query, key, value, log_pi, scale, causal=False, certificate=True, centre=centre, sketch=sketch)
     radius = bernstein_radius(res.variance, res.range_term, delta)
-    return CertifiedAttention(res.output, res.variance, res.range_term, radius)
+    if sketch is None:
+        return CertifiedAttention(res.output, res.variance, res.range_term, radius)
+    floor = unit_roundoff(value.dtype) * torch.linalg.vector_norm(res.output.to(res.variance.dtype), dim=-1)
+    robust = robust_radius(res.variance, res.range_term, res.shadow_variance, res.shadow_range, delta, floor=floor)
+    return CertifiedAttention(res.output, res.variance, res.range_term, radius, res.shadow_variance,
+                              res.shadow_range, robust)

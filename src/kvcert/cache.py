@@ -14,6 +14,13 @@ Positions: ``get_seq_length`` reports the number of tokens *seen* (the original,
 uncompressed length plus appended tokens), so position ids — and RoPE — continue from
 the original context length; the physical number of stored slots is ``stored_length``.
 
+A compaction given the tokens' selection score (:func:`kvcert.sketch.sketch_potential`;
+the press passes it for randomized samplers) also keeps the layer's eviction sketch
+(:mod:`kvcert.sketch`): the shadow of the evicted tokens the robust certificate bounds
+under later queries, within
+:data:`kvcert.sketch.SKETCH_FRACTION` of the uncompressed layer's key + value bytes, and
+counted in :meth:`CompactLayer.nbytes`.
+
 The cache also carries what happens around attention: an armed
 :class:`~kvcert.press.EvictionPress` compacts each layer right after that layer's
 attention in the next forward (question-aware: prefill context + question with the press
@@ -32,6 +39,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from .attention import squared_deviation
 from .design import Sample, pack
 from .scorers.base import LayerObservation
+from .sketch import EvictionSketch, build_sketch, shadow_count
 
 
 class CompactLayer(CacheLayerMixin):
@@ -56,6 +64,7 @@ class CompactLayer(CacheLayerMixin):
         self.has_padding = False
         self.compactions = 0
         self.undecided = 0  # trailing slots appended since the last compaction (π = 1, not yet decided)
+        self.sketch: EvictionSketch | None = None
         self._k = self._v = self._lp = self._om = self._dev = None
 
     # --- storage -------------------------------------------------------------------
@@ -116,12 +125,15 @@ class CompactLayer(CacheLayerMixin):
         return self.keys, self.values
 
     # --- compaction ------------------------------------------------------------------
-    def compact(self, sample: Sample, start: int = 0, end: int | None = None) -> None:
+    def compact(self, sample: Sample, start: int = 0, end: int | None = None,
+                potential: torch.Tensor | None = None) -> None:
         """Keep the sampled tokens of slots [start, end); slots outside keep their state.
 
         ``sample`` is drawn over the segment (positions relative to ``start``); a kept
         token's stored log π becomes old log π + sampled log π (the stages are independent,
         so inclusion probabilities multiply). Storage is rebuilt at the new size.
+        ``potential`` [B, Hkv, end − start]: the segment's selection score ψ̃; with it the
+        evicted tokens compete for the eviction sketch (with the previous sketch's shadow).
         """
         end = self.length if end is None else end
         b, h = self._k.shape[:2]
@@ -133,6 +145,8 @@ class CompactLayer(CacheLayerMixin):
         seg_lp.scatter_(-1, seg_target.reshape(b * h, -1), sample.log_pi.reshape(b * h, -1))
         keep = valid.clone()
         keep[:, start:end] &= seg_mask
+        evicted = (valid[:, start:end] & ~seg_mask).reshape(b, h, end - start)
+        seg_keys, seg_values = self.keys[:, :, start:end], self.values[:, :, start:end]
         lp_new = lp_old.clone()
         lp_new[:, start:end] = lp_new[:, start:end] + seg_lp[:, : end - start]
         packed = pack(keep, None, (b, h))
@@ -152,6 +166,13 @@ class CompactLayer(CacheLayerMixin):
         self._lp[:, :, :k_new] = packed.log_pi
         self._om[:, :, :k_new] = torch.expm1(packed.log_pi).neg_().clamp_(min=0)  # 0 on padding (+inf)
         self._dev[:, :, :k_new] = squared_deviation(values, centre).sqrt_()
+        if potential is not None:
+            previous = self.sketch
+            if previous is not None and self.centre is not None:
+                previous = previous.recentre(torch.linalg.vector_norm(centre - self.centre.to(centre.dtype), dim=-1))
+            per_token = self._k.shape[-1] * self._k.element_size() + self._v.shape[-1] * self._v.element_size()
+            slots = shadow_count(self.seen, per_token, self._k.shape[-1])
+            self.sketch = build_sketch(seg_keys, seg_values, evicted, potential, centre, slots, previous)
         self.centre = centre
         self.undecided = self.length - end
         self.length = k_new
@@ -183,6 +204,8 @@ class CompactLayer(CacheLayerMixin):
         self.kept = self.kept.index_select(0, idx)
         if self.centre is not None:
             self.centre = self.centre.index_select(0, idx)
+        if self.sketch is not None:
+            self.sketch = self.sketch.index_select(idx)
         self._refresh_views()
 
     @property
@@ -191,11 +214,15 @@ class CompactLayer(CacheLayerMixin):
         return self.has_tail or self.has_padding
 
     def nbytes(self) -> int:
-        """Bytes of the slots in use: keys, values, log π, 1 − π and ‖v − c‖ (padding included)."""
+        """Bytes of the slots in use: keys, values, log π, 1 − π and ‖v − c‖ (padding included), and the sketch."""
         if not self.is_initialized:
             return 0
         per_slot = self._k.shape[-1] * self._k.element_size() + self._v.shape[-1] * self._v.element_size() + 12
-        return self._k.shape[0] * self._k.shape[1] * self.length * per_slot
+        return self._k.shape[0] * self._k.shape[1] * self.length * per_slot + self.sketch_nbytes()
+
+    def sketch_nbytes(self) -> int:
+        """Bytes of the eviction sketch (0 without one)."""
+        return 0 if self.sketch is None else self.sketch.nbytes()
 
     def kv_nbytes(self) -> int:
         """Bytes of keys and values alone in the slots in use."""
@@ -207,11 +234,14 @@ class CompactLayer(CacheLayerMixin):
 
 @dataclass
 class StepCertificates:
-    """Certificates of one forward: per layer with a sampled tail, V̂, b̂_c and ‖ô‖ [B, Hq, Q]."""
+    """Certificates of one forward: per layer with a sampled tail, V̂, b̂_c and ‖ô‖ [B, Hq, Q], and the
+    robust certificate's shadow terms Σ t_j², max t_j (zero for a layer without a sketch)."""
 
     variance: dict[int, torch.Tensor] = field(default_factory=dict)
     range_term: dict[int, torch.Tensor] = field(default_factory=dict)
     output_norm: dict[int, torch.Tensor] = field(default_factory=dict)
+    shadow_variance: dict[int, torch.Tensor] = field(default_factory=dict)
+    shadow_range: dict[int, torch.Tensor] = field(default_factory=dict)
     num_queries: int = 0
 
 
@@ -270,13 +300,17 @@ class CertifiedCache(Cache):
         self._armed_fired = False
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes())
 
-    def record(self, layer_idx: int, variance: torch.Tensor, range_term: torch.Tensor, output_norm=None) -> None:
+    def record(self, layer_idx: int, variance: torch.Tensor, range_term: torch.Tensor, output_norm=None,
+               shadow_variance=None, shadow_range=None) -> None:
         if self._current is None:
             self._current = StepCertificates()
         self._current.variance[layer_idx] = variance.detach()
         self._current.range_term[layer_idx] = range_term.detach()
         if output_norm is not None:
             self._current.output_norm[layer_idx] = output_norm.detach()
+        zero = torch.zeros_like(variance)
+        self._current.shadow_variance[layer_idx] = zero if shadow_variance is None else shadow_variance.detach()
+        self._current.shadow_range[layer_idx] = zero if shadow_range is None else shadow_range.detach()
         self._current.num_queries = variance.shape[-1]
 
     def after_attention(self, module, query: torch.Tensor, scaling: float) -> None:
@@ -314,6 +348,9 @@ class CertifiedCache(Cache):
 
     def kv_nbytes(self) -> int:
         return sum(layer.kv_nbytes() for layer in self.layers if isinstance(layer, CompactLayer))
+
+    def sketch_nbytes(self) -> int:
+        return sum(layer.sketch_nbytes() for layer in self.layers if isinstance(layer, CompactLayer))
 
     def kept_fraction(self) -> list[float]:
         """Per layer: real kept tokens / tokens seen, averaged over batch and heads."""

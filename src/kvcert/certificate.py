@@ -35,9 +35,27 @@ set S with inclusion probabilities π_i, Hájek weights w_i = e^{s_i}/π_i / Σ_
   dominates (tails of many small terms). Under these, P(‖ô − o‖ > ε_δ) ≲ δ per step.
 
 * Anytime variant across decode steps t = 1, 2, …: the same radius at
-  δ_t = δ / (t (t + 1)), so that Σ_t δ_t = δ (union bound). It covers the whole
-  sequence of steps at once; it is honest only about the steps it is evaluated on
-  (the sample is drawn once; later queries are not the ones that set π).
+  δ_t = δ / (t (t + 1)), so that Σ_t δ_t = δ (union bound). It inherits validity only
+  from valid per-step bounds, and what it claims is simultaneous: its coverage is the
+  share of draws whose *every* step is covered, not the per-step average (the sample is
+  drawn once; later queries are not the ones that set π).
+
+* Robust variant (this project's, beyond the paper). The plug-in sums run over the kept
+  tokens only: the evicted summands of the linearised error, e^{s_j}(v_j − o)/Z, enter
+  neither V̂ nor b̂, which is harmless for the query that set π (its heavy tokens have
+  large π) and not for a later query that weighs tokens π did not favour. The eviction
+  sketch (:mod:`kvcert.sketch`) bounds the evicted summands of its r shadow tokens under
+  any query, t_j ≥ e^{s_j}‖v_j − ô‖/Ẑ, and the robust radius adds them as summands of the
+  same Bernstein bound::
+
+      ε_R = max( sqrt(2 · (V̂ + Σ_j t_j²) · L) + (2/3) · max(b̂_c, max_j t_j) · L ,  u · ‖ô‖ )
+
+  (:func:`robust_radius`; anytime: the same at δ_t). The second term is the resolution of
+  the output itself: ô is computed and stored in the cache's dtype, whose unit roundoff u
+  (:data:`UNIT_ROUNDOFF`: 2⁻²⁴ fp32, 2⁻¹¹ fp16, 2⁻⁸ bf16) bounds how finely it can be
+  resolved, so the robust certificate claims nothing below u·‖ô‖. Evicted tokens outside the shadow
+  are left to the plug-in's Horvitz–Thompson logic, so ε_R is not valid for every query:
+  its coverage is measured (``kvcert bench coverage``, the replay's claim C8).
 """
 
 from __future__ import annotations
@@ -82,6 +100,31 @@ def anytime_radius(
     d_t = anytime_delta(delta, step)
     big_l = torch.log(2.0 / torch.as_tensor(d_t, dtype=torch.float64)).to(variance.dtype)
     return torch.sqrt(2.0 * variance.clamp(min=0) * big_l) + (2.0 / 3.0) * range_term * big_l
+
+
+#: unit roundoff u of each dtype (round to nearest): the finest relative resolution of a value stored in it
+UNIT_ROUNDOFF = {torch.float64: 2.0**-53, torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u of ``dtype`` (:data:`UNIT_ROUNDOFF`)."""
+    if dtype not in UNIT_ROUNDOFF:
+        raise ValueError(f"dtype: no unit roundoff for {dtype}; one of {', '.join(map(str, UNIT_ROUNDOFF))}")
+    return UNIT_ROUNDOFF[dtype]
+
+
+def robust_radius(
+    variance: torch.Tensor, range_term: torch.Tensor, shadow_variance: torch.Tensor, shadow_range: torch.Tensor,
+    delta: float, step: int | torch.Tensor | None = None, floor: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """ε_R = max(sqrt(2 (V̂ + Σ t_j²) L) + (2/3) max(b̂_c, max t_j) L, floor) at δ (or at δ_t for decode ``step`` t ≥ 1).
+
+    ``floor``: the output's resolution u·‖ô‖ (:func:`unit_roundoff` of the cache dtype), None = 0.
+    """
+    v = variance + shadow_variance
+    b = torch.maximum(range_term, shadow_range)
+    radius = bernstein_radius(v, b, delta) if step is None else anytime_radius(v, b, delta, step)
+    return radius if floor is None else torch.maximum(radius, floor.to(radius.dtype))
 
 
 def aggregate(values: torch.Tensor, how: str, dims: tuple[int, ...]) -> torch.Tensor:

@@ -12,6 +12,11 @@ sequence):
   importance distribution with a uniform floor η, and c is solved so that the expected
   number of kept tokens equals the budget exactly (iterative capping: tokens whose
   c·q_i ≥ 1 are fixed at 1 and c is re-solved on the rest until no new token caps).
+  The floor therefore gives every tail token π_i ≥ η·c/|T| — with c ≥ k_T, the tail's
+  expected kept count (c > k_T when some tokens cap at 1) — which is not η·budget/N:
+  at N = 1,024 and a 25 % budget (36 sinks + window, a 55-token slice, k_T = 165 of
+  |T| = 933) it is 0.1·165/933 = 0.0177 before capping and more after, against
+  η·budget/N = 0.025.
 
 Samplers (all reproducible from a ``torch.Generator``):
 
@@ -47,7 +52,8 @@ class RetentionDesign:
         deterministic top-score slice; the rest is the expected size of the sampled tail.
     floor: η, the weight of the uniform distribution mixed into the tail importance
         (η > 0 gives every tail token a positive inclusion probability, which the
-        Hájek estimator and its certificate need).
+        Hájek estimator and its certificate need): π_i ≥ η·c/|T| on the tail T, c ≥ k_T
+        the solved scale (see the module docstring), not η·budget/N.
     """
 
     sinks: int = 4

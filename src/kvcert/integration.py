@@ -11,8 +11,9 @@ included, with grouped-query attention — in prefill and in decoding, through
 
 With a plain ``DynamicCache`` (or no cache) the function is ordinary causal attention.
 With a :class:`~kvcert.cache.CertifiedCache` it adds the bias −log π of compacted
-layers, records the certificate of layers with a sampled tail, and lets an armed press
-compact each layer right after its attention.
+layers, records the certificate of layers with a sampled tail (the plug-in's V̂ and b̂_c,
+and the robust certificate's shadow terms from the layer's eviction sketch), and lets an
+armed press compact each layer right after its attention.
 """
 
 from __future__ import annotations
@@ -75,11 +76,12 @@ def kvcert_attention_forward(
             dev=layer.dev if certify else None,
             centre=layer.centre if certify else None,
             extra_mask=extra,
+            sketch=layer.sketch if certify else None,
         )
         output = res.output
         if certify:
             norm = torch.linalg.vector_norm(output.float(), dim=-1)
-            cache.record(module.layer_idx, res.variance, res.range_term, norm)
+            cache.record(module.layer_idx, res.variance, res.range_term, norm, res.shadow_variance, res.shadow_range)
     if layer is not None:
         cache.after_attention(module, query, scaling)
     return output.transpose(1, 2).contiguous(), None

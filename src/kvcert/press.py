@@ -11,7 +11,10 @@ Here a press is the composition of three independent choices:
   tail, Xie arXiv 2607.21475) or ``"priority"`` (exact-size priority sampling).
 
 Random draws come from a CPU ``torch.Generator`` seeded by (seed, layer, round), so a
-run is repeatable whatever the device and whatever order layers are processed in.
+run is repeatable whatever the device and whatever order layers are processed in. A
+randomized press also hands the layer the selection score of the decided tokens, from
+which the layer keeps its eviction sketch (:mod:`kvcert.sketch`) for the robust
+certificate.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from .checks import kept_budget
 from .design import DEFAULT_DESIGN, SAMPLERS, RetentionDesign, sample_retention
 from .scorers import Scorer, get_scorer
 from .scorers.base import LayerObservation
+from .sketch import POTENTIAL_WINDOW, sketch_potential
 
 
 @dataclass
@@ -96,4 +100,13 @@ class EvictionPress:
         counts = self._allocate(scores, budget, obs.layer_idx, obs.num_layers, design)
         counts = counts.clamp(min=min(n, design.sinks + design.window), max=n)  # never below the certainty set
         sample = sample_retention(scores, counts, self.sampler, self.generator(obs.layer_idx, round_index), design)
-        layer.compact(sample, start, end)
+        layer.compact(sample, start, end, potential=self.potential(obs, start, end) if self.randomized else None)
+
+    @staticmethod
+    def potential(obs: LayerObservation, start: int, end: int) -> torch.Tensor:
+        """Selection score ψ̃ [B, Hkv, end − start] of the decided slots from the forward's last
+        :data:`~kvcert.sketch.POTENTIAL_WINDOW` queries (the eviction sketch's selection score)."""
+        b, hq, n_q, d = obs.query.shape
+        hkv = obs.key.shape[1]
+        window = obs.query[:, :, -POTENTIAL_WINDOW:].reshape(b, hkv, -1, d)
+        return sketch_potential(window, obs.key[:, :, start:end], float(obs.scaling))

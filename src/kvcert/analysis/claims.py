@@ -1,16 +1,22 @@
-"""The seven pre-registered claims (``preregistration/claims.yaml``), computed as stated.
+"""The pre-registered claims (``preregistration/claims.yaml``: the paper's seven and this project's
+C8), computed as stated.
 
 Every claim is read from ``claims.yaml``: its cells, its tests (statistic, operator,
 threshold) and the paper's outcome; the analysis choices from ``analysis_plan``. The
 statistics (names as in ``claims.yaml``):
 
 * ``coverage`` (C1) — fraction of replay draws × queries with ‖ô − o‖ ≤ ε_δ, pooled over
-  the replay cells of the claim's budgets and query kinds (per kind, and the anytime
-  variant, reported beside it).
-* ``spearman`` (C2) — Spearman(ε_δ, ‖ô − o‖) over all those draws (within-head medians
-  reported beside it). The point estimate uses every draw; beyond
+  the replay cells of the claim's budgets and query kinds (per kind reported beside it,
+  and the anytime radius's coverage as what it claims: the share of draws whose every
+  step of the path is covered, ``coverage_anytime``, beside its per-step mean).
+* ``spearman`` (C2) — Spearman(ε_δ, ‖ô − o‖) over all those draws (the median within a
+  cell — one example, layer, head, budget, kind and step, across draws — and within a
+  head reported beside it). The point estimate uses every draw; beyond
   ``MAX_SPEARMAN_BOOTSTRAP_OBS`` draws × queries the bootstrap keeps every replay cell
   but only its first draws (draws are i.i.d.), which can only widen the interval.
+* ``coverage_robust_<kind>``, ``tightness_robust_<kind>`` (C8, this project's claim) —
+  the same coverage, and the median ε_R/‖ô − o‖, of the robust certificate
+  (:func:`kvcert.certificate.robust_radius`) on the replay cells of one query kind.
 * ``induced_failure_rate`` (C3) — among compressed runs whose full-cache run is
   correct, the fraction that fail.
 * ``auc_certificate``, ``auc_certificate_minus_confidence`` (C4) — AUC of the
@@ -48,7 +54,10 @@ import pandas as pd
 
 from .gating import Escalation, RecomputeGate, random_gain
 from .load import scored
-from .replay import CELL_KEY, within_head_spearman
+from .replay import (
+    CELL_KEY, PATH_KEY, QUERY_KINDS, VARIANTS, _log_tightness, simultaneous_anytime, within_cell_spearman,
+    within_head_spearman,
+)
 from .stats import (
     AUCIndex, BootstrapPlan, Estimate, SpearmanIndex, auc, bootstrap, claim_verdict, encode_units, spearman,
     test_outcome, weighted_mean,
@@ -85,6 +94,7 @@ class ClaimResult:
     cell: dict
     paper: dict
     details: dict = field(default_factory=dict)
+    beyond_paper: bool = False
 
     @property
     def primary(self) -> TestResult:
@@ -97,7 +107,7 @@ class ClaimResult:
             "kill": self.kill, "statistic": p.statistic, "value": p.estimate.to_dict()["estimate"],
             "ci": p.estimate.to_dict()["ci"], "ci_level": p.estimate.level, "op": p.op, "threshold": p.threshold,
             "verdict": self.verdict, "reasons": self.reasons, "tests": [t.to_dict() for t in self.tests],
-            "cell": self.cell, "paper": self.paper, "details": self.details,
+            "cell": self.cell, "paper": self.paper, "details": self.details, "beyond_paper": self.beyond_paper,
         }
 
 
@@ -178,14 +188,64 @@ def _empty(rows: pd.DataFrame) -> Prepared | None:
     return Prepared(lambda w: {}, np.zeros(0, dtype=np.int64), 0, {}, {"generations": 0, "positives": 0, "negatives": 0})
 
 
-def prepare_coverage(rows: pd.DataFrame, plan: Mapping) -> Prepared:
+#: bins of log10(ε / error) for the bootstrap of the median tightness (the point estimate uses every draw)
+TIGHTNESS_BINS = np.linspace(-4.0, 6.0, 1001)
+
+
+def _suffix(variant: str) -> str:
+    return "" if variant == "plugin" else f"_{variant}"
+
+
+def _tightness_hist(rows: pd.DataFrame, codes: np.ndarray, n_cells: int, radius: str) -> tuple[np.ndarray, np.ndarray]:
+    """log10(ε/error) of every draw with a positive error, and its histogram per cell [cells, bins] (clipped to the bins)."""
+    lr = _log_tightness(rows, radius)
+    ok = np.isfinite(lr)
+    idx = np.clip(np.searchsorted(TIGHTNESS_BINS, lr[ok]) - 1, 0, len(TIGHTNESS_BINS) - 2)
+    hist = np.zeros((n_cells, len(TIGHTNESS_BINS) - 1))
+    np.add.at(hist, (codes[ok], idx), 1.0)
+    return lr, hist
+
+
+def _weighted_median_ratio(w: np.ndarray, hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """10^(median log10 ε/err) per resample row from per-cell histograms (bin centres)."""
+    h = w @ hist  # [b, bins]
+    total = h.sum(axis=1)
+    ok = total > 0
+    cum = np.cumsum(h, axis=1)
+    k = np.argmax(cum >= 0.5 * total[:, None], axis=1)
+    centres = 0.5 * (TIGHTNESS_BINS[1:] + TIGHTNESS_BINS[:-1])
+    return np.where(ok, 10.0 ** centres[k], np.nan), ok
+
+
+def prepare_coverage(rows: pd.DataFrame, plan: Mapping, variant: str = "plugin") -> Prepared:
+    """Coverage of one certificate (``variant``: "plugin" or "robust", :data:`kvcert.analysis.replay.VARIANTS`).
+
+    Per step (``coverage``, by kind), anytime = simultaneous over a draw's path
+    (``coverage_anytime``: each path is counted in the cell of its decode kind), the
+    per-step mean of the anytime radius (``coverage_anytime_step``) and the median
+    ε/error (``tightness``), by kind too; robust names carry ``_robust``.
+    """
     if (e := _empty(rows)) is not None:
         return e
-    cell = rows.groupby(CELL_KEY, observed=True, sort=True).agg(
-        n=("covered", "size"), hits=("covered", "sum"), hits_any=("covered_anytime", "sum")).reset_index()
+    radius, _, covered, covered_any = VARIANTS[variant]
+    sfx = _suffix(variant)
+    grouped = rows.groupby(CELL_KEY, observed=True, sort=True)
+    codes = grouped.ngroup().to_numpy()
+    cell = grouped.agg(n=(covered, "size"), hits=(covered, "sum"), hits_any=(covered_any, "sum")).reset_index()
+    paths = simultaneous_anytime(rows, covered_any)
+    if len(paths):
+        per = paths.groupby([*PATH_KEY[:-1], "path"], observed=True).agg(path_n=("covered", "size"),
+                                                                         path_hits=("covered", "sum")).reset_index()
+        per = per.rename(columns={"path": "query_kind"})
+        cell = cell.merge(per, on=CELL_KEY, how="left")
+    else:
+        cell = cell.assign(path_n=np.nan, path_hits=np.nan)
+    cell[["path_n", "path_hits"]] = cell[["path_n", "path_hits"]].fillna(0.0)
     n = cell["n"].to_numpy(float)
     hits, hits_any = cell["hits"].to_numpy(float), cell["hits_any"].to_numpy(float)
+    path_n, path_hits = cell["path_n"].to_numpy(float), cell["path_hits"].to_numpy(float)
     kinds = cell["query_kind"].to_numpy()
+    lr, hist = _tightness_hist(rows, codes, len(cell), radius)
 
     def ratio(w, num, den):
         d = w @ den
@@ -193,21 +253,35 @@ def prepare_coverage(rows: pd.DataFrame, plan: Mapping) -> Prepared:
         return np.where(ok, (w @ num) / np.where(ok, d, 1.0), np.nan), ok
 
     def statistic(w):
-        out = {"coverage": ratio(w, hits, n), "coverage_anytime": ratio(w, hits_any, n)}
+        out = {f"coverage{sfx}": ratio(w, hits, n), f"coverage_anytime{sfx}": ratio(w, path_hits, path_n),
+               f"coverage_anytime_step{sfx}": ratio(w, hits_any, n), f"tightness{sfx}": _weighted_median_ratio(w, hist)}
         for k in np.unique(kinds):
             m = (kinds == k).astype(float)
-            out[f"coverage_{k}"] = ratio(w, hits * m, n * m)
-            out[f"coverage_anytime_{k}"] = ratio(w, hits_any * m, n * m)
+            out[f"coverage{sfx}_{k}"] = ratio(w, hits * m, n * m)
+            out[f"coverage_anytime_step{sfx}_{k}"] = ratio(w, hits_any * m, n * m)
+            out[f"tightness{sfx}_{k}"] = _weighted_median_ratio(w * m, hist)
+            if path_n[kinds == k].sum() > 0:
+                out[f"coverage_anytime{sfx}_{k}"] = ratio(w, path_hits * m, path_n * m)
         return out
 
+    row_kinds = rows["query_kind"].to_numpy()
+    point = {f"tightness{sfx}": float(10 ** np.nanmedian(lr)) if np.isfinite(lr).any() else float("nan")}
+    for k in np.unique(kinds):
+        sel = lr[(row_kinds == k) & np.isfinite(lr)]
+        point[f"tightness{sfx}_{k}"] = float(10 ** np.median(sel)) if sel.size else float("nan")
     per_cell = hits / np.where(n > 0, n, 1)
     nominal = 1.0 - float(plan["delta"])
     details = {
-        "cells": int(len(cell)), "observations": int(n.sum()),
+        "variant": variant, "cells": int(len(cell)), "observations": int(n.sum()), "paths": int(path_n.sum()),
         "cell_coverage_quantiles": {q: float(np.quantile(per_cell, float(q))) for q in ("0.05", "0.25", "0.5")},
         "cells_below_nominal_fraction": float((per_cell < nominal).mean()), "nominal": nominal,
     }
-    return Prepared(statistic, np.arange(len(cell)), len(cell), {}, {"generations": int(len(cell))}, details)
+    return Prepared(statistic, np.arange(len(cell)), len(cell), point, {"generations": int(len(cell))}, details)
+
+
+def prepare_coverage_robust(rows: pd.DataFrame, plan: Mapping) -> Prepared:
+    """:func:`prepare_coverage` of the robust certificate (claim C8)."""
+    return prepare_coverage(rows, plan, "robust")
 
 
 def prepare_spearman(rows: pd.DataFrame, plan: Mapping) -> Prepared:
@@ -230,9 +304,13 @@ def prepare_spearman(rows: pd.DataFrame, plan: Mapping) -> Prepared:
 
     point = {"spearman": spearman(rows["radius"], rows["error"])}
     heads = within_head_spearman(rows)
+    cells = within_cell_spearman(rows)
     details = {
         "spearman_anytime": spearman(rows["anytime_radius"], rows["error"]),
         "by_kind": {k: spearman(d["radius"], d["error"]) for k, d in rows.groupby("query_kind", observed=True)},
+        "within_cell_median": float(np.median(cells)) if cells.size else None,
+        "within_cell_q25_q75": [float(np.quantile(cells, 0.25)), float(np.quantile(cells, 0.75))] if cells.size else None,
+        "step_cells": int(cells.size),
         "within_head_median": float(np.median(heads)) if heads.size else None,
         "within_head_mean": float(np.mean(heads)) if heads.size else None,
         "heads": int(heads.size), "observations": int(len(rows)), "bootstrap_subsample": subsample,
@@ -365,6 +443,8 @@ def prepare_recompute(rows: pd.DataFrame, plan: Mapping) -> Prepared:
 #: statistic name → (source, preparation, which minimum counts apply)
 STATISTICS: dict[str, tuple[str, Callable[[pd.DataFrame, Mapping], Prepared], tuple[str, ...]]] = {
     "coverage": ("replay", prepare_coverage, ("generations",)),
+    **{f"{stat}_robust{k}": ("replay", prepare_coverage_robust, ("generations",))
+       for stat in ("coverage", "coverage_anytime", "tightness") for k in ("", *(f"_{q}" for q in QUERY_KINDS))},
     "spearman": ("replay", prepare_spearman, ("generations",)),
     "induced_failure_rate": ("generations", prepare_induced, ("generations",)),
     "auc_certificate": ("generations", prepare_prediction, ("generations", "positives", "negatives")),
@@ -389,11 +469,13 @@ def _preparation(spec: Mapping) -> tuple[str, Callable, tuple[str, ...]]:
 
 
 def _bootstrap(prep: Prepared, plan: BootstrapPlan, names: list[str] = ()) -> dict[str, Estimate]:
-    """The bootstrap of a prepared claim; statistics of a claim without data are NaN (0 resamples used)."""
-    if prep.n_units == 0:
-        nan = float("nan")
-        return {n: Estimate(n, nan, nan, nan, plan.level, plan.resamples, plan.resamples) for n in names}
-    return bootstrap(prep.statistic, prep.codes, prep.n_units, plan, point=prep.point)
+    """The bootstrap of a prepared claim; statistics without data (no claim rows, or none of a named query kind)
+    are NaN (every resample skipped)."""
+    nan = float("nan")
+    out = {} if prep.n_units == 0 else bootstrap(prep.statistic, prep.codes, prep.n_units, plan, point=prep.point)
+    for n in names:
+        out.setdefault(n, Estimate(n, nan, nan, nan, plan.level, plan.resamples, plan.resamples))
+    return out
 
 
 def evaluate_claim(
@@ -443,7 +525,7 @@ def evaluate_claim(
         id=str(spec["id"]), statement=str(spec["statement"]), source=source, metric=str(spec.get("metric", "")),
         kill=str(spec.get("kill", "")), tests=tests, verdict=verdict, reasons=reasons,
         cell={**prep.counts, "minimum": {k: minimum.get(k) for k in minimum_keys}},
-        paper=dict(spec.get("paper") or {}), details=details,
+        paper=dict(spec.get("paper") or {}), details=details, beyond_paper=bool(spec.get("beyond_paper", False)),
     )
 
 

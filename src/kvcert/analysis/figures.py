@@ -4,9 +4,10 @@
   paper's Fig. 1), one panel per prompt length, with C3's kill line;
 * :func:`auc_figure` — prediction (C4) vs attribution (C6) AUC of the certificate and
   of output confidence, with bootstrap intervals (the paper's Fig. 3);
-* :func:`coverage_figure` — per-replay-cell coverage, setting vs later queries, per-step
-  and anytime radius (C1);
-* :func:`tightness_figure` — certificate / realised error per replay draw (C2);
+* :func:`coverage_figure` — per-replay-cell coverage by query kind of the plug-in and the
+  robust certificate, and the anytime radius's coverage of whole paths (C1, C8);
+* :func:`tightness_figure` — certificate / realised error per replay draw by query kind,
+  plug-in and robust (C2, C8);
 * :func:`recompute_figure` — recomputation gain vs recompute rate for certificate,
   confidence and random gating (C7);
 * :func:`multiturn_figure` — multi-turn recall by turn distance.
@@ -109,57 +110,74 @@ def auc_figure(claims: list[Mapping], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+KIND_STYLE = {"setting": ("-", "certificate"), "later": ("--", "confidence"), "sample_dependent": (":", "random")}
+
+
 def coverage_figure(cells: pd.DataFrame, path: Path, delta: float, kill: float | None = None) -> Path | None:
-    """``cells``: :func:`kvcert.analysis.replay.replay_cells` (coverage per replay cell)."""
+    """``cells``: :func:`kvcert.analysis.replay.replay_cells`. Per-step coverage per cell by kind (plug-in, robust),
+    and the anytime coverage of whole paths (simultaneous) of both."""
     if cells.empty:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8), sharey=True)
-    low = min(0.8, float(cells[["coverage", "coverage_anytime"]].min().min()) - 0.02, (kill or 1.0) - 0.05)
+    fig, axes = plt.subplots(1, 3, figsize=(15.0, 3.9), sharey=True)
+    cols = ["coverage", "coverage_robust", "coverage_anytime", "coverage_anytime_robust"]
+    low = min(0.5, float(cells[cols].min().min()) - 0.02, (kill or 1.0) - 0.05)
     bins = np.linspace(max(0.0, low), 1.0, 41)
-    for ax, col, title in ((axes[0], "coverage", "per-step radius ε_δ"), (axes[1], "coverage_anytime", "anytime radius")):
+    for ax, col, title in ((axes[0], "coverage", "plug-in ε_δ, per step"), (axes[1], "coverage_robust", "robust ε_R, per step")):
         for kind, d in cells.groupby("query_kind"):
-            ax.hist(d[col].clip(lower=bins[0]), bins=bins, histtype="step", lw=1.8, ls="-" if kind == "setting" else "--",
-                    label=f"{kind} query ({len(d)} cells, pooled {d[col].mean():.3f})",
-                    color=COLORS["certificate"] if kind == "setting" else COLORS["confidence"])
+            ls, color = KIND_STYLE.get(kind, ("-", "full"))
+            ax.hist(d[col].clip(lower=bins[0]), bins=bins, histtype="step", lw=1.8, ls=ls, color=COLORS[color],
+                    label=f"{kind} ({len(d)} cells, pooled {np.average(d[col], weights=d['n']):.3f})")
+        ax.set_title(title)
+    for col, ls, label in (("coverage_anytime", "-", "plug-in"), ("coverage_anytime_robust", "--", "robust")):
+        d = cells.dropna(subset=[col])
+        if len(d):
+            axes[2].hist(d[col].clip(lower=bins[0]), bins=bins, histtype="step", lw=1.8, ls=ls,
+                         color=COLORS["certificate" if label == "plug-in" else "confidence"],
+                         label=f"{label} ({len(d)} path cells, pooled {d[col].mean():.3f})")
+    axes[2].set_title("anytime radius: every step of a path covered")
+    for ax in axes:
         ax.axvline(1 - delta, color="k", lw=0.9, ls="--", label=f"nominal {1 - delta:g}")
         if kill is not None:
             ax.axvline(kill, color="k", lw=0.9, ls=":", label=f"C1 kill line {kill:g}")
-        ax.set_xlabel("coverage per replay cell (fraction of draws with error ≤ radius)")
-        ax.set_title(title)
+        ax.set_xlabel("coverage per replay cell")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
     axes[0].set_ylabel("replay cells (count)")
-    axes[1].legend(fontsize=8, loc="upper left")
     return _save(fig, path)
 
 
 def tightness_figure(replay: pd.DataFrame, path: Path) -> Path | None:
-    """Histogram of ε_δ / ‖ô − o‖ per draw (log scale), setting vs later queries."""
+    """Histogram of ε / ‖ô − o‖ per draw (log scale) by query kind, plug-in and robust."""
     if replay.empty:
         return None
     err = replay["error"].to_numpy(float)
-    ratio = np.where(err > 0, replay["radius"].to_numpy(float) / np.where(err > 0, err, 1.0), np.nan)
-    ok = np.isfinite(ratio) & (ratio > 0)
-    if not ok.any():
+    ratios = {}
+    for col in ("radius", "radius_robust"):
+        r = np.where(err > 0, replay[col].to_numpy(float) / np.where(err > 0, err, 1.0), np.nan)
+        ratios[col] = np.where(np.isfinite(r) & (r > 0), r, np.nan)
+    every = np.concatenate([r[np.isfinite(r)] for r in ratios.values()])
+    if not every.size:
         return None
-    lo, hi = np.quantile(ratio[ok], [0.001, 0.999])
+    lo, hi = np.quantile(every, [0.001, 0.999])
     bins = np.logspace(np.log10(max(lo, 1e-3)), np.log10(max(hi, lo * 1.01)), 50)
-    fig, ax = plt.subplots(figsize=(6.2, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 3.8), sharey=True)
     kinds = replay["query_kind"].to_numpy()
-    for kind in ("setting", "later"):
-        m = ok & (kinds == kind)
-        if m.any():
-            ax.hist(ratio[m], bins=bins, histtype="step", lw=1.8, density=True,
-                    label=f"{kind} query (median {np.median(ratio[m]):.2f})",
-                    color=COLORS["certificate"] if kind == "setting" else COLORS["confidence"])
-    ax.axvline(1.0, color="k", lw=0.9, ls="--", label="radius = error")
-    ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("certificate / realised error, ε_δ / ‖ô − o‖ (ratio, log scale)")
-    ax.set_ylabel("density (per draw)")
-    ax.set_title("Tightness of the certificate (values < 1 are misses)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    for ax, (col, title) in zip(axes, (("radius", "plug-in ε_δ"), ("radius_robust", "robust ε_R"))):
+        for kind in KIND_STYLE:
+            m = np.isfinite(ratios[col]) & (kinds == kind)
+            if m.any():
+                ls, color = KIND_STYLE[kind]
+                ax.hist(ratios[col][m], bins=bins, histtype="step", lw=1.8, ls=ls, density=True, color=COLORS[color],
+                        label=f"{kind} (median {np.median(ratios[col][m]):.2f})")
+        ax.axvline(1.0, color="k", lw=0.9, ls="--", label="radius = error")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_xlabel("certificate / realised error (log scale; < 1 is a miss)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("density (per draw)")
     return _save(fig, path)
 
 

@@ -21,7 +21,8 @@ Derived columns (``analysis_plan`` of ``claims.yaml``):
   matching task-name prefix); NaN when the record has no score;
 * ``cert_signal`` — ``certificate.<field>.<aggregation>`` reduced over decode steps
   with ``over_steps`` (``certificate_signal``); ``gate_signal`` — the same with the
-  ``multiturn_gate`` choices. NaN for the full cache and deterministic samplers (top-k
+  ``multiturn_gate`` choices; ``cert_signal_robust`` — ``certificate_signal`` of the
+  robust certificate (``certificate_robust``; reported, not the pre-registered signal). NaN for the full cache and deterministic samplers (top-k
   cannot certify: Theorem 1). A randomized run whose certificate is null had no
   sampled tail at any step — every kept token had π = 1, so the Hájek output equals
   the exact one and its radius is 0: its signals are 0.
@@ -58,8 +59,8 @@ from ..prereg import Freeze, verify
 REQUIRED_FIELDS: tuple[str, ...] = (
     "example_id", "task", "target_tokens", "prompt_tokens", "question_tokens", "model", "condition", "method",
     "scorer", "sampler", "allocation", "budget", "seed", "answer", "tokens", "token_logprobs", "mean_logprob",
-    "min_logprob", "answers", "score", "certificate", "kept_fraction", "prefill_seconds", "decode_seconds",
-    "decode_steps", "kv_bytes_peak", "kv_bytes_final", "metadata", "started_utc", "config_hash", "prereg_hash",
+    "min_logprob", "answers", "score", "certificate", "certificate_robust", "kept_fraction", "prefill_seconds",
+    "decode_seconds", "decode_steps", "kv_bytes_peak", "kv_bytes_final", "sketch_bytes", "metadata", "started_utc", "config_hash", "prereg_hash",
     "git_commit", "kvcert_version",
 )
 
@@ -207,6 +208,7 @@ def flatten(record: Mapping, plan: ScoringPlan) -> dict:
         "confidence": _float(record.get(plan.confidence_primary)),
         "confidence_secondary": _float(record.get(plan.confidence_secondary)),
         "cert_signal": plan.certificate.value(cert, randomized),
+        "cert_signal_robust": plan.certificate.value(record.get("certificate_robust"), randomized),
         "gate_signal": plan.gate.value(cert, randomized),
         "turn_distance": _float(meta.get("turn_distance")),
         "depth": _float(meta.get("depth")),
@@ -286,7 +288,7 @@ def load_shards(paths: Iterable[str | Path], plan: ScoringPlan, freeze: Freeze, 
 _COLUMNS = [
     "model", "task", "target_tokens", "example_id", "condition", "method", "scorer", "sampler", "allocation", "budget",
     "seed", "kind", "score", "correct", "confidence", "confidence_secondary", "cert_signal", "gate_signal",
-    "turn_distance", "depth", "dataset", "prompt_tokens", "decode_steps", "kept_fraction", "kv_bytes_peak",
+    "cert_signal_robust", "turn_distance", "depth", "dataset", "prompt_tokens", "decode_steps", "kept_fraction", "kv_bytes_peak",
     "prefill_seconds", "decode_seconds", "started_utc", "config_hash", "prereg_hash", "git_commit", "kvcert_version",
     "shard", "line",
 ]

@@ -1,11 +1,11 @@
-"""Attention-level replay of the certificate on real prefills (claims C1, C2) and the
+"""Attention-level replay of the certificate on real prefills (claims C1, C2, C8) and the
 impossibility demonstration (Theorem 1) on a real model.
 
 Procedure (DESIGN.md §1, "Across decode steps"; ``analysis_plan.replay``), per task
 record:
 
 1. Prefill the prompt (:func:`kvcert.tasks.prompting.build_prompt_ids`) with kvcert
-   attention, capturing every replayed layer's post-RoPE q, K, V; then greedy-decode
+   attention, capturing every layer's post-RoPE q, K, V; then greedy-decode
    ``later_queries`` tokens over the full cache, capturing each step's query. The
    captured state of the last step holds the prompt keys followed by the decode keys.
 2. Importance = the SnapKV scorer on the prompt observation (its observation window is
@@ -13,24 +13,43 @@ record:
    prompt query. π = :func:`kvcert.design.inclusion_probabilities` at each budget.
 3. Per (layer, KV head, budget) draw ``draws`` Poisson samples **once** (a generator
    seeded from ``(seed, example, layer, budget)``) and evaluate every query of that
-   head group on the same samples: the setting query (over the kept prompt keys) and
-   the ``later_queries`` decode-step queries (over the kept prompt keys plus the decode
-   keys, which are certain, π = 1) — the stale-π case. Draws are vectorised as the
-   batch dimension (rows padded with log π = +inf).
+   head group on the same samples. Three query kinds:
+
+   * ``setting`` — the last prompt query, over the kept prompt keys;
+   * ``later`` — the ``later_queries`` decode-step queries of the *full-cache* run, over
+     the kept prompt keys plus the decode keys (certain, π = 1): the stale-π case, with
+     queries that do not depend on the sample;
+   * ``sample_dependent`` — the decode-step queries of the *compressed* run of the same
+     draw: every layer compacted with its draw (the replayed layers with exactly the
+     samples evaluated here), the first answer token fed over the compressed cache and
+     greedy decoding continued from the compressed logits, so each query (and each
+     decode key and value) depends on the sample, as in real decoding. Over the kept
+     prompt keys plus that run's own decode keys; the exact output uses every prompt key
+     and the same decode keys.
+
+   Draws are vectorised as the batch dimension (rows padded with log π = +inf).
 4. ô and the certificate (V̂, the one-pass range bound b̂_c, ε_δ) are those of
    :func:`kvcert.attention.certified_attention` — computed by the same
    :func:`~kvcert.attention.hajek_attention` in float64, with a causal mask so each
-   later query sees only the decode keys before it, and the per-head value centre the
+   decode query sees only the decode keys before it, and the per-head value centre the
    cache uses (the mean of the kept values); o = exact attention over every key the
-   query sees, float64; error = ‖ô − o‖. The radius
-   is ε_δ; the anytime radius uses δ_t = δ/(t(t+1)) with t = 1 for the setting query
-   and t = 1 + i for the i-th later query (the decode steps after it).
+   query sees, float64; error = ‖ô − o‖. The robust radius ε_R adds the shadow terms of
+   the draw's eviction sketch (:mod:`kvcert.sketch`: the shadow chosen among the draw's
+   evicted tokens by the selection score ψ̃ of the prompt's observation window, int8 keys,
+   the memory budget of :data:`kvcert.sketch.SKETCH_FRACTION` at the captured dtype), and
+   its floor u·‖ô‖ uses the unit roundoff of the captured dtype.
+   The anytime radii use δ_t = δ/(t(t+1)) with t = 1 for the setting query and t = 1 + i
+   for the i-th decode query of either path.
 
-One output row per (example, layer, query head, budget, step, draw), ``step`` 0 being
-the setting query and 1..later_queries the later ones (``query_kind`` says which);
-coverage is decided in float64 before anything is stored (``covered``,
-``covered_anytime``). A *replay cell* — the unit of C1/C2's bootstrap — is
-(model, example, layer, query head, budget, query kind).
+One output row per (example, layer, query head, budget, query kind, step, draw), ``step``
+0 being the setting query and 1..later_queries the decode steps; coverage is decided in
+float64 before anything is stored (``covered``, ``covered_anytime``, and the same for the
+robust radius). A *replay cell* — the unit of the claims' bootstrap — is (model, example,
+layer, query head, budget, query kind). A *path* is one draw's sequence of steps, the
+setting query followed by the decode queries of one decoding run (full-cache: ``later``;
+compressed: ``sample_dependent``): the anytime radius claims all of a path's steps at
+once, so its coverage is the share of paths whose every step is covered
+(:func:`simultaneous_anytime`), reported beside the per-step mean.
 """
 
 from __future__ import annotations
@@ -45,30 +64,44 @@ import torch
 
 from ..attention import hajek_attention
 from ..cache import CertifiedCache
-from ..certificate import anytime_radius, bernstein_radius
-from ..design import DEFAULT_DESIGN, RetentionDesign, inclusion_probabilities, poisson_sample
+from ..certificate import anytime_radius, bernstein_radius, robust_radius, unit_roundoff
+from ..design import DEFAULT_DESIGN, RetentionDesign, Sample, inclusion_probabilities, poisson_sample
 from ..impossibility import TABLE_HEADER, impossibility_demo
 from ..integration import ATTENTION_NAME
 from ..scorers import get_scorer
 from ..scorers.base import LayerObservation
+from ..sketch import POTENTIAL_WINDOW, build_sketch, shadow_count, sketch_potential
 from ..tasks.prompting import build_prompt_ids
 from .stats import spearman
 
 CELL_KEY = ["model", "example_id", "layer", "head", "budget", "query_kind"]
-FLOAT_COLUMNS = ["error", "radius", "anytime_radius", "variance", "range_term", "output_norm"]
+#: the query kinds, in the order of ``analysis_plan.replay.query_kinds``
+QUERY_KINDS = ("setting", "later", "sample_dependent")
+#: a draw's path: the kinds whose steps one decoding run visits (the setting query starts both)
+PATHS = {"later": ("setting", "later"), "sample_dependent": ("setting", "sample_dependent")}
+FLOAT_COLUMNS = ["error", "radius", "anytime_radius", "variance", "range_term", "output_norm",
+                 "radius_robust", "anytime_radius_robust", "shadow_variance", "shadow_range"]
+COVERED_COLUMNS = ["covered", "covered_anytime", "covered_robust", "covered_anytime_robust"]
+#: the two certificates of the replay: name → (radius, anytime radius, covered, covered anytime) columns
+VARIANTS = {
+    "plugin": ("radius", "anytime_radius", "covered", "covered_anytime"),
+    "robust": ("radius_robust", "anytime_radius_robust", "covered_robust", "covered_anytime_robust"),
+}
 #: keys × draws × head-dim elements evaluated at once (bounds replay memory on big models)
 MAX_ELEMENTS = 2**25
 
 
 @dataclass
 class Capture:
-    """Prefill observation per layer, later-step queries [Hq, D], all keys/values [Hkv, N+J, D]."""
+    """Prefill observation per layer, later-step queries [Hq, D], all keys/values [Hkv, N+J, D],
+    and the greedy tokens of the full-cache run (``tokens[0]`` the first answer token)."""
 
     prompt: dict[int, LayerObservation]
     later: dict[int, list[torch.Tensor]]
     keys: dict[int, torch.Tensor]
     values: dict[int, torch.Tensor]
     prompt_tokens: int
+    tokens: list[int]
 
 
 def _check_model(model) -> None:
@@ -98,8 +131,10 @@ def capture(model, input_ids: list[int], layers: Sequence[int], later_queries: i
         raise ValueError(f"layers: no attention layer with index {sorted(missing)} in this model")
     prompt = dict(cache.captured)
     later: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
+    tokens = []
     for _ in range(later_queries):
         tok = int(logits.float().argmax())
+        tokens.append(tok)
         x = torch.tensor([[tok]], dtype=torch.long, device=device)
         logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
         for i in layers:
@@ -108,13 +143,71 @@ def capture(model, input_ids: list[int], layers: Sequence[int], later_queries: i
     return Capture(
         prompt=prompt, later=later,
         keys={i: last[i].key[0] for i in layers}, values={i: last[i].value[0] for i in layers},
-        prompt_tokens=len(input_ids),
+        prompt_tokens=len(input_ids), tokens=tokens,
     )
 
 
 def _seed(seed: int, example_id: str, layer: int, budget: float) -> int:
     digest = hashlib.sha256(f"{seed}:{example_id}:{layer}:{budget!r}".encode()).digest()
     return int.from_bytes(digest[:8], "little") % (2**62)
+
+
+def draw_samples(cap: Capture, layer: int, budget: float, draws: int, design: RetentionDesign, seed: int,
+                 example_id: str, scorer: str = "snapkv") -> tuple[torch.Tensor, Sample]:
+    """π [Hkv, N] (float64) of one layer at one budget and its ``draws`` Poisson samples [draws, Hkv, K]."""
+    importance = get_scorer(scorer)(cap.prompt[layer])[0]  # [Hkv, N]
+    pi = inclusion_probabilities(importance, float(budget), design)
+    gen = torch.Generator(device=pi.device).manual_seed(_seed(seed, example_id, layer, float(budget)))
+    return pi, poisson_sample(pi.unsqueeze(0).expand(draws, -1, -1).contiguous(), gen)
+
+
+def _slice(sample: Sample, d0: int, d1: int) -> Sample:
+    return Sample(sample.indices[d0:d1], sample.log_pi[d0:d1], sample.lengths[d0:d1], sample.num_tokens)
+
+
+@dataclass
+class Compressed:
+    """The compressed run of each draw at one replayed layer: queries [M, Hq, J, D], decode keys/values [M, Hkv, J, D]."""
+
+    queries: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+@torch.no_grad()
+def compressed_decode(model, cap: Capture, samples: dict[int, Sample], steps: int, layers: Sequence[int],
+                      max_batch: int | None = None) -> dict[int, Compressed]:
+    """Each draw's own decoding: every layer compacted with its draw, ``steps`` greedy tokens from the first answer token.
+
+    ``samples`` holds every layer's draws (same number of draws each); ``layers`` are the
+    layers whose queries and decode keys are returned. Draws run as the batch dimension,
+    ``max_batch`` at a time (default: all).
+    """
+    _check_model(model)
+    device = next(model.parameters()).device
+    n = cap.prompt_tokens
+    draws = next(iter(samples.values())).indices.shape[0]
+    batch = draws if max_batch is None else max(1, int(max_batch))
+    parts: dict[int, list[tuple]] = {i: [] for i in layers}
+    for d0 in range(0, draws, batch):
+        d1 = min(draws, d0 + batch)
+        nd = d1 - d0
+        cache = CertifiedCache(capture_layers=layers, record_certificates=False)
+        for i in sorted(samples):
+            k, v = cap.keys[i][:, :n].unsqueeze(0), cap.values[i][:, :n].unsqueeze(0)
+            cache.update(k.expand(nd, -1, -1, -1).contiguous(), v.expand(nd, -1, -1, -1).contiguous(), i)
+            cache.layers[i].compact(_slice(samples[i], d0, d1))
+        x = torch.full((nd, 1), cap.tokens[0], dtype=torch.long, device=device)
+        qs: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
+        for _ in range(steps):
+            logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            for i in layers:
+                qs[i].append(cache.captured[i].query[:, :, -1])
+            x = logits.float().argmax(-1, keepdim=True)
+        for i in layers:
+            layer = cache.layers[i]
+            parts[i].append((torch.stack(qs[i], 2), layer.keys[:, :, -steps:], layer.values[:, :, -steps:]))
+    return {i: Compressed(*(torch.cat([p[j] for p in parts[i]], 0) for j in range(3))) for i in layers}
 
 
 def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -125,18 +218,78 @@ def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) ->
     return torch.einsum("hgl,hld->hgd", torch.softmax(logits, dim=-1), v).reshape(hq, -1)
 
 
-def replay_layer(
-    cap: Capture, layer: int, budgets: Sequence[float], draws: int, delta: float, design: RetentionDesign,
-    seed: int, example_id: str, scorer: str = "snapkv",
-) -> dict[str, np.ndarray]:
-    """Every (budget, step, draw, query head) of one layer: columns as numpy arrays.
+def _exact_own(q: torch.Tensor, k_prompt: torch.Tensor, v_prompt: torch.Tensor, k_dec: torch.Tensor,
+               v_dec: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Exact attention of each draw's decode queries q [M, Hq, J, D] over every prompt key and the
+    draw's own decode keys [M, Hkv, J, D] (causal among the decode keys) → [M, Hq, J, D]."""
+    m, hq, j, d = q.shape
+    hkv = k_prompt.shape[0]
+    g = hq // hkv
+    qg = q.reshape(m, hkv, g * j, d)
+    lp = torch.einsum("mhrd,hld->mhrl", qg, k_prompt) * scaling
+    ld = torch.einsum("mhrd,mhld->mhrl", qg, k_dec) * scaling  # [m, hkv, g*j, J]
+    step = torch.arange(j, device=q.device).repeat(g)  # row r is query step r % j
+    ld = ld.masked_fill(torch.arange(j, device=q.device)[None, :] > step[:, None], float("-inf"))
+    w = torch.softmax(torch.cat([lp, ld], -1), -1)
+    out = torch.einsum("mhrl,hld->mhrd", w[..., : k_prompt.shape[1]], v_prompt)
+    out = out + torch.einsum("mhrl,mhld->mhrd", w[..., k_prompt.shape[1]:], v_dec)
+    return out.reshape(m, hq, j, -1)
 
-    All queries of a head group are evaluated in one call of the Hájek attention with
-    its certificate (:func:`kvcert.attention.hajek_attention`, the computation behind
-    :func:`~kvcert.attention.certified_attention`) over the keys [kept prompt keys,
-    decode keys]: with ``causal=True`` the setting query sees the kept prompt keys only
-    and the i-th later query also the first i decode keys — the state of the cache at
-    that decode step.
+
+def _potential(cap: Capture, layer: int) -> torch.Tensor:
+    """The sketch's selection score ψ̃ [Hkv, N] of the prompt tokens from the prompt's observation window (float64)."""
+    obs = cap.prompt[layer]
+    q = obs.query[0, :, -POTENTIAL_WINDOW:].to(torch.float64)  # [Hq, W, D]
+    hkv = obs.key.shape[1]
+    window = q.reshape(hkv, -1, q.shape[-1])  # the window queries of every query head of the group
+    return sketch_potential(window, obs.key[0].to(torch.float64), float(obs.scaling))
+
+
+def _shadow_slots(cap: Capture, layer: int) -> int:
+    k, v = cap.keys[layer], cap.values[layer]
+    per_token = k.shape[-1] * k.element_size() + v.shape[-1] * v.element_size()
+    return shadow_count(cap.prompt_tokens, per_token, k.shape[-1])
+
+
+def _columns(res, err, steps, delta, kind_steps, d0, nd, hq, group, lengths, out: dict, roundoff: float) -> None:
+    """Append one chunk's rows: res = the hajek_attention result [nd, Hq, Q]; err [nd, Hq, Q]; ``roundoff`` the
+    unit roundoff of the captured cache's dtype (the robust radius's floor u·‖ô‖)."""
+    var, rng = res.variance, res.range_term
+    rad = bernstein_radius(var, rng, delta)
+    anyr = anytime_radius(var, rng, delta, steps)
+    floor = roundoff * torch.linalg.vector_norm(res.output, dim=-1)
+    rob = robust_radius(var, rng, res.shadow_variance, res.shadow_range, delta, floor=floor)
+    anyrob = robust_radius(var, rng, res.shadow_variance, res.shadow_range, delta, steps, floor=floor)
+    n_q = err.shape[-1]
+    shape = (nd, hq, n_q)
+    out["draw"].append(np.broadcast_to(np.arange(d0, d0 + nd, dtype=np.int32)[:, None, None], shape).reshape(-1))
+    out["head"].append(np.broadcast_to(np.arange(hq, dtype=np.int16)[None, :, None], shape).reshape(-1))
+    out["step"].append(np.broadcast_to(np.asarray(kind_steps, dtype=np.int16)[None, None, :], shape).reshape(-1))
+    out["kept"].append(lengths.repeat_interleave(group, dim=1).unsqueeze(-1).expand(shape).reshape(-1).cpu().numpy()
+                       .astype(np.int32))
+    for name, t in (("error", err), ("radius", rad), ("anytime_radius", anyr), ("variance", var), ("range_term", rng),
+                    ("output_norm", torch.linalg.vector_norm(res.output, dim=-1)), ("radius_robust", rob),
+                    ("anytime_radius_robust", anyrob), ("shadow_variance", res.shadow_variance),
+                    ("shadow_range", res.shadow_range)):
+        out[name].append(t.reshape(-1).cpu().numpy())
+    for name, r in (("covered", rad), ("covered_anytime", anyr), ("covered_robust", rob),
+                    ("covered_anytime_robust", anyrob)):
+        out[name].append((err <= r).reshape(-1).cpu().numpy())
+
+
+def replay_layer(
+    cap: Capture, layer: int, budget: float, pi: torch.Tensor, sample: Sample, delta: float,
+    compressed: Compressed | None = None,
+) -> dict[str, np.ndarray]:
+    """Every (step, draw, query head) of one layer at one budget, for each query kind: columns as numpy arrays.
+
+    The setting and later queries of a head group are evaluated in one call of the Hájek
+    attention with its certificate (:func:`kvcert.attention.hajek_attention`, the
+    computation behind :func:`~kvcert.attention.certified_attention`) over the keys
+    [kept prompt keys, decode keys]: with ``causal=True`` the setting query sees the kept
+    prompt keys only and the i-th later query also the first i decode keys — the state
+    of the cache at that decode step. The sample-dependent queries (``compressed``) are
+    evaluated the same way over each draw's own decode keys.
     """
     obs = cap.prompt[layer]
     n = cap.prompt_tokens
@@ -151,85 +304,112 @@ def replay_layer(
         [_exact(queries[:, s], k_all[:, : n + s], v_all[:, : n + s], scaling) for s in range(n_q)], dim=1
     )  # [Hq, Q, D]
     steps = torch.arange(1, n_q + 1, dtype=f64, device=k_all.device)  # anytime step t: 1 for the setting query, 1 + i for later query i
-    importance = get_scorer(scorer)(obs)[0]  # [Hkv, N]
+    potential = _potential(cap, layer)  # [Hkv, N]
+    slots = _shadow_slots(cap, layer)
+    roundoff = unit_roundoff(cap.values[layer].dtype)
+    tail = pi < 1
     decode_idx = torch.arange(n, n + n_q - 1, device=k_all.device).expand(1, hkv, -1)
-    cols: dict[str, list[np.ndarray]] = {c: [] for c in ["budget", "step", "draw", "head", "kept", *FLOAT_COLUMNS,
-                                                          "covered", "covered_anytime"]}
-    for budget in budgets:
-        pi = inclusion_probabilities(importance, float(budget), design)  # [Hkv, N] float64
-        gen = torch.Generator(device=pi.device).manual_seed(_seed(seed, example_id, layer, float(budget)))
-        sample = poisson_sample(pi.unsqueeze(0).expand(draws, -1, -1).contiguous(), gen)  # [draws, Hkv, K]
-        width = sample.indices.shape[-1]
-        kept_mask = sample.kept_mask()
-        chunk = max(1, min(draws, MAX_ELEMENTS // max(1, hkv * (width + n_q) * k_all.shape[-1])))
-        for d0 in range(0, draws, chunk):
-            d1 = min(draws, d0 + chunk)
-            nd = d1 - d0
-            # kept prompt slots then the decode slots, gathered in one pass (padding: index 0, log π = +inf)
-            idx = torch.cat([sample.indices[d0:d1], decode_idx.expand(nd, -1, -1)], 2).unsqueeze(-1)
-            ks = k_all.unsqueeze(0).expand(nd, -1, -1, -1).gather(2, idx.expand(-1, -1, -1, k_all.shape[-1]))
-            vs = v_all.unsqueeze(0).expand(nd, -1, -1, -1).gather(2, idx.expand(-1, -1, -1, v_all.shape[-1]))
-            lps = torch.cat([sample.log_pi[d0:d1].to(f64), torch.zeros(nd, hkv, n_q - 1, dtype=f64, device=ks.device)], 2)
-            mask = kept_mask[d0:d1].to(f64)  # [nd, Hkv, N]
-            centre = torch.matmul(mask.transpose(0, 1), v_all[:, :n]).transpose(0, 1)  # the cache's centre: mean kept value
-            centre = centre / mask.sum(-1, keepdim=True).clamp(min=1)
-            qq = queries.unsqueeze(0).expand(nd, -1, -1, -1)  # [nd, Hq, Q, D]
-            res = hajek_attention(qq, ks, vs, lps, scaling, causal=True, certificate=True, centre=centre)
-            err = torch.linalg.vector_norm(res.output - exact.unsqueeze(0), dim=-1)  # [nd, Hq, Q]
-            var, rng = res.variance, res.range_term
-            rad = bernstein_radius(var, rng, delta)
-            anyr = anytime_radius(var, rng, delta, steps)
-            kept = sample.lengths[d0:d1].repeat_interleave(group, dim=1)  # [nd, Hq]
-            shape = (nd, hq, n_q)
-            cols["budget"].append(np.full(nd * hq * n_q, float(budget)))
-            cols["draw"].append(np.broadcast_to(np.arange(d0, d1, dtype=np.int32)[:, None, None], shape).reshape(-1))
-            cols["head"].append(np.broadcast_to(np.arange(hq, dtype=np.int16)[None, :, None], shape).reshape(-1))
-            cols["step"].append(np.broadcast_to(np.arange(n_q, dtype=np.int16)[None, None, :], shape).reshape(-1))
-            cols["kept"].append(kept.unsqueeze(-1).expand(shape).reshape(-1).cpu().numpy().astype(np.int32))
-            for name, t in (("error", err), ("radius", rad), ("anytime_radius", anyr), ("variance", var),
-                            ("range_term", rng), ("output_norm", torch.linalg.vector_norm(res.output, dim=-1))):
-                cols[name].append(t.reshape(-1).cpu().numpy())
-            cols["covered"].append((err <= rad).reshape(-1).cpu().numpy())
-            cols["covered_anytime"].append((err <= anyr).reshape(-1).cpu().numpy())
-    return {c: np.concatenate(v) for c, v in cols.items()}
+    names = ["step", "draw", "head", "kept", *FLOAT_COLUMNS, *COVERED_COLUMNS]
+    cols: dict[str, dict[str, list[np.ndarray]]] = {k: {c: [] for c in names} for k in ("full", "own")}
+    draws = sample.indices.shape[0]
+    width = sample.indices.shape[-1]
+    kept_mask = sample.kept_mask()
+    own = compressed is not None and compressed.queries.shape[2] > 0
+    chunk = max(1, min(draws, MAX_ELEMENTS // max(1, hkv * (width + n) * k_all.shape[-1])))
+    for d0 in range(0, draws, chunk):
+        d1 = min(draws, d0 + chunk)
+        nd = d1 - d0
+        # kept prompt slots then the decode slots, gathered in one pass (padding: index 0, log π = +inf)
+        idx = torch.cat([sample.indices[d0:d1], decode_idx.expand(nd, -1, -1)], 2).unsqueeze(-1)
+        ks = k_all.unsqueeze(0).expand(nd, -1, -1, -1).gather(2, idx.expand(-1, -1, -1, k_all.shape[-1]))
+        vs = v_all.unsqueeze(0).expand(nd, -1, -1, -1).gather(2, idx.expand(-1, -1, -1, v_all.shape[-1]))
+        lp_prompt = sample.log_pi[d0:d1].to(f64)
+        lps = torch.cat([lp_prompt, torch.zeros(nd, hkv, n_q - 1, dtype=f64, device=ks.device)], 2)
+        mask = kept_mask[d0:d1].to(f64)  # [nd, Hkv, N]
+        centre = torch.matmul(mask.transpose(0, 1), v_all[:, :n]).transpose(0, 1)  # the cache's centre: mean kept value
+        centre = centre / mask.sum(-1, keepdim=True).clamp(min=1)
+        evicted = ~kept_mask[d0:d1] & tail.unsqueeze(0)
+        sketch = build_sketch(k_all[:, :n].unsqueeze(0).expand(nd, -1, -1, -1), v_all[:, :n].unsqueeze(0).expand(nd, -1, -1, -1),
+                              evicted, potential.unsqueeze(0).expand(nd, -1, -1), centre, slots)
+        qq = queries.unsqueeze(0).expand(nd, -1, -1, -1)  # [nd, Hq, Q, D]
+        res = hajek_attention(qq, ks, vs, lps, scaling, causal=True, certificate=True, centre=centre, sketch=sketch)
+        err = torch.linalg.vector_norm(res.output - exact.unsqueeze(0), dim=-1)  # [nd, Hq, Q]
+        _columns(res, err, steps, delta, list(range(n_q)), d0, nd, hq, group, sample.lengths[d0:d1], cols["full"],
+                 roundoff)
+        if own:
+            j = compressed.queries.shape[2]
+            qo = compressed.queries[d0:d1].to(f64)  # [nd, Hq, J, D]
+            kd, vd = compressed.keys[d0:d1].to(f64), compressed.values[d0:d1].to(f64)
+            ko, vo = torch.cat([ks[:, :, :width], kd], 2), torch.cat([vs[:, :, :width], vd], 2)
+            lpo = torch.cat([lp_prompt, torch.zeros(nd, hkv, j, dtype=f64, device=ks.device)], 2)
+            res_o = hajek_attention(qo, ko, vo, lpo, scaling, causal=True, certificate=True, centre=centre, sketch=sketch)
+            exact_o = _exact_own(qo, k_all[:, :n], v_all[:, :n], kd, vd, scaling)
+            err_o = torch.linalg.vector_norm(res_o.output - exact_o, dim=-1)
+            steps_o = torch.arange(2, j + 2, dtype=f64, device=k_all.device)
+            _columns(res_o, err_o, steps_o, delta, list(range(1, j + 1)), d0, nd, hq, group, sample.lengths[d0:d1],
+                     cols["own"], roundoff)
+    out = {}
+    parts = [("full", cols["full"])] + ([("own", cols["own"])] if own else [])
+    for c in names:
+        out[c] = np.concatenate([np.concatenate(p[c]) for _, p in parts])
+    kind_full = np.where(np.concatenate(cols["full"]["step"]) == 0, "setting", "later")
+    kinds = [kind_full] + ([np.full(len(np.concatenate(cols["own"]["step"])), "sample_dependent")] if own else [])
+    out["query_kind"] = np.concatenate(kinds)
+    out["budget"] = np.full(len(out["query_kind"]), float(budget))
+    return out
 
 
 def replay_model(
     model, tokenizer, records, budgets: Sequence[float], draws: int, later_queries: int, delta: float,
     design: RetentionDesign = DEFAULT_DESIGN, seed: int = 0, max_layers: int | None = None,
-    model_name: str | None = None, scorer: str = "snapkv",
+    model_name: str | None = None, scorer: str = "snapkv", query_kinds: Sequence[str] = QUERY_KINDS,
 ) -> pd.DataFrame:
-    """Replay draws of every record (see the module docstring); one row per (example, layer, head, budget, step, draw)."""
+    """Replay draws of every record (see the module docstring); one row per (example, layer, head, budget, kind, step, draw).
+
+    ``query_kinds`` (``analysis_plan.replay.query_kinds``): "setting" always; "later" and
+    "sample_dependent" add the decode steps of the full-cache and of the compressed run.
+    """
     _check_model(model)
     if draws < 1 or later_queries < 0:
         raise ValueError("draws must be >= 1 and later_queries >= 0")
+    unknown = set(query_kinds) - set(QUERY_KINDS)
+    if unknown:
+        raise ValueError(f"query_kinds: unknown {sorted(unknown)}; known: {', '.join(QUERY_KINDS)}")
     name = model_name or getattr(model.config, "name_or_path", None) or type(model).__name__
     num_layers = model.config.get_text_config().num_hidden_layers
     layers = replay_layers(num_layers, max_layers)
+    own = "sample_dependent" in query_kinds and later_queries > 0
+    captured = list(range(num_layers)) if own else layers
     parts = []
     for record in records:
         ids, _ = build_prompt_ids(tokenizer, record)
-        cap = capture(model, ids, layers, later_queries)
-        for layer in layers:
-            cols = replay_layer(cap, layer, budgets, draws, delta, design, seed, record.id, scorer)
-            part = pd.DataFrame(cols)
-            part.insert(0, "layer", np.int16(layer))
-            part.insert(0, "target_tokens", int(record.metadata.get("target_tokens", -1)))
-            part.insert(0, "example_id", record.id)
-            part.insert(0, "model", name)
-            parts.append(part)
+        cap = capture(model, ids, captured, later_queries)
+        for budget in budgets:
+            drawn = {i: draw_samples(cap, i, budget, draws, design, seed, record.id, scorer) for i in captured}
+            compressed = (compressed_decode(model, cap, {i: d[1] for i, d in drawn.items()}, later_queries, layers)
+                          if own else {})
+            for layer in layers:
+                pi, sample = drawn[layer]
+                cols = replay_layer(cap, layer, budget, pi, sample, delta, compressed.get(layer))
+                part = pd.DataFrame(cols)
+                part.insert(0, "layer", np.int16(layer))
+                part.insert(0, "target_tokens", int(record.metadata.get("target_tokens", -1)))
+                part.insert(0, "example_id", record.id)
+                part.insert(0, "model", name)
+                parts.append(part)
     if not parts:
         return empty_replay()
     df = pd.concat(parts, ignore_index=True)
+    if "later" not in query_kinds:
+        df = df[df["query_kind"] != "later"].reset_index(drop=True)
     group = model.config.get_text_config().num_attention_heads // model.config.get_text_config().num_key_value_heads
     df["kv_head"] = (df["head"] // group).astype(np.int16)
-    df["query_kind"] = np.where(df["step"] == 0, "setting", "later")
     return df[REPLAY_COLUMNS]
 
 
 REPLAY_COLUMNS = [
     "model", "example_id", "target_tokens", "layer", "head", "kv_head", "budget", "query_kind", "step", "draw", "kept",
-    *FLOAT_COLUMNS, "covered", "covered_anytime",
+    *FLOAT_COLUMNS, *COVERED_COLUMNS,
 ]
 
 
@@ -268,22 +448,63 @@ IMPOSSIBILITY_HEADER = TABLE_HEADER
 
 
 # --- summaries ----------------------------------------------------------------------------
-def replay_cells(draws: pd.DataFrame) -> pd.DataFrame:
-    """Per replay cell: observations, coverage (per-step and anytime), median tightness, Spearman across draws."""
+PATH_KEY = ["model", "example_id", "layer", "head", "budget", "draw"]
+#: a cell of the within-cell Spearman: one (example, layer, head, budget, kind, step), across draws
+STEP_CELL_KEY = [*CELL_KEY, "step"]
+
+
+def simultaneous_anytime(draws: pd.DataFrame, covered: str = "covered_anytime") -> pd.DataFrame:
+    """One row per path (:data:`PATH_KEY` × path kind): ``covered`` — every step of the path covered.
+
+    A path is the setting query followed by the decode steps of one decoding run
+    (:data:`PATHS`); the anytime radius claims all of them at once, so this — not the
+    per-step mean — is its coverage.
+    """
     if draws.empty:
-        return pd.DataFrame(columns=[*CELL_KEY, "n", "coverage", "coverage_anytime", "tightness", "spearman"])
-    d = draws.assign(log_ratio=_log_tightness(draws))
+        return pd.DataFrame(columns=[*PATH_KEY, "path", "steps", "covered"])
+    out = []
+    for path, kinds in PATHS.items():
+        d = draws[draws["query_kind"].isin(kinds)]
+        if not (d["query_kind"] == path).any():
+            continue
+        g = d.groupby(PATH_KEY, observed=True, sort=True)[covered].agg(["all", "size"]).reset_index()
+        out.append(g.rename(columns={"all": "covered", "size": "steps"}).assign(path=path))
+    if not out:
+        return pd.DataFrame(columns=[*PATH_KEY, "path", "steps", "covered"])
+    return pd.concat(out, ignore_index=True)[[*PATH_KEY, "path", "steps", "covered"]]
+
+
+def replay_cells(draws: pd.DataFrame) -> pd.DataFrame:
+    """Per replay cell: observations, per-step coverage, the anytime coverage (simultaneous over the paths of a decode
+    kind's cell — NaN for the setting cell, whose query starts every path — and the per-step mean of the anytime
+    radius) and the median tightness, of both certificates (``*_robust``)."""
+    cols = [*CELL_KEY, "n"]
+    for v in VARIANTS:
+        sfx = "" if v == "plugin" else "_robust"
+        cols += [f"coverage{sfx}", f"coverage_anytime{sfx}", f"coverage_anytime_step{sfx}", f"tightness{sfx}"]
+    if draws.empty:
+        return pd.DataFrame(columns=cols)
+    d = draws.assign(log_ratio=_log_tightness(draws), log_ratio_robust=_log_tightness(draws, "radius_robust"))
     g = d.groupby(CELL_KEY, sort=True, observed=True)
-    out = g.agg(n=("covered", "size"), coverage=("covered", "mean"), coverage_anytime=("covered_anytime", "mean"),
-                tightness=("log_ratio", "median")).reset_index()
+    out = g.agg(n=("covered", "size"), coverage=("covered", "mean"), coverage_anytime_step=("covered_anytime", "mean"),
+                tightness=("log_ratio", "median"), coverage_robust=("covered_robust", "mean"),
+                coverage_anytime_step_robust=("covered_anytime_robust", "mean"),
+                tightness_robust=("log_ratio_robust", "median")).reset_index()
     out["tightness"] = 10.0 ** out["tightness"]
-    return out
+    out["tightness_robust"] = 10.0 ** out["tightness_robust"]
+    for v, (_, _, _, cov_any) in VARIANTS.items():
+        sfx = "" if v == "plugin" else "_robust"
+        paths = simultaneous_anytime(draws, cov_any)
+        per = (paths.groupby([*PATH_KEY[:-1], "path"], observed=True)["covered"].mean().rename(f"coverage_anytime{sfx}")
+               .reset_index().rename(columns={"path": "query_kind"}))
+        out = out.merge(per, on=CELL_KEY, how="left") if len(per) else out.assign(**{f"coverage_anytime{sfx}": np.nan})
+    return out[cols]
 
 
-def _log_tightness(draws: pd.DataFrame) -> np.ndarray:
+def _log_tightness(draws: pd.DataFrame, radius: str = "radius") -> np.ndarray:
     """log10(radius / error); NaN where the error is 0 (nothing to be tight about)."""
     err = draws["error"].to_numpy(dtype=np.float64)
-    rad = draws["radius"].to_numpy(dtype=np.float64)
+    rad = draws[radius].to_numpy(dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(err > 0, np.log10(rad / err), np.nan)
 
@@ -291,11 +512,14 @@ def _log_tightness(draws: pd.DataFrame) -> np.ndarray:
 HEAD_KEY = ["model", "example_id", "layer", "head"]
 
 
-def within_head_spearman(draws: pd.DataFrame, x: str = "radius", y: str = "error") -> np.ndarray:
-    """Spearman(x, y) within each head (model, example, layer, query head), vectorised; finite values only."""
+def within_head_spearman(draws: pd.DataFrame, x: str = "radius", y: str = "error",
+                         key: Sequence[str] = tuple(HEAD_KEY)) -> np.ndarray:
+    """Spearman(x, y) within each group of ``key`` (default: a head — model, example, layer, query head), vectorised;
+    finite values only. With ``key=STEP_CELL_KEY``: within a cell (one example, layer, head, budget, kind, step,
+    across draws)."""
     if draws.empty:
         return np.empty(0)
-    codes = draws.groupby(HEAD_KEY, observed=True, sort=False).ngroup().to_numpy()
+    codes = draws.groupby(list(key), observed=True, sort=False).ngroup().to_numpy()
     frame = pd.DataFrame({"g": codes, "x": draws[x].to_numpy(float), "y": draws[y].to_numpy(float)})
     grouped = frame.groupby("g", sort=False)
     rx = grouped["x"].rank().to_numpy()
@@ -310,35 +534,71 @@ def within_head_spearman(draws: pd.DataFrame, x: str = "radius", y: str = "error
     return r[np.isfinite(r)]
 
 
+def within_cell_spearman(draws: pd.DataFrame, x: str = "radius", y: str = "error") -> np.ndarray:
+    """Spearman(x, y) within each cell of one step (:data:`STEP_CELL_KEY`), across its draws."""
+    return within_head_spearman(draws, x, y, STEP_CELL_KEY)
+
+
+def _median(values: np.ndarray) -> float | None:
+    return float(np.median(values)) if values.size else None
+
+
+def variant_block(d: pd.DataFrame, variant: str, paths: pd.DataFrame | None = None, within: bool = True) -> dict:
+    """Coverage (per step, and simultaneous anytime over paths), Spearman and tightness of one certificate
+    (the within-cell and within-head Spearman only with ``within``: they rank every group)."""
+    rad, anyr, cov, cov_any = VARIANTS[variant]
+    lr = _log_tightness(d, rad)
+    lr = lr[np.isfinite(lr)]
+    paths = simultaneous_anytime(d, cov_any) if paths is None else paths
+    within_cell = within_cell_spearman(d, rad) if within else np.empty(0)
+    return {
+        "coverage": float(d[cov].mean()),
+        "coverage_anytime": float(paths["covered"].mean()) if len(paths) else None,
+        "coverage_anytime_step": float(d[cov_any].mean()),
+        "paths": int(len(paths)),
+        "spearman": spearman(d[rad].to_numpy(), d["error"].to_numpy()),
+        "spearman_within_cell_median": _median(within_cell),
+        "spearman_within_head_median": _median(within_head_spearman(d, rad)) if within else None,
+        "tightness_median": float(10 ** np.median(lr)) if lr.size else None,
+        "tightness_q10": float(10 ** np.quantile(lr, 0.1)) if lr.size else None,
+        "tightness_q90": float(10 ** np.quantile(lr, 0.9)) if lr.size else None,
+    }
+
+
 def summarize_replay(draws: pd.DataFrame, delta: float) -> dict:
-    """Coverage, Spearman (pooled and within head), tightness and anytime coverage; pooled, by kind, by budget."""
+    """Both certificates' coverage (per step; anytime = simultaneous over a draw's path), Spearman (pooled; within
+    cell and within head for the pooled and per-kind blocks) and tightness; pooled, by query kind, by budget, by layer
+    (and by model when several).
+
+    The plug-in's fields keep their names (``coverage``, ``spearman``, ...); the robust
+    certificate's are under ``robust``. The anytime coverage of a query kind is that of its
+    path (the setting query followed by the kind's decode steps); the setting query alone
+    has no path of its own (None).
+    """
     if draws.empty:
         return {"observations": 0}
+    paths = {v: simultaneous_anytime(draws, VARIANTS[v][3]) for v in VARIANTS}
 
-    def block(d: pd.DataFrame, full: bool) -> dict:
-        lr = _log_tightness(d)
-        lr = lr[np.isfinite(lr)]
-        within = within_head_spearman(d)
-        out = {
-            "observations": int(len(d)),
-            "cells": int(d.groupby(CELL_KEY, observed=True).ngroups),
-            "coverage": float(d["covered"].mean()),
-            "coverage_anytime": float(d["covered_anytime"].mean()),
-            "spearman": spearman(d["radius"].to_numpy(), d["error"].to_numpy()),
-            "spearman_within_head_median": float(np.median(within)) if within.size else None,
-            "spearman_within_head_mean": float(np.mean(within)) if within.size else None,
-            "tightness_median": float(10 ** np.median(lr)) if lr.size else None,
-            "tightness_q10": float(10 ** np.quantile(lr, 0.1)) if lr.size else None,
-            "tightness_q90": float(10 ** np.quantile(lr, 0.9)) if lr.size else None,
-            "zero_error": int((d["error"] <= 0).sum()),
-        }
-        if full:
-            out["spearman_anytime"] = spearman(d["anytime_radius"].to_numpy(), d["error"].to_numpy())
+    def block(d: pd.DataFrame, pick, within: bool = False) -> dict:
+        out = {"observations": int(len(d)), "cells": int(d.groupby(CELL_KEY, observed=True).ngroups),
+               "zero_error": int((d["error"] <= 0).sum())}
+        for variant in VARIANTS:
+            v = variant_block(d, variant, pick(paths[variant]), within)
+            if variant == "plugin":
+                out.update(v)
+            else:
+                out["robust"] = v
         return out
 
-    out = {"delta": delta, "target_coverage": 1.0 - delta, "pooled": block(draws, True)}
-    out["by_kind"] = {k: block(d, False) for k, d in draws.groupby("query_kind", observed=True)}
-    out["by_budget"] = {f"{b:g}": block(d, False) for b, d in draws.groupby("budget", observed=True)}
+    out = {"delta": delta, "target_coverage": 1.0 - delta, "pooled": block(draws, lambda p: p, True)}
+    out["pooled"]["spearman_anytime"] = spearman(draws["anytime_radius"].to_numpy(), draws["error"].to_numpy())
+    out["by_kind"] = {k: block(draws[draws["query_kind"] == k], lambda p, k=k: p[p["path"] == k], True)
+                      for k in QUERY_KINDS if (draws["query_kind"] == k).any()}
+    out["by_budget"] = {f"{b:g}": block(d, lambda p, b=b: p[p["budget"] == b])
+                        for b, d in draws.groupby("budget", observed=True)}
+    out["by_layer"] = {str(int(i)): block(d, lambda p, i=i: p[p["layer"] == i])
+                       for i, d in draws.groupby("layer", observed=True)}
     models = draws["model"].unique()
-    out["by_model"] = {m: block(d, False) for m, d in draws.groupby("model", observed=True)} if len(models) > 1 else {}
+    out["by_model"] = ({m: block(d, lambda p, m=m: p[p["model"] == m]) for m, d in draws.groupby("model", observed=True)}
+                       if len(models) > 1 else {})
     return out

@@ -2,7 +2,8 @@
 
 Order (issue "Claim scoring and the report"): the claim table first — our verdict and
 number beside the paper's — then the figures (induced failures by budget × condition,
-prediction vs attribution AUC, replay coverage and tightness, recompute-gain curves,
+prediction vs attribution AUC, replay coverage (per step and anytime over whole paths) and
+tightness of the plug-in and the robust certificate, recompute-gain curves,
 multi-turn recall), the replay, impossibility, multi-turn and failure-label tables, the
 per-claim details, and the provenance block (pre-registration hash and freeze time,
 git commits, config hashes, generations per cell, generations started before the
@@ -158,7 +159,8 @@ def claim_rows(claims: list[Mapping]) -> list[list[str]]:
                                f"{'†' if t.get('ours') else ''}" for t in c["tests"])
         paper = c.get("paper") or {}
         agree = "" if not paper.get("verdict") else ("same" if paper["verdict"] == c["verdict"] else "differs")
-        rows.append([c["id"], c["statement"], tests, thresholds, f"**{c['verdict']}**", str(paper.get("value", "–")),
+        statement = c["statement"] + (" (this project's claim, beyond the paper)" if c.get("beyond_paper") else "")
+        rows.append([c["id"], statement, tests, thresholds, f"**{c['verdict']}**", str(paper.get("value", "–")),
                      str(paper.get("verdict", "–")), agree, "; ".join(c.get("reasons") or [])])
     return rows
 
@@ -168,18 +170,24 @@ CLAIM_HEADER = ["claim", "statement", "ours: statistic = estimate [90 % CI] (tes
 
 
 def replay_rows(summary: Mapping) -> list[list[str]]:
+    """One row per group of the replay summary: both certificates' coverage (per step; anytime = every step of a
+    draw's path), Spearman (pooled, within cell) and tightness."""
     rows = []
     for group, blocks in (("pooled", {"all": summary["pooled"]}), ("query kind", summary.get("by_kind", {})),
-                          ("budget", summary.get("by_budget", {})), ("model", summary.get("by_model", {}))):
+                          ("budget", summary.get("by_budget", {})), ("layer", summary.get("by_layer", {})),
+                          ("model", summary.get("by_model", {}))):
         for name, b in blocks.items():
-            rows.append([group, name, b["cells"], b["observations"], fmt(b["coverage"]), fmt(b["coverage_anytime"]),
-                         fmt(b["spearman"]), fmt(b["spearman_within_head_median"]), fmt(b["tightness_median"], 2),
-                         f"{fmt(b['tightness_q10'], 2)}–{fmt(b['tightness_q90'], 2)}"])
+            r = b.get("robust") or {}
+            rows.append([group, name, b["cells"], b["observations"], fmt(b["coverage"]), fmt(b.get("coverage_anytime")),
+                         fmt(b["spearman"]), fmt(b.get("spearman_within_cell_median")), fmt(b["tightness_median"], 2),
+                         fmt(r.get("coverage")), fmt(r.get("coverage_anytime")), fmt(r.get("tightness_median"), 2)])
     return rows
 
 
-REPLAY_HEADER = ["group", "value", "cells", "draws × queries", "coverage (ε_δ)", "coverage (anytime)", "Spearman pooled",
-                 "Spearman within head (median)", "tightness ε/err (median)", "tightness q10–q90"]
+REPLAY_HEADER = ["group", "value", "cells", "draws × queries", "plug-in coverage (per step)",
+                 "plug-in anytime (all steps of a path)", "Spearman pooled", "Spearman within cell (median)",
+                 "plug-in ε/err (median)", "robust coverage (per step)", "robust anytime (all steps of a path)",
+                 "robust ε/err (median)"]
 
 
 def generations_per_cell(scores: pd.DataFrame) -> list[list[str]]:
@@ -277,9 +285,10 @@ def build_report(
     c1 = by_stat.get("coverage")
     doc.figure(figures.coverage_figure(cells, fig_dir / "coverage.png", delta,
                                        c1["tests"][0]["threshold"] if c1 else None) if len(cells) else None,
-               f"Coverage of the certificate at δ = {delta:g} per replay cell, the query that set π vs later decode queries")
+               f"Coverage at δ = {delta:g} per replay cell by query kind, plug-in and robust certificate, and the "
+               "anytime radius's coverage of whole paths (every step of a draw's decoding covered)")
     doc.figure(figures.tightness_figure(replay, fig_dir / "tightness.png") if len(replay) else None,
-               "Tightness: certificate radius over realised attention error per replay draw")
+               "Tightness: certificate radius over realised attention error per replay draw, plug-in and robust")
     doc.figure(figures.recompute_figure(by_stat.get("gain_ratio_certificate_over_random"), fig_dir / "recompute_gain.png"),
                "Recomputation gain vs recompute rate (C7): certificate, confidence and random gating at matched rates")
     mt_cell = grid.get("multiturn") or {}
@@ -291,12 +300,18 @@ def build_report(
                "Multi-turn recall by turn distance: full cache, top-k, Poisson and certificate-gated")
 
     # tables
-    doc.heading("Attention-level replay (C1, C2)")
+    doc.heading("Attention-level replay (C1, C2, C8)")
     if len(replay):
         summary = claims_doc.get("replay_summary") or summarize_replay(replay, delta)
         doc.paragraph(f"Coverage at δ = {delta:g} (nominal {1 - delta:g}); per replay cell (model × example × layer × "
                       "query head × budget × query kind) in `replay_cells.csv`. Setting query = the last prompt query, "
-                      "which set π; later = decode-step queries over the same sample (stale π).")
+                      "which set π; later = decode-step queries of the full-cache run over the same sample (stale π); "
+                      "sample-dependent = decode-step queries of each draw's own compressed run. The anytime radius "
+                      "claims every step of a draw's path (the setting query and the decode steps of one run) at "
+                      "once: its coverage is the share of paths whose every step is covered, not the per-step mean. "
+                      "Spearman within cell = the median over cells of one step (example × layer × head × budget × "
+                      "step, across draws) — the pooled figure mixes cells of very different scale. The robust "
+                      "certificate (this project's, claim C8) adds the eviction sketch's shadow terms.")
         doc.table(REPLAY_HEADER, replay_rows(summary))
     else:
         doc.paragraph("No replay draws.")
@@ -349,7 +364,17 @@ def build_report(
         doc.paragraph("Cell: " + ", ".join(f"{names.get(k, k)} {v}" for k, v in cell.items() if k != "minimum")
                       + " (pre-registered minimum: "
                       + ", ".join(f"{names.get(k, k)} {v}" for k, v in (cell.get("minimum") or {}).items()) + ").")
-        stats = c.get("details", {}).get("statistics", {})
+        det = c.get("details", {})
+        if det.get("within_cell_median") is not None:
+            doc.paragraph(f"Spearman within a cell (one example × layer × head × budget × step, across draws): median "
+                          f"{fmt(det['within_cell_median'])} over {det.get('step_cells')} cells (interquartile "
+                          f"{fmt((det.get('within_cell_q25_q75') or [None])[0])}–"
+                          f"{fmt((det.get('within_cell_q25_q75') or [None, None])[1])}); within a head "
+                          f"{fmt(det.get('within_head_median'))}. The pre-registered statistic is the pooled one.")
+        if det.get("paths"):
+            doc.paragraph(f"Anytime coverage = the share of {det['paths']} paths (a draw's setting query and the decode "
+                          "steps of one run) whose every step is covered; coverage_anytime_step is the per-step mean.")
+        stats = det.get("statistics", {})
         if stats:
             doc.table(["statistic", "estimate [90 % CI]", "resamples", "skipped"],
                       [[n, fmt_ci(s, 4), s["resamples"], s["skipped"]] for n, s in stats.items()])

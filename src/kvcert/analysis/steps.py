@@ -140,9 +140,13 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
         import torch
 
         torch.set_num_threads(int(threads))
+    from ..sketch import check_plan
+
     freeze = verify(prereg)
     plan = load_claims_file(prereg)["analysis_plan"]
     rp, design = plan["replay"], RetentionDesign(**plan["design"])
+    check_plan(plan.get("robust_certificate"))
+    kinds = list(rp.get("query_kinds") or ["setting", "later"])
     spec = ModelSpec(**{k: v for k, v in model.items() if k in ModelSpec.__dataclass_fields__})
     recs = read_jsonl(records)[:max_examples]
     if not recs:
@@ -150,13 +154,15 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     loaded, tokenizer = load_model(spec)
     t0 = time.perf_counter()
     draws = replay_model(loaded, tokenizer, recs, [float(b) for b in rp["budgets"]], int(rp["draws"]),
-                         int(rp["later_queries"]), float(plan["delta"]), design, seed, max_layers, model_name=spec.name)
+                         int(rp["later_queries"]), float(plan["delta"]), design, seed, max_layers, model_name=spec.name,
+                         query_kinds=kinds)
     rows = impossibility_for_model(loaded, tokenizer, recs[0], design=design, seed=seed, model_name=spec.name)
     num_layers = loaded.config.get_text_config().num_hidden_layers
     provenance = {
         "model": spec.name, "model_path": Path(spec.path).name, "experiment": experiment, "examples": len(recs),
         "records": Path(records).name, "budgets": rp["budgets"], "draws": rp["draws"],
-        "later_queries": rp["later_queries"], "delta": plan["delta"], "design": plan["design"], "seed": seed,
+        "later_queries": rp["later_queries"], "query_kinds": kinds, "delta": plan["delta"], "design": plan["design"],
+        "robust_certificate": plan.get("robust_certificate"), "seed": seed,
         "layers": replay_layers(num_layers, max_layers), "prereg_hash": freeze.prereg_hash,
         "frozen_utc": freeze.frozen_utc, "git_commit": git_commit(), "seconds": round(time.perf_counter() - t0, 2),
     }

@@ -6,7 +6,7 @@ result: every number is drawn from the stated generative model.
 
 :func:`make_record` builds one record with every field the engine writes
 (:data:`kvcert.analysis.load.REQUIRED_FIELDS`); its certificate trace is constant over
-decode steps, so every aggregation of it equals ``signal``.
+decode steps, so every aggregation of it equals ``signal`` (the robust certificate's, 1.25 × ``signal``).
 
 :func:`paper_records` simulates the paper's main grid — models × lengths × tasks ×
 examples × 13 runs (the full cache, and {aware, streaming} × {12.5, 25, 50} % ×
@@ -60,6 +60,7 @@ def make_record(
     method = "full" if full else f"snapkv-{sampler}"
     randomized = sampler in ("poisson", "priority")
     cert = certificate_block(signal, decode_steps, layers) if randomized and signal is not None else None
+    robust = certificate_block(1.25 * signal, decode_steps, layers) if cert is not None else None
     tokens = list(range(5, 5 + decode_steps))
     lp = -0.5 if mean_logprob is None else float(mean_logprob)
     metadata = {"target_tokens": target_tokens, "depth": 50}
@@ -72,8 +73,8 @@ def make_record(
         "budget": float(budget), "seed": seed, "answer": "x", "tokens": tokens,
         "token_logprobs": [lp] * decode_steps, "mean_logprob": mean_logprob,
         "min_logprob": None if mean_logprob is None else lp - 1.0, "answers": ["x"], "score": score,
-        "certificate": cert, "kept_fraction": [float(budget)] * layers, "prefill_seconds": 0.01,
-        "decode_seconds": 0.01, "decode_steps": decode_steps, "kv_bytes_peak": 1000, "kv_bytes_final": 500,
+        "certificate": cert, "certificate_robust": robust, "kept_fraction": [float(budget)] * layers, "prefill_seconds": 0.01,
+        "decode_seconds": 0.01, "decode_steps": decode_steps, "kv_bytes_peak": 1000, "kv_bytes_final": 500, "sketch_bytes": 10,
         "metadata": metadata, "started_utc": started_utc, "config_hash": "c0ffee", "prereg_hash": prereg_hash,
         "git_commit": "0" * 40, "kvcert_version": "0.1.0",
     }
@@ -157,14 +158,17 @@ def write_shard(records, path: str | Path) -> Path:
 
 def replay_frame(
     cells: int, draws: int, later: int, seed: int = 0, overshoot: float = 1.05, informative: bool = True,
-    layers: int = 32, heads: int = 8, budgets: Sequence[float] = GRID_BUDGETS,
+    layers: int = 32, heads: int = 8, budgets: Sequence[float] = GRID_BUDGETS, robust_scale: float = 1.25,
+    sample_dependent: bool = False,
 ):
     """A replay table (the columns of :func:`kvcert.analysis.replay.replay_model`) with a known certificate.
 
     ``cells`` groups of (example, layer, head, budget), each with ``draws`` draws of the
     setting query and ``later`` later queries. The radius has a per-group scale; the
     error is radius × U(0.05, ``overshoot``), so coverage is 0.95 / (overshoot − 0.05);
-    with ``informative=False`` the radius is drawn independently of the error.
+    with ``informative=False`` the radius is drawn independently of the error. The robust
+    radius is ``robust_scale`` × the radius. With ``sample_dependent`` the later rows are
+    repeated as the sample-dependent query kind (their own decode path).
     """
     import pandas as pd
 
@@ -189,6 +193,11 @@ def replay_frame(
         "query_kind": np.where(step == 0, "setting", "later"), "step": step.astype(np.int16),
         "draw": np.tile(np.repeat(np.arange(draws), steps), cells).astype(np.int32), "kept": 100,
         "error": error, "radius": radius, "anytime_radius": anytime, "variance": radius**2 / 4.0,
-        "range_term": radius / 10.0, "output_norm": 1.0, "covered": error <= radius, "covered_anytime": error <= anytime,
+        "range_term": radius / 10.0, "output_norm": 1.0, "radius_robust": robust_scale * radius,
+        "anytime_radius_robust": robust_scale * anytime, "shadow_variance": radius**2 / 8.0, "shadow_range": radius / 20.0,
+        "covered": error <= radius, "covered_anytime": error <= anytime, "covered_robust": error <= robust_scale * radius,
+        "covered_anytime_robust": error <= robust_scale * anytime,
     })
+    if sample_dependent:
+        df = pd.concat([df, df[df["step"] > 0].assign(query_kind="sample_dependent")], ignore_index=True)
     return df[REPLAY_COLUMNS]

@@ -13,7 +13,10 @@ Conditions (DESIGN.md §2):
   it leaves the recent window, its π fixed from then on (the multi-turn setting).
 
 Decoding is greedy; decode-time tokens enter the cache with π = 1. Every forward's
-certificates are folded into a :class:`~kvcert.generation.signals.CertificateTrace`.
+certificates are folded into a :class:`~kvcert.generation.signals.CertificateTrace`: the
+record carries the paper's plug-in certificate (``certificate``) and the robust one
+(``certificate_robust``, from the layers' eviction sketches; ``sketch_bytes`` their memory,
+included in ``kv_bytes_*``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from datetime import datetime, timezone
 import torch
 
 from ..cache import CertifiedCache
+from ..certificate import unit_roundoff
 from ..press import EvictionPress
 from ..tasks.scoring import score_record
 from ..tasks.prompting import build_prompt_ids
@@ -116,7 +120,8 @@ class Engine:
         limit = int(record.metadata.get("max_new_tokens") or max_new_tokens or spec.max_new_tokens)
         cache = CertifiedCache(record_certificates=spec.method.randomized)
         press = self.press(record.id, spec.budget)
-        trace = CertificateTrace(spec.certificate.delta, spec.certificate.aggregations, self.num_layers)
+        trace = CertificateTrace(spec.certificate.delta, spec.certificate.aggregations, self.num_layers,
+                                 unit_roundoff(next(self.model.parameters()).dtype))
 
         _sync(self.device)
         t0 = time.perf_counter()
@@ -164,12 +169,14 @@ class Engine:
             "answers": list(record.answers),
             "score": value,
             "certificate": trace.to_record(),
+            "certificate_robust": trace.robust_record(),
             "kept_fraction": kept_fraction,
             "prefill_seconds": t1 - t0,
             "decode_seconds": t2 - t1,
             "decode_steps": len(tokens),
             "kv_bytes_peak": cache.peak_nbytes,
             "kv_bytes_final": cache.nbytes(),
+            "sketch_bytes": cache.sketch_nbytes(),
             "metadata": dict(record.metadata),
             "started_utc": started,
             **self.provenance,

@@ -7,6 +7,10 @@ uses δ_t = δ / (t (t+1)) for the t-th certified step. The relative variant div
 radius by the norm of that head's attention output, ε_δ / ‖ô‖ (scale-free, so one
 threshold can serve different models). The first certified step also keeps its
 per-layer values (aggregated over heads).
+
+The robust certificate (:func:`kvcert.certificate.robust_radius`, from the layers'
+eviction sketches) is traced the same way, step by step with the same aggregations, and
+written as the record's second certificate field (:meth:`CertificateTrace.robust_record`).
 """
 
 from __future__ import annotations
@@ -16,42 +20,26 @@ import math
 import torch
 
 from ..cache import StepCertificates
-from ..certificate import aggregate, anytime_radius, bernstein_radius
+from ..certificate import aggregate, anytime_radius, bernstein_radius, robust_radius
 
 
-class CertificateTrace:
-    """Accumulates the certificates of one generation, step by step."""
+class _Block:
+    """One certificate's trace: per aggregation, the step radii, anytime radii and relative radii."""
 
-    def __init__(self, delta: float, aggregations: tuple[str, ...], num_layers: int):
-        self.delta = delta
+    def __init__(self, aggregations: tuple[str, ...], num_layers: int):
         self.aggregations = aggregations
         self.num_layers = num_layers
         self.steps: dict[str, list[float]] = {a: [] for a in aggregations}
         self.anytime: dict[str, list[float]] = {a: [] for a in aggregations}
         self.relative: dict[str, list[float]] = {a: [] for a in aggregations}
-        self.variance_mean: list[float] = []
         self.first_step_layers: dict[str, list[float]] | None = None
 
-    def add(self, step: StepCertificates) -> None:
-        """Fold in one forward's certificates (the last query of the forward)."""
-        if not step.variance:
-            return
-        t = len(self.variance_mean) + 1
-        layers = sorted(step.variance)
-        var = torch.stack([step.variance[i][0, :, -1] for i in layers]).double()  # [layers, Hq]
-        rng = torch.stack([step.range_term[i][0, :, -1] for i in layers]).double()
-        radius = bernstein_radius(var, rng, self.delta)
-        any_radius = anytime_radius(var, rng, self.delta, t)
-        if step.output_norm:
-            norm = torch.stack([step.output_norm[i][0, :, -1] for i in layers]).double()
-            relative = radius / norm.clamp(min=1e-12)
-        else:
-            relative = torch.full_like(radius, float("nan"))
+    def add(self, radius: torch.Tensor, any_radius: torch.Tensor, norm: torch.Tensor | None, layers: list[int]) -> None:
+        relative = radius / norm.clamp(min=1e-12) if norm is not None else torch.full_like(radius, float("nan"))
         for a in self.aggregations:
             self.steps[a].append(float(aggregate(radius, a, (0, 1))))
             self.anytime[a].append(float(aggregate(any_radius, a, (0, 1))))
             self.relative[a].append(float(aggregate(relative, a, (0, 1))))
-        self.variance_mean.append(float(var.mean()))
         if self.first_step_layers is None:
             per_layer = {a: [0.0] * self.num_layers for a in self.aggregations}
             for row, layer_idx in enumerate(layers):
@@ -59,17 +47,60 @@ class CertificateTrace:
                     per_layer[a][layer_idx] = float(aggregate(radius[row], a, (0,)))
             self.first_step_layers = per_layer
 
-    def to_record(self) -> dict | None:
-        if not self.variance_mean:
-            return None
+    def record(self, delta: float, variance_mean: list[float]) -> dict:
         return {
-            "delta": self.delta,
+            "delta": delta,
             "steps": self.steps,
             "anytime_steps": self.anytime,
             "relative_steps": self.relative,
-            "variance_mean_steps": self.variance_mean,
+            "variance_mean_steps": variance_mean,
             "first_step_layers": self.first_step_layers,
         }
+
+
+class CertificateTrace:
+    """Accumulates the certificates of one generation, step by step (plug-in and robust)."""
+
+    def __init__(self, delta: float, aggregations: tuple[str, ...], num_layers: int, roundoff: float = 0.0):
+        self.delta = delta
+        self.aggregations = aggregations
+        self.num_layers = num_layers
+        self.roundoff = roundoff  # u of the cache dtype: the robust radius's floor u·‖ô‖
+        self.plugin = _Block(aggregations, num_layers)
+        self.robust = _Block(aggregations, num_layers)
+        self.variance_mean: list[float] = []
+        self.robust_variance_mean: list[float] = []
+
+    @property
+    def steps(self) -> dict[str, list[float]]:
+        return self.plugin.steps
+
+    def add(self, step: StepCertificates) -> None:
+        """Fold in one forward's certificates (the last query of the forward)."""
+        if not step.variance:
+            return
+        t = len(self.variance_mean) + 1
+        layers = sorted(step.variance)
+        stack = lambda d: torch.stack([d[i][0, :, -1] for i in layers]).double()  # noqa: E731 - [layers, Hq]
+        var, rng = stack(step.variance), stack(step.range_term)
+        norm = stack(step.output_norm) if step.output_norm else None
+        shadow = all(i in step.shadow_variance for i in layers)
+        sv = stack(step.shadow_variance) if shadow else torch.zeros_like(var)
+        sr = stack(step.shadow_range) if shadow else torch.zeros_like(var)
+        self.plugin.add(bernstein_radius(var, rng, self.delta), anytime_radius(var, rng, self.delta, t), norm, layers)
+        floor = None if norm is None else self.roundoff * norm
+        self.robust.add(robust_radius(var, rng, sv, sr, self.delta, floor=floor),
+                        robust_radius(var, rng, sv, sr, self.delta, t, floor=floor), norm, layers)
+        self.variance_mean.append(float(var.mean()))
+        self.robust_variance_mean.append(float((var + sv).mean()))
+
+    def to_record(self) -> dict | None:
+        """The plug-in certificate's field of the generation record (None: no certified step)."""
+        return self.plugin.record(self.delta, self.variance_mean) if self.variance_mean else None
+
+    def robust_record(self) -> dict | None:
+        """The robust certificate's field (same layout; ``variance_mean_steps`` is V̂ + Σ t_j²)."""
+        return self.robust.record(self.delta, self.robust_variance_mean) if self.variance_mean else None
 
 
 def confidence(logprobs: list[float]) -> dict[str, float | None]:
