@@ -5,6 +5,7 @@ refusal of inputs from another pre-registration."""
 from __future__ import annotations
 
 import json
+import re
 import runpy
 import sys
 from datetime import datetime, timezone
@@ -76,19 +77,67 @@ def test_report_markdown_order_and_provenance(run):
     assert run["hash"] in md and run["frozen"] in md
     assert "a.jsonl:2" in md  # the pre-freeze generation is listed
     assert "Generations per cell" in md
-    for name in ("induced_failure", "auc_prediction_attribution", "coverage", "tightness", "recompute_gain",
-                 "multiturn_recall"):
+    for name in ("accuracy", "induced_failure", "auc_prediction_attribution", "coverage", "tightness",
+                 "recompute_gain", "multiturn_recall"):
         assert (run["paths"]["figures"] / f"{name}.png").exists(), name
         assert f"figures/{name}.png" in md
     assert (run["tmp"] / "report" / "failure_labels.csv").exists()
     summary = json.loads(run["paths"]["summary"].read_text())
     assert set(summary["claims"]) == {f"C{i}" for i in range(1, 9)} and summary["prereg_hash"] == run["hash"]
     assert "beyond the paper" in md and "anytime (all steps of a path)" in md
+    # figures numbered in order of appearance, a contents list, the miniature banner
+    numbers = [int(n) for n in re.findall(r"^\*Fig\. (\d+) — ", md, re.M)]
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) == 7
+    assert md.index("Contents: [Claims](#claims)") < md.index("## Claims")
+    assert "[Accuracy by setting](#accuracy-by-setting)" in md
+    assert md.startswith("# kvcert claim report") and "> **A miniature, not the paper's models.**" in md
+
+
+def test_accuracy_table_is_the_plain_results(run):
+    """The leaderboard: the full cache first, every setting's accuracy per task and pooled,
+    compression_ratio = 1 - budget, computed from the scored records."""
+    import pandas as pd
+
+    from kvcert.analysis.leaderboard import accuracy_table
+    from kvcert.analysis.load import read_table, scored
+
+    scores = scored(read_table(run["tmp"] / "scores.parquet")[0])
+    board = accuracy_table(scores, ["needle"])
+    assert board.iloc[0]["condition"] == "full" and board.iloc[0]["budget"] == 1.0
+    for _, row in board.iterrows():
+        cell = scores[(scores.condition == row.condition) & (scores.method == row.method)
+                      & (scores.budget == row.budget) & (scores.task == "needle")]
+        assert row["needle"] == pytest.approx(cell["correct"].astype(float).mean())
+        assert row["runs"] == len(cell) and row["compression_ratio"] == pytest.approx(1 - row["budget"])
+    md = run["paths"]["markdown"].read_text()
+    assert "| condition | method | budget | compression_ratio | runs | needle | multikey | pooled |" in md
+    assert isinstance(board, pd.DataFrame)
+
+
+def test_report_html_reads_in_a_browser(run):
+    """Tables scroll inside their own box instead of overflowing the page, long statistic
+    names may break after an underscore, italics and code render, headings have anchors."""
+    page = run["paths"]["html"].read_text()
+    assert page.count('<div class="scroll"><table>') == page.count("<table>")
+    assert "auc_<wbr>certificate" in page
+    assert "<em>Error Certificates for KV-Cache Eviction via Randomized Design</em>" in page
+    assert '<h2 id="claims">Claims</h2>' in page and '<a href="#claims">Claims</a>' in page
+    assert '<div class="note"><strong>A miniature' in page
+
+
+def test_auc_panel_without_an_estimate_says_why(tmp_path):
+    from kvcert.analysis.figures import auc_figure
+
+    claim = {"id": "C6", "tests": [{"statistic": "auc_attribution", "threshold": 0.65}],
+             "details": {"statistics": {}}, "reasons": ["cell below the minimum (0 negatives < 10)"],
+             "cell": {"positives": 40, "negatives": 0}}
+    path = auc_figure([claim], tmp_path / "auc.png")
+    assert path is not None and path.exists()  # the panel is drawn, with its reason, not left out
 
 
 def test_report_html_is_self_contained(run):
     page = run["paths"]["html"].read_text()
-    assert page.count("data:image/png;base64,") == 6
+    assert page.count("data:image/png;base64,") == 7
     assert "src=\"http" not in page and "<link" not in page and "figures/" not in page.split("<body>")[1].split("<pre>")[0]
     assert '<strong class="' in page
 

@@ -1,13 +1,15 @@
 """The report's figures, one function per figure, each saved as a PNG (matplotlib, Agg).
 
+* :func:`accuracy_figure` — accuracy by budget × method × condition, one panel per task,
+  the full cache as a line (the plain results everyone looks for first);
 * :func:`induced_failure_figure` — induced-failure rate by budget × condition (the
   paper's Fig. 1), one panel per prompt length, with C3's kill line;
 * :func:`auc_figure` — prediction (C4) vs attribution (C6) AUC of the certificate and
   of output confidence, with bootstrap intervals (the paper's Fig. 3);
 * :func:`coverage_figure` — per-replay-cell coverage by query kind of the plug-in and the
   robust certificate, and the anytime radius's coverage of whole paths (C1, C8);
-* :func:`tightness_figure` — certificate / realised error per replay draw by query kind,
-  plug-in and robust (C2, C8);
+* :func:`tightness_figure` — the distribution (ECDF) of certificate / realised error per
+  replay draw by query kind, plug-in and robust, with the share of misses (C2, C8);
 * :func:`recompute_figure` — recomputation gain vs recompute rate for certificate,
   confidence and random gating (C7);
 * :func:`multiturn_figure` — multi-turn recall by turn distance.
@@ -39,6 +41,35 @@ def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def accuracy_figure(table: pd.DataFrame, tasks: list[str], path: Path) -> Path | None:
+    """``table``: :func:`kvcert.analysis.leaderboard.accuracy_table`."""
+    compressed = table[table["condition"] != "full"]
+    tasks = [t for t in tasks if t in table.columns]
+    if compressed.empty or not tasks:
+        return None
+    panels = [*tasks, "pooled"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), sharey=True, squeeze=False)
+    full = table[table["condition"] == "full"]
+    for ax, task in zip(axes[0], panels):
+        for (cond, method), d in compressed.groupby(["condition", "method"]):
+            d = d.sort_values("budget")
+            poisson = "topk" not in method
+            ax.plot(100 * d["budget"], 100 * d[task], marker="o" if poisson else "s", ls="-" if poisson else "--",
+                    color=COLORS.get(cond), label=f"{cond}, {method}")
+        if len(full) and task in full:
+            ax.axhline(100 * float(full[task].iloc[0]), color=COLORS["full"], lw=2, alpha=0.6, label="full cache")
+        ax.set_xscale("log", base=2)
+        budgets = sorted(compressed["budget"].unique())
+        ax.set_xticks([100 * b for b in budgets], [f"{100 * b:g}" for b in budgets])
+        ax.set_ylim(-3, 103)
+        ax.set_title(task)
+        ax.set_xlabel("KV budget (% kept)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("accuracy (% correct)")
+    axes[0][-1].legend(fontsize=7)
+    return _save(fig, path)
 
 
 def induced_failure_figure(rates: pd.DataFrame, path: Path, threshold: float | None = None) -> Path | None:
@@ -76,18 +107,37 @@ def _ci(stat: Mapping) -> tuple[float, float, float]:
 
 
 def auc_figure(claims: list[Mapping], path: Path) -> Path | None:
-    """Bars: certificate vs confidence AUC, pooled and per length, for C4 and C6 (by statistic name)."""
+    """Bars: certificate vs confidence AUC, pooled and per length, for C4 and C6 (by statistic name).
+    A claim whose AUC cannot be estimated gets its panel all the same, with the reason written in it."""
     panels = []
     for claim in claims:
         stats = claim.get("details", {}).get("statistics", {})
+        tests = {t["statistic"] for t in claim.get("tests", [])}
         for prefix, title in (("certificate", "failure prediction"), ("attribution", "attribution: induced vs inherent")):
-            if f"auc_{prefix}" in stats:
+            if f"auc_{prefix}" in stats or f"auc_{prefix}" in tests:
                 panels.append((claim, prefix, f"{claim['id']}: {title}"))
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.0), sharey=True, squeeze=False)
     for ax, (claim, prefix, title) in zip(axes[0], panels):
-        groups = [("pooled", claim["details"]["statistics"])]
+        stats = claim.get("details", {}).get("statistics", {})
+        thr = next((t["threshold"] for t in claim["tests"] if t["statistic"] == f"auc_{prefix}"), None)
+        ax.axhline(0.5, color="k", lw=0.8, ls=":", label="chance")
+        if thr is not None:
+            ax.axhline(thr, color="k", lw=0.8, ls="--", label=f"kill line {thr:g}")
+        ax.set_ylim(0.3, 1.0)
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+        estimate = (stats.get(f"auc_{prefix}") or {}).get("estimate")
+        if estimate is None or estimate != estimate:
+            cell = claim.get("cell") or {}
+            why = "; ".join(claim.get("reasons") or []) or "no estimate"
+            ax.text(0.5, 0.62, f"not estimable\n{why}\n(cell: {cell.get('positives', '?')} positives, "
+                    f"{cell.get('negatives', '?')} negatives)", ha="center", va="center", fontsize=9,
+                    transform=ax.transAxes, wrap=True)
+            ax.set_xticks([])
+            continue
+        groups = [("pooled", stats)]
         groups += [(f"{k} tok", v) for k, v in sorted(claim["details"].get("by_length", {}).items(), key=lambda kv: int(kv[0]))]
         x = np.arange(len(groups))
         for offset, (name, key) in zip((-0.18, 0.18), (("certificate", f"auc_{prefix}"), ("confidence", f"auc_{prefix}_confidence"))):
@@ -96,15 +146,8 @@ def auc_figure(claims: list[Mapping], path: Path) -> Path | None:
             err = np.array([[max(0.0, v[0] - v[1]) for v in vals], [max(0.0, v[2] - v[0]) for v in vals]], dtype=float)
             ax.bar(x + offset, est, width=0.34, color=COLORS[name], label=name if name == "certificate" else "−mean log-prob",
                    yerr=np.nan_to_num(err), capsize=3)
-        thr = next((t["threshold"] for t in claim["tests"] if t["statistic"] == f"auc_{prefix}"), None)
-        ax.axhline(0.5, color="k", lw=0.8, ls=":", label="chance")
-        if thr is not None:
-            ax.axhline(thr, color="k", lw=0.8, ls="--", label=f"kill line {thr:g}")
         ax.set_xticks(x, [g[0] for g in groups])
-        ax.set_ylim(0.3, 1.0)
-        ax.set_title(title, fontsize=10)
         ax.set_xlabel("prompt length")
-        ax.grid(alpha=0.3, axis="y")
     axes[0][0].set_ylabel("ROC AUC (90 % bootstrap interval)")
     axes[0][-1].legend(fontsize=8, loc="upper right")
     return _save(fig, path)
@@ -147,37 +190,41 @@ def coverage_figure(cells: pd.DataFrame, path: Path, delta: float, kill: float |
 
 
 def tightness_figure(replay: pd.DataFrame, path: Path) -> Path | None:
-    """Histogram of ε / ‖ô − o‖ per draw (log scale) by query kind, plug-in and robust."""
+    """ECDF of ε / ‖ô − o‖ per draw (log x) by query kind, plug-in and robust: the curve's
+    height at 1 is the share of draws the certificate misses (1 − coverage)."""
     if replay.empty:
         return None
     err = replay["error"].to_numpy(float)
     ratios = {}
     for col in ("radius", "radius_robust"):
+        if col not in replay:
+            continue
         r = np.where(err > 0, replay[col].to_numpy(float) / np.where(err > 0, err, 1.0), np.nan)
         ratios[col] = np.where(np.isfinite(r) & (r > 0), r, np.nan)
-    every = np.concatenate([r[np.isfinite(r)] for r in ratios.values()])
+    every = np.concatenate([r[np.isfinite(r)] for r in ratios.values()]) if ratios else np.array([])
     if not every.size:
         return None
     lo, hi = np.quantile(every, [0.001, 0.999])
-    bins = np.logspace(np.log10(max(lo, 1e-3)), np.log10(max(hi, lo * 1.01)), 50)
-    fig, axes = plt.subplots(1, 2, figsize=(11.0, 3.8), sharey=True)
+    fig, axes = plt.subplots(1, len(ratios), figsize=(5.5 * len(ratios), 3.8), sharey=True, squeeze=False)
     kinds = replay["query_kind"].to_numpy()
-    for ax, (col, title) in zip(axes, (("radius", "plug-in ε_δ"), ("radius_robust", "robust ε_R"))):
+    titles = {"radius": "plug-in ε_δ", "radius_robust": "robust ε_R"}
+    for ax, col in zip(axes[0], ratios):
         for kind in KIND_STYLE:
             m = np.isfinite(ratios[col]) & (kinds == kind)
             if m.any():
                 ls, color = KIND_STYLE[kind]
-                ax.hist(ratios[col][m], bins=bins, histtype="step", lw=1.8, ls=ls, density=True, color=COLORS[color],
-                        label=f"{kind} (median {np.median(ratios[col][m]):.2f})")
-        ax.axvline(1.0, color="k", lw=0.9, ls="--", label="radius = error")
+                values = np.sort(ratios[col][m])
+                ax.plot(values, np.arange(1, values.size + 1) / values.size, lw=1.8, ls=ls, color=COLORS[color],
+                        label=f"{kind}: misses {np.mean(values < 1.0):.1%}, median {np.median(values):.2f}")
+        ax.axvline(1.0, color="k", lw=0.9, ls="--", label="radius = error (left of it: a miss)")
         ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_xlabel("certificate / realised error (log scale; < 1 is a miss)")
-        ax.set_title(title)
+        ax.set_xlim(max(lo, 1e-3), max(hi, lo * 1.01))
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("certificate / realised error (log scale)")
+        ax.set_title(titles[col])
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0].set_ylabel("density (per draw)")
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0][0].set_ylabel("share of draws with ratio ≤ x")
     return _save(fig, path)
 
 

@@ -1,7 +1,9 @@
 """The claim report: ``report.md``, a self-contained ``report.html`` and ``figures/*.png``.
 
-Order (issue "Claim scoring and the report"): the claim table first — our verdict and
-number beside the paper's — then the figures (induced failures by budget × condition,
+Order (issue "Claim scoring and the report"): a banner on runs of the embedded miniature,
+the contents, the claim table — our verdict and number beside the paper's — the plain
+accuracy table (condition × method × budget × task), then the figures (accuracy by
+budget, (induced failures by budget × condition,
 prediction vs attribution AUC, replay coverage (per step and anytime over whole paths) and
 tightness of the plug-in and the robust certificate, recompute-gain curves,
 multi-turn recall), the replay, impossibility, multi-turn and failure-label tables, the
@@ -19,6 +21,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -27,6 +30,7 @@ import pandas as pd
 
 from . import figures
 from .labels import failure_label_table, induced_failure_rates
+from .leaderboard import accuracy_table
 from .load import scored
 from .multiturn import PAPER as MULTITURN_PAPER
 from .multiturn import multiturn_table
@@ -39,7 +43,7 @@ OP_TEXT = {">=": "≥", ">": ">", "<=": "≤", "<": "<"}
 # --- a tiny document model --------------------------------------------------------------------
 @dataclass
 class Block:
-    kind: str  # heading | paragraph | table | figure | code
+    kind: str  # heading | paragraph | table | figure | code | note | contents
     text: str = ""
     level: int = 2
     header: list[str] = field(default_factory=list)
@@ -48,11 +52,21 @@ class Block:
 
 
 class Document:
+    """Blocks rendered to Markdown and HTML; figures are numbered in order of appearance,
+    headings get anchors, and a ``contents`` block lists the level-2 headings."""
+
     def __init__(self) -> None:
         self.blocks: list[Block] = []
+        self.figures = 0
 
     def heading(self, text: str, level: int = 2) -> None:
         self.blocks.append(Block("heading", text, level))
+
+    def note(self, text: str) -> None:
+        self.blocks.append(Block("note", text))
+
+    def contents(self) -> None:
+        self.blocks.append(Block("contents"))
 
     def paragraph(self, text: str) -> None:
         self.blocks.append(Block("paragraph", text))
@@ -64,7 +78,11 @@ class Document:
         if path is None:
             self.paragraph(f"*{caption}: no data.*")
         else:
-            self.blocks.append(Block("figure", caption, path=path))
+            self.figures += 1
+            self.blocks.append(Block("figure", f"Fig. {self.figures} — {caption}", path=path))
+
+    def _toc(self) -> list[tuple[str, str]]:
+        return [(b.text, slug(b.text)) for b in self.blocks if b.kind == "heading" and b.level == 2]
 
     def code(self, text: str) -> None:
         self.blocks.append(Block("code", text))
@@ -86,25 +104,37 @@ class Document:
                 out.append(f"![{b.text}]({b.path.relative_to(base).as_posix()})\n\n*{b.text}*\n")
             elif b.kind == "code":
                 out.append("```\n" + b.text + "\n```\n")
+            elif b.kind == "note":
+                out.append("> " + b.text + "\n")
+            elif b.kind == "contents":
+                out.append("Contents: " + " · ".join(f"[{t}](#{a})" for t, a in self._toc()) + "\n")
         return "\n".join(out)
 
     def html(self, title: str) -> str:
         body = []
         for b in self.blocks:
             if b.kind == "heading":
-                body.append(f"<h{b.level}>{html.escape(b.text)}</h{b.level}>")
+                body.append(f'<h{b.level} id="{slug(b.text)}">{html.escape(b.text)}</h{b.level}>')
             elif b.kind == "paragraph":
                 body.append(f"<p>{_inline(b.text)}</p>")
             elif b.kind == "table":
                 head = "".join(f"<th>{html.escape(h)}</th>" for h in b.header)
-                rows = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in b.rows)
-                body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+                # long identifiers (auc_certificate_minus_confidence) may break after an underscore
+                rows = "".join("<tr>" + "".join(f"<td>{_inline(c).replace('_', '_<wbr>')}</td>" for c in r) + "</tr>"
+                               for r in b.rows)
+                body.append(f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>'
+                            "</table></div>")
             elif b.kind == "figure":
                 data = base64.b64encode(b.path.read_bytes()).decode()
                 body.append(f'<figure><img alt="{html.escape(b.text)}" src="data:image/png;base64,{data}">'
                             f"<figcaption>{html.escape(b.text)}</figcaption></figure>")
             elif b.kind == "code":
                 body.append(f"<pre>{html.escape(b.text)}</pre>")
+            elif b.kind == "note":
+                body.append(f'<div class="note">{_inline(b.text)}</div>')
+            elif b.kind == "contents":
+                links = "".join(f'<li><a href="#{a}">{html.escape(t)}</a></li>' for t, a in self._toc())
+                body.append(f'<nav class="contents"><strong>Contents</strong><ol>{links}</ol></nav>')
         return (
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
@@ -113,15 +143,20 @@ class Document:
 
 CSS = (
     "body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.4}"
-    "table{border-collapse:collapse;margin:0.5em 0 1.5em;font-size:0.88em}th,td{border:1px solid #ccc;padding:3px 7px;"
-    "text-align:left;vertical-align:top}th{background:#f0f0f0}figure{margin:1em 0}img{max-width:100%}"
+    ".scroll{overflow-x:auto;margin:0.5em 0 1.5em}"
+    "table{border-collapse:collapse;font-size:0.88em}th,td{border:1px solid #ccc;padding:3px 7px;"
+    "text-align:left;vertical-align:top;max-width:26em;overflow-wrap:break-word}th{background:#f0f0f0}"
+    "figure{margin:1em 0}img{max-width:100%}"
+    ".note{background:#fff8e1;border-left:4px solid #f0b400;padding:0.6em 0.9em;margin:1em 0}"
+    "nav.contents{background:#f6f6f6;padding:0.4em 1em;margin:1em 0;font-size:0.92em}nav.contents ol{margin:0.3em 0;"
+    "columns:2}code{background:#f0f0f0;padding:0 3px}"
     "figcaption{font-style:italic;font-size:0.9em}pre{background:#f6f6f6;padding:0.6em;overflow-x:auto;font-size:0.85em}"
     "strong.holds{color:#1a7f37}strong.killed{color:#b42318}strong.inconclusive{color:#9a6700}"
 )
 
 
 def _inline(text: str) -> str:
-    """Escape, then render **bold** (verdict words get a colour class)."""
+    """Escape, then render **bold** (verdict words get a colour class), *italics* and `code`."""
     parts = html.escape(text).split("**")
     out = []
     for i, p in enumerate(parts):
@@ -129,8 +164,14 @@ def _inline(text: str) -> str:
             cls = p if p in ("holds", "killed", "inconclusive") else ""
             out.append(f'<strong class="{cls}">{p}</strong>' if cls else f"<strong>{p}</strong>")
         else:
-            out.append(p)
+            p = re.sub(r"`([^`]+)`", r"<code>\1</code>", p)
+            out.append(re.sub(r"(?<![\w*])\*([^*\s][^*]*?)\*(?![\w*])", r"<em>\1</em>", p))
     return "".join(out)
+
+
+def slug(text: str) -> str:
+    """A heading's anchor (GitHub's rule: lower case, punctuation dropped, spaces to dashes)."""
+    return re.sub(r"[^\w\- ]", "", text.lower()).strip().replace(" ", "-")
 
 
 def fmt(x, digits: int = 3) -> str:
@@ -265,8 +306,33 @@ def build_report(
         + ", ".join(f"{v} {k}" for k, v in verdicts.items()) + ". Tests use 90 % bootstrap percentile intervals "
         "(✓ pass, ✗ fail, ? unclear); † marks thresholds set by this project before any run."
     )
+    if "embedded" in (grid.get("models") or []):
+        doc.note("**A miniature, not the paper's models.** This run uses the embedded model: a 2-layer model this "
+                 "project trained on synthetic tasks, built to sit in the paper's regime (question-aware eviction "
+                 "nearly free, streaming eviction harmful, inherent failures present) so that every claim can be "
+                 "decided on a CPU. Its verdicts exercise the method on a faithful miniature; they are not evidence "
+                 "about the paper's 1.5–8B models — a verdict that \"differs\" from the paper's is not a failed "
+                 "reproduction (README, What the embedded world was designed to show). The paper profile is "
+                 "`snakemake --profile profiles/slurm --config experiment=paper`.")
+    doc.contents()
     doc.heading("Claims")
     doc.table(CLAIM_HEADER, claim_rows(claims))
+
+    doc.heading("Accuracy by setting")
+    board = accuracy_table(scores_ok, tasks) if scores_ok is not None else pd.DataFrame()
+    if len(board):
+        task_cols = [c for c in board.columns if c not in ("condition", "method", "budget", "compression_ratio",
+                                                             "runs", "pooled")]
+        doc.paragraph("Share of correct answers (score ≥ the task's pass mark) of every setting of the main grid, "
+                      "per task and pooled over tasks and lengths. `budget` is the fraction of the cache kept; "
+                      "`compression_ratio` (kvpress's convention) the fraction removed.")
+        doc.table(["condition", "method", "budget", "compression_ratio", "runs", *task_cols, "pooled"],
+                  [[r["condition"], r["method"], f"{r['budget']:g}", f"{r['compression_ratio']:g}", r["runs"],
+                    *[fmt(r[t]) for t in task_cols], fmt(r["pooled"])] for _, r in board.iterrows()])
+        doc.figure(figures.accuracy_figure(board, task_cols, fig_dir / "accuracy.png"),
+                   "accuracy by KV budget, condition and method, per task (the full cache as a line)")
+    else:
+        doc.paragraph("No generations.")
 
     # figures
     doc.heading("Figures")
@@ -274,30 +340,31 @@ def build_report(
     rates = induced_failure_rates(scores_ok, tasks) if scores_ok is not None else pd.DataFrame()
     thr3 = next((t["threshold"] for t in c3["tests"]), None) if c3 else None
     doc.figure(figures.induced_failure_figure(rates, fig_dir / "induced_failure.png", thr3) if len(rates) else None,
-               "Fig. 1 — induced-failure rate (among examples the full cache answers correctly) by KV budget, "
-               "condition and sampler")
+               "induced-failure rate (among examples the full cache answers correctly) by KV budget, "
+               "condition and sampler (the paper's Fig. 1)")
     doc.figure(figures.auc_figure(claims, fig_dir / "auc_prediction_attribution.png"),
-               "Fig. 3 — certificate vs output confidence: failure prediction (C4) and attribution of failures to "
-               "the cache (C6), ROC AUC with 90 % bootstrap intervals")
+               "certificate vs output confidence: failure prediction (C4) and attribution of failures to "
+               "the cache (C6), ROC AUC with 90 % bootstrap intervals (the paper's Fig. 3)")
     cells = replay_cells(replay) if len(replay) else pd.DataFrame()
     if len(cells):
         cells.to_csv(out / "replay_cells.csv", index=False)
     c1 = by_stat.get("coverage")
     doc.figure(figures.coverage_figure(cells, fig_dir / "coverage.png", delta,
                                        c1["tests"][0]["threshold"] if c1 else None) if len(cells) else None,
-               f"Coverage at δ = {delta:g} per replay cell by query kind, plug-in and robust certificate, and the "
+               f"coverage at δ = {delta:g} per replay cell by query kind, plug-in and robust certificate, and the "
                "anytime radius's coverage of whole paths (every step of a draw's decoding covered)")
     doc.figure(figures.tightness_figure(replay, fig_dir / "tightness.png") if len(replay) else None,
-               "Tightness: certificate radius over realised attention error per replay draw, plug-in and robust")
+               "tightness: the distribution of certificate radius over realised attention error per replay draw, "
+               "plug-in and robust; the curve's height at 1 is the share of draws missed")
     doc.figure(figures.recompute_figure(by_stat.get("gain_ratio_certificate_over_random"), fig_dir / "recompute_gain.png"),
-               "Recomputation gain vs recompute rate (C7): certificate, confidence and random gating at matched rates")
+               "recomputation gain vs recompute rate (C7): certificate, confidence and random gating at matched rates")
     mt_cell = grid.get("multiturn") or {}
     gate = plan.get("multiturn_gate") or {}
     table = (multiturn_table(scores_ok, mt_cell, float(gate.get("threshold", 0.1)))
              if scores_ok is not None and mt_cell else pd.DataFrame())
     budget_txt = ", ".join(f"{100 * float(b):g} %" for b in mt_cell.get("budgets", []))
     doc.figure(figures.multiturn_figure(table, fig_dir / "multiturn_recall.png", budget_txt) if len(table) else None,
-               "Multi-turn recall by turn distance: full cache, top-k, Poisson and certificate-gated")
+               "multi-turn recall by turn distance: full cache, top-k, Poisson and certificate-gated")
 
     # tables
     doc.heading("Attention-level replay (C1, C2, C8)")
