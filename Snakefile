@@ -248,11 +248,11 @@ rule score:
         f"{OUT}/logs/score.log",
     params:
         script=ANALYSIS / "score.py",
-        prereg=PREREG,
+        common=COMMON,
     conda:
         "environment.yml"
     shell:
-        "python {params.script} --prereg {params.prereg} --verified {input.verified} "
+        "python {params.script} {params.common} --verified {input.verified} "
         "--shards {input.shards} --out {output} > {log} 2>&1"
 
 

@@ -66,10 +66,39 @@ def test_edited_prereg_is_refused(tmp_path):
 
 def test_duplicate_generation_is_refused(prereg, tmp_path):
     folder, fr = prereg
-    a = write_shard([rec("a", fr.prereg_hash)], tmp_path / "a.jsonl")
-    b = write_shard([rec("a", fr.prereg_hash)], tmp_path / "b.jsonl")
-    with pytest.raises(RecordRefused, match="appears twice"):
+    a = write_shard([rec("a", fr.prereg_hash)], tmp_path / "x" / "shard000.jsonl")
+    b = write_shard([rec("a", fr.prereg_hash)], tmp_path / "y" / "shard000.jsonl")
+    with pytest.raises(RecordRefused, match="appears twice") as info:
         score_shards([a, b], folder)
+    assert f"{a}:1" in str(info.value) and f"{b}:1" in str(info.value)  # whole paths: basenames repeat
+
+
+def test_shards_are_checked_against_their_seal_and_the_plan(prereg, tmp_path):
+    """A finished shard that lost lines, whose records were edited (still valid JSON), that
+    has no seal, or that holds another count than the plan, is refused in one line."""
+    folder, fr = prereg
+    records = [rec(f"e{i}", fr.prereg_hash) for i in range(5)]
+    shard = write_shard(records, tmp_path / "s.jsonl")
+    df, _ = score_shards([shard], folder, expected={str(shard): 5})
+    assert len(df) == 5
+    with pytest.raises(RecordRefused, match=r"s\.jsonl: 5 records, the plan expects 6; delete .*and rerun"):
+        score_shards([shard], folder, expected={str(shard): 6})
+    lines = shard.read_text().splitlines(keepends=True)
+    shard.write_text("".join(lines[:3]))  # head -n 3
+    with pytest.raises(RecordRefused, match=r"content differs from its seal \(3 records now, 5 when finished\)") as info:
+        score_shards([shard], folder)
+    assert "\n" not in str(info.value) and "s.jsonl.seal.json and rerun" in str(info.value)
+    shard = write_shard(records, tmp_path / "t.jsonl")
+    edited = json.loads(shard.read_text().splitlines()[2])
+    edited["score"] = 0.0
+    text = shard.read_text().splitlines(keepends=True)
+    text[2] = json.dumps(edited, sort_keys=True) + "\n"
+    shard.write_text("".join(text))
+    with pytest.raises(RecordRefused, match="edited or cut after it was finished"):
+        score_shards([shard], folder)
+    (tmp_path / "u.jsonl").write_text(json.dumps(records[0], sort_keys=True) + "\n")
+    with pytest.raises(RecordRefused, match=r"u\.jsonl: no seal"):
+        score_shards([tmp_path / "u.jsonl"], folder)
 
 
 def test_corrupt_line_names_path_and_line(prereg, tmp_path):

@@ -69,7 +69,7 @@ RECORD_FIELDS = {
     "example_id", "task", "model", "condition", "method", "budget", "seed", "answer", "tokens", "token_logprobs",
     "mean_logprob", "min_logprob", "score", "certificate", "certificate_robust", "kept_fraction", "prefill_seconds",
     "decode_seconds", "kv_bytes_peak", "kv_bytes_final", "sketch_bytes", "started_utc", "config_hash", "prereg_hash",
-    "git_commit", "metadata",
+    "git_commit", "metadata", "certificate_status",
 }
 
 
@@ -269,3 +269,48 @@ def test_compression_ratio_is_kvpress_fraction_removed():
     assert EvictionPress().budget == 0.25 and EvictionPress(budget=64).budget == 64
     with pytest.raises(ValueError, match="not both"):
         EvictionPress(budget=0.5, compression_ratio=0.5)
+
+
+def test_resume_never_mixes_preregistrations(tmp_path, loaded, records, capsys):
+    """A partial shard left from before an amendment is set aside, not resumed: the shard
+    ends with records of the current pre-registration only, and a line says so."""
+    manifest = tmp_path / "records.jsonl"
+    write_jsonl(records, manifest)
+    out = tmp_path / "shard.jsonl"
+    old = run_job(job(condition="aware"), manifest, tmp_path / "old.jsonl", prereg_hash="a" * 64,
+                  model_and_tokenizer=loaded, progress=False)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(old.read_text().splitlines(keepends=True)[0])  # one record from the old freeze
+    final = run_job(job(condition="aware"), manifest, out, prereg_hash="b" * 64, model_and_tokenizer=loaded,
+                    progress=False)
+    assert {r["prereg_hash"] for r in read_records(final)} == {"b" * 64}
+    assert len(read_records(final)) == len(records)
+    assert partial.with_name(partial.name + ".stale").exists()
+    assert "made under another pre-registration or config" in capsys.readouterr().err
+    from kvcert.generation.shards import check_seal
+
+    check_seal(final, len(records), len(records))  # sealed when finished
+
+
+def test_short_prompt_without_a_random_tail_is_uncertified_not_exact(loaded, tokenizer):
+    """100 prompt tokens at a 25 % budget: sinks + window (36) exceed the budget, the rest is
+    evicted with no random tail. The record says "uncertified", and scoring gives it no
+    signal (NaN), where it used to read as exact (0)."""
+    import math
+
+    from kvcert.analysis.load import ScoringPlan, flatten
+    from kvcert.pipeline.compose import analysis_plan, prereg_dir
+    from kvcert.tasks import TaskRecord
+
+    record = TaskRecord(id="short-0", task="needle", context=" ".join(["The grass is green."] * 18),
+                        question="What is the special magic number for pocket?", answers=["1234567"],
+                        metadata={"target_tokens": 100})
+    out = engine(loaded, condition="aware").run(record)
+    assert out["prompt_tokens"] <= 120 and out["certificate"] is None
+    assert out["certificate_status"] == "uncertified" and min(out["kept_fraction"]) < 1.0
+    plan = ScoringPlan.from_plan(analysis_plan(prereg_dir()))
+    row = flatten({**out, "kvcert_version": "x"}, plan)
+    assert math.isnan(row["cert_signal"]) and row["uncertified"]
+    long = engine(loaded, condition="aware").run(generate_task("needle", tokenizer, 1, 300, seed=5)[0])
+    assert long["certificate_status"] == "certified"
+    assert engine(loaded, condition="aware", sampler="topk").run(record)["certificate_status"] is None

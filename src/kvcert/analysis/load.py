@@ -24,8 +24,11 @@ Derived columns (``analysis_plan`` of ``claims.yaml``):
   ``multiturn_gate`` choices; ``cert_signal_robust`` — ``certificate_signal`` of the
   robust certificate (``certificate_robust``; reported, not the pre-registered signal). NaN for the full cache and deterministic samplers (top-k
   cannot certify: Theorem 1). A randomized run whose certificate is null had no
-  sampled tail at any step — every kept token had π = 1, so the Hájek output equals
-  the exact one and its radius is 0: its signals are 0.
+  sampled tail at any step: if nothing was evicted (``certificate_status: exact``, every
+  layer's kept fraction 1) its output is the exact one and its signals are 0; if tokens
+  were evicted all the same (``uncertified``: the sinks and window alone exceed a short
+  prompt's budget), nothing certifies its error and its signals are NaN, never 0 — the
+  report counts such runs.
 * ``confidence`` — the primary confidence signal (``confidence_signal.primary``, mean
   token log-probability); ``confidence_secondary`` likewise (min log-probability). A
   failure score is its negative.
@@ -53,7 +56,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..generation.shards import read_records
+from ..generation.shards import ShardSealError, check_seal, read_records
 from ..prereg import Freeze, verify
 
 REQUIRED_FIELDS: tuple[str, ...] = (
@@ -96,12 +99,12 @@ class SignalSpec:
     def from_dict(cls, d: Mapping) -> "SignalSpec":
         return cls(str(d["field"]), str(d["aggregation"]), str(d["over_steps"]))
 
-    def value(self, certificate: Mapping | None, randomized: bool) -> float:
+    def value(self, certificate: Mapping | None, randomized: bool, exact: bool = True) -> float:
         """The signal of one record (see the module docstring for null certificates)."""
         if not randomized:
             return math.nan
         if certificate is None:
-            return 0.0
+            return 0.0 if exact else math.nan
         steps = certificate[self.field][self.aggregation]
         vals = [float(v) for v in steps if v is not None and math.isfinite(float(v))]
         if not vals:
@@ -189,6 +192,7 @@ def flatten(record: Mapping, plan: ScoringPlan) -> dict:
     correct = math.nan if score is None else float(float(score) >= plan.pass_mark(record["task"]))
     meta = record.get("metadata") or {}
     kept = record.get("kept_fraction") or []
+    exact = all(float(f) >= 1.0 for f in kept)  # nothing evicted: a null certificate means zero error
     kind = "recompute" if record.get("recompute_of") else "escalation" if record.get("escalation") else "grid"
     return {
         "model": str(record["model"]),
@@ -207,9 +211,10 @@ def flatten(record: Mapping, plan: ScoringPlan) -> dict:
         "correct": correct,
         "confidence": _float(record.get(plan.confidence_primary)),
         "confidence_secondary": _float(record.get(plan.confidence_secondary)),
-        "cert_signal": plan.certificate.value(cert, randomized),
-        "cert_signal_robust": plan.certificate.value(record.get("certificate_robust"), randomized),
-        "gate_signal": plan.gate.value(cert, randomized),
+        "cert_signal": plan.certificate.value(cert, randomized, exact),
+        "cert_signal_robust": plan.certificate.value(record.get("certificate_robust"), randomized, exact),
+        "gate_signal": plan.gate.value(cert, randomized, exact),
+        "uncertified": bool(randomized and cert is None and not exact),
         "turn_distance": _float(meta.get("turn_distance")),
         "depth": _float(meta.get("depth")),
         "dataset": None if meta.get("dataset") is None else str(meta.get("dataset")),
@@ -247,32 +252,42 @@ def check_record(record: Mapping, where: str, prereg_hash: str) -> None:
         )
 
 
-def _load_one(args: tuple[str, ScoringPlan, str]) -> dict[str, list]:
-    """Read, check and flatten one shard into columns (runs in a worker process for many shards)."""
-    path, plan, prereg_hash = args
+def _load_one(args: tuple[str, ScoringPlan, str, int | None]) -> dict[str, list]:
+    """Read, check and flatten one shard into columns (runs in a worker process for many shards).
+
+    The shard must match its seal (no line lost, no record edited since it was finished)
+    and hold the number of records the plan expects (``expected``, when known)."""
+    path, plan, prereg_hash, expected = args
     shard = Path(path)
     cols: dict[str, list] = {c: [] for c in _COLUMNS}
-    for number, record in enumerate(read_records(shard), start=1):
+    records = read_records(shard)
+    try:
+        check_seal(shard, len(records), expected)
+    except ShardSealError as exc:
+        raise RecordRefused(str(exc)) from None
+    for number, record in enumerate(records, start=1):
         where = f"{shard}:{number}"
         check_record(record, where, prereg_hash)
         try:
             row = flatten(record, plan)
         except (TypeError, ValueError, KeyError) as exc:
             raise RecordRefused(f"{where}: malformed generation record ({type(exc).__name__}: {exc})") from None
-        row["shard"] = shard.name
+        row["shard"] = str(shard)
         row["line"] = number
         for c in _COLUMNS:
             cols[c].append(row[c])
     return cols
 
 
-def load_shards(paths: Iterable[str | Path], plan: ScoringPlan, freeze: Freeze, jobs: int = 1) -> pd.DataFrame:
+def load_shards(paths: Iterable[str | Path], plan: ScoringPlan, freeze: Freeze, jobs: int = 1,
+                expected: Mapping[str, int] | None = None) -> pd.DataFrame:
     """Read, check and flatten every record of ``paths``; add the cross-record columns.
 
+    ``expected``: the planned record count of each shard path (see :func:`check_seal`).
     With ``jobs`` > 1 the shards are parsed by that many worker processes; a refused
     record stops the whole load with its message.
     """
-    tasks = [(str(p), plan, freeze.prereg_hash) for p in paths]
+    tasks = [(str(p), plan, freeze.prereg_hash, (expected or {}).get(str(p))) for p in paths]
     cols: dict[str, list] = {c: [] for c in _COLUMNS}
     if jobs > 1 and len(tasks) >= 2 * jobs:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -288,7 +303,7 @@ def load_shards(paths: Iterable[str | Path], plan: ScoringPlan, freeze: Freeze, 
 _COLUMNS = [
     "model", "task", "target_tokens", "example_id", "condition", "method", "scorer", "sampler", "allocation", "budget",
     "seed", "kind", "score", "correct", "confidence", "confidence_secondary", "cert_signal", "gate_signal",
-    "cert_signal_robust", "turn_distance", "depth", "dataset", "prompt_tokens", "decode_steps", "kept_fraction", "kv_bytes_peak",
+    "cert_signal_robust", "uncertified", "turn_distance", "depth", "dataset", "prompt_tokens", "decode_steps", "kept_fraction", "kv_bytes_peak",
     "prefill_seconds", "decode_seconds", "started_utc", "config_hash", "prereg_hash", "git_commit", "kvcert_version",
     "shard", "line",
 ]
@@ -352,14 +367,15 @@ def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[pd.D
 
 
 def score_shards(
-    shards: Iterable[str | Path], prereg_folder: str | Path, verified_json: str | Path | None = None, jobs: int = 1
+    shards: Iterable[str | Path], prereg_folder: str | Path, verified_json: str | Path | None = None, jobs: int = 1,
+    expected: Mapping[str, int] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Verify the pre-registration, load every shard, and return (table, provenance)."""
     freeze = verified_freeze(prereg_folder, verified_json)
     claims = load_claims_file(prereg_folder)
     plan = ScoringPlan.from_plan(claims["analysis_plan"])
     shards = list(shards)
-    df = load_shards(shards, plan, freeze, jobs)
+    df = load_shards(shards, plan, freeze, jobs, expected)
     provenance = {
         "prereg_hash": freeze.prereg_hash,
         "frozen_utc": freeze.frozen_utc,

@@ -256,6 +256,10 @@ def provenance_section(doc: Document, claims_doc: Mapping, scores: pd.DataFrame 
             shown = ", ".join(f"{k} ({v})" for k, v in vc.head(12).items())
             more = f" … and {len(vc) - 12} more" if len(vc) > 12 else ""
             lines.append(f"{label}: {len(vc)} distinct — {shown}{more}")
+        if "uncertified" in scores:
+            n = int(scores["uncertified"].sum())
+            lines.append(f"uncertified randomized runs: {n} (tokens evicted with no random tail, e.g. sinks + window "
+                         "above a short prompt's budget: no certificate, signals missing, never zero)")
         kinds = scores["kind"].value_counts().to_dict()
         lines.append(f"records: {len(scores)} ({', '.join(f'{k}: {v}' for k, v in kinds.items())}); "
                      f"only grid records after the freeze are scored")

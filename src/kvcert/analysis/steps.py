@@ -86,9 +86,37 @@ def verified(prereg: str | Path, verified_json: str | Path | None = None):
 
 
 # --- score ----------------------------------------------------------------------------------------
+def planned_counts(shards: Sequence[str | Path], experiment: str, prereg: str | Path,
+                   configs: str | Path | None = None) -> dict[str, int]:
+    """{shard path: the records the experiment's plan puts in it} for the given shard paths
+    (matched on the plan's relative shard path); a shard the plan does not know is refused."""
+    import yaml
+
+    from ..pipeline.plan import build_plan, load_grid
+
+    folder = Path(configs or "configs")
+    grid_file = yaml.safe_load((folder / "experiment" / f"{experiment}.yaml").read_text())["grid"]
+    plan = build_plan(experiment, load_grid(prereg, grid_file))
+    counts = {}
+    for path in shards:
+        match = [s for s in plan.shards if Path(path).as_posix().endswith("/" + s.path)]
+        if len(match) != 1:
+            raise RecordRefused(f"{path}: not a shard of experiment {experiment}'s plan; remove it from --shards")
+        counts[str(path)] = match[0].generations
+    return counts
+
+
 def score_step(shards: Sequence[str | Path], prereg: str | Path, out: str | Path,
-               verified: str | Path | None = None, jobs: int = 1) -> Path:
-    df, provenance = score_shards(shards, prereg, verified, jobs)
+               verified: str | Path | None = None, jobs: int = 1, expected: Mapping[str, int] | None = None) -> Path:
+    """Score the shards into ``out``. The claims, report and summary of an earlier run in the
+    same folder are removed first: once the scores are redone they describe other data."""
+    folder = Path(out).parent
+    for name in ("claims.json", "report.md", "report.html", "summary.json"):
+        stale = folder / name
+        if stale.exists():
+            stale.unlink()
+            print(f"{stale}: removed (stale until the claims and report steps rebuild it from these scores)")
+    df, provenance = score_shards(shards, prereg, verified, jobs, expected)
     return write_table(df, out, provenance)
 
 

@@ -149,10 +149,14 @@ def frozen_copy(source: str | Path, dest: str | Path):
 
 
 def write_shard(records, path: str | Path) -> Path:
-    """Write records as a finished JSONL shard (one object per line)."""
+    """Write records as a finished, sealed JSONL shard (one object per line)."""
+    from ..generation.shards import write_seal
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    records = list(records)
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    write_seal(path, path, len(records))
     return path
 
 

@@ -58,6 +58,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def certificate_status(method, certificate, kept_fraction) -> str | None:
+    """What a record's certificate field means: ``certified`` (a randomized tail was
+    sampled), ``exact`` (nothing was evicted: the output is the full cache's),
+    ``uncertified`` (tokens were evicted but no step had a random tail — e.g. the sinks
+    and window alone exceed a short prompt's budget — so nothing certifies the error);
+    None for the full cache and deterministic samplers (top-k cannot certify)."""
+    if not method.randomized:
+        return None
+    if certificate is not None:
+        return "certified"
+    return "exact" if all(f >= 1.0 for f in kept_fraction) else "uncertified"
+
+
 class Engine:
     """Runs one :class:`GenerationSpec` over task records with a loaded model."""
 
@@ -168,7 +181,8 @@ class Engine:
             **confidence(logprobs),
             "answers": list(record.answers),
             "score": value,
-            "certificate": trace.to_record(),
+            "certificate": (certificate := trace.to_record()),
+            "certificate_status": certificate_status(m, certificate, kept_fraction),
             "certificate_robust": trace.robust_record(),
             "kept_fraction": kept_fraction,
             "prefill_seconds": t1 - t0,

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from ..models import load_model, resolve_model_path
 from ..tasks.records import read_jsonl
 from .engine import Engine
-from .provenance import provenance
+from .provenance import config_hash, provenance
 from .shards import ShardWriter, read_records, record_key
 from .spec import GenerationSpec
 
@@ -64,6 +64,14 @@ def run_specs(
     try:
         if writer.recovered_tail:
             print(f"{writer.partial}: dropped a truncated last line; it is recomputed", file=sys.stderr)
+        hashes = {config_hash(s.to_dict()) for s in specs}
+        foreign = [r for r in writer.done.values()
+                   if r.get("prereg_hash") != prereg_hash or r.get("config_hash") not in hashes]
+        if foreign:  # written before an amendment or a config change: never mixed into this shard
+            aside = writer.set_aside()
+            print(f"{writer.partial}: {len(foreign)} records were made under another pre-registration or config "
+                  f"(prereg {foreign[0].get('prereg_hash')}, config {foreign[0].get('config_hash')}); kept as "
+                  f"{aside.name}, the shard starts afresh", file=sys.stderr)
         todo = [(r, s) for r in records for s in specs if not writer.is_done(expected_key(r.id, s))]
         if todo:
             model, tokenizer = model_and_tokenizer or load_model(specs[0].model)

@@ -7,11 +7,18 @@ the ids already done, so no record is lost, duplicated or recomputed. Only when 
 expected record is present is the shard declared done, by an atomic rename to its
 final name. :func:`read_records` reads a finished shard and names the file and line of
 anything that does not parse.
+
+A finished shard is *sealed*: beside it, ``<name>.seal.json`` holds its record count and
+the SHA-256 of its bytes, written just before the rename. :func:`check_seal` compares a
+shard with its seal (and with the record count the plan expects): a shard that lost
+lines, or whose records were edited after it was finished, is refused in one line
+instead of being scored.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -32,6 +39,50 @@ class CorruptShardError(ValueError):
 
 def partial_path(final: Path) -> Path:
     return final.with_name(final.name + ".partial")
+
+
+def seal_path(final: str | Path) -> Path:
+    final = Path(final)
+    return final.with_name(final.name + ".seal.json")
+
+
+def file_digest(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_seal(final: str | Path, content: str | Path, records: int) -> Path:
+    """Seal the shard ``final`` whose bytes are in ``content`` (the partial about to become it)."""
+    seal = seal_path(final)
+    tmp = seal.with_name(seal.name + ".tmp")
+    tmp.write_text(json.dumps({"records": records, "sha256": file_digest(content)}, sort_keys=True) + "\n")
+    os.replace(tmp, seal)
+    return seal
+
+
+class ShardSealError(ValueError):
+    """A finished shard that does not match its seal or the plan; the message says how to fix it."""
+
+
+def check_seal(path: str | Path, records: int, expected: int | None = None) -> None:
+    """Refuse a finished shard of ``records`` records that has no seal, differs from its
+    seal, or holds another number of records than the plan's ``expected``."""
+    path = Path(path)
+    seal = seal_path(path)
+    regenerate = f"delete {path} and {seal.name} and rerun to regenerate it"
+    if not seal.exists():
+        raise ShardSealError(f"{path}: no seal ({seal.name}); it was not finished by kvcert's shard writer; {regenerate}")
+    data = json.loads(seal.read_text())
+    if data.get("sha256") != file_digest(path) or data.get("records") != records:
+        raise ShardSealError(
+            f"{path}: its content differs from its seal ({records} records now, {data.get('records')} when finished): "
+            f"it was edited or cut after it was finished; {regenerate}"
+        )
+    if expected is not None and records != expected:
+        raise ShardSealError(f"{path}: {records} records, the plan expects {expected}; {regenerate}")
 
 
 def _scan(path: Path, allow_truncated_tail: bool) -> tuple[list[dict], int]:
@@ -120,6 +171,16 @@ class ShardWriter:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def set_aside(self) -> Path:
+        """Move the partial file out of the way (kept, renamed) and start the shard afresh."""
+        if self._fh is not None:
+            self._fh.close()
+        aside = self.partial.with_name(self.partial.name + ".stale")
+        os.replace(self.partial, aside)
+        self.done.clear()
+        self._fh = open(self.partial, "a", buffering=1)
+        return aside
+
     def is_done(self, key: str) -> bool:
         return key in self.done
 
@@ -149,6 +210,7 @@ class ShardWriter:
             missing = [i for i in expected_keys if i not in self.done]
             if missing:
                 raise RuntimeError(f"{self.partial}: {len(missing)} records missing (e.g. {missing[0]!r}); rerun to resume")
+            write_seal(self.final, self.partial, len(self.done))
             os.replace(self.partial, self.final)
         finally:
             self.close()  # the lock is released only after the rename
