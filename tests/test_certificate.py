@@ -205,3 +205,30 @@ def test_certified_attention_errors_name_arguments():
         certified_attention(q, k, v, bad)
     with pytest.raises(ValueError, match="query"):
         certified_attention(torch.randn(2, 3, 1, 16), k, v, lp)
+
+
+def test_certified_attention_edge_cases_are_named_not_nan():
+    """Inputs that used to give a NaN output silently (π = 0, an all-padding row, a NaN
+    query or scaling) or a bare IndexError/RuntimeError (an empty cache, mixed dtypes)
+    are refused in one line naming the argument."""
+    q, k, v, lp = random_retained(5)
+    zero = lp.clone()
+    zero[0, 0, 3] = float("-inf")
+    padded = lp.clone()
+    padded[0, 1] = float("inf")
+    nan_q = q.clone()
+    nan_q[0, 0, 0, 0] = float("nan")
+    cases = [
+        ((q, k, v, zero), {}, "log_pi: -inf"),
+        ((q, k, v, padded), {}, "log_pi: a .* row holds only padding"),
+        ((nan_q, k, v, lp), {}, "query: contains NaN"),
+        ((q, k, v, lp), {"scaling": float("nan")}, "scaling: must be a finite number"),
+        ((q, k[:, :, :0], v[:, :, :0], lp[:, :, :0]), {}, "key: the cache holds no token"),
+        ((q, k.to(torch.bfloat16), v, lp), {}, "dtypes differ"),
+    ]
+    for args, kwargs, message in cases:
+        with pytest.raises(ValueError, match=message) as info:
+            certified_attention(*args, **kwargs)
+        assert "\n" not in str(info.value)
+    out = certified_attention(q, k, v, lp)  # the valid call still works and is finite
+    assert torch.isfinite(out.output).all() and torch.isfinite(out.radius).all()

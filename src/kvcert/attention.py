@@ -16,6 +16,8 @@ every older (retained) key.
 
 from __future__ import annotations
 
+import math
+
 import os
 import warnings
 from dataclasses import dataclass
@@ -274,6 +276,16 @@ def certified_attention(
         raise ValueError(f"query: shape {tuple(query.shape)} does not match key {tuple(key.shape)} (batch, head dim)")
     if query.shape[1] % key.shape[1]:
         raise ValueError(f"query: {query.shape[1]} query heads are not a multiple of {key.shape[1]} KV heads")
+    if key.shape[2] == 0:
+        raise ValueError("key: the cache holds no token (K = 0); attention over an empty set has no output")
+    if len({query.dtype, key.dtype, value.dtype}) != 1:
+        raise ValueError(f"query, key, value: dtypes differ ({query.dtype}, {key.dtype}, {value.dtype}); "
+                         "cast them to one dtype")
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if torch.isnan(tensor).any():
+            raise ValueError(f"{name}: contains NaN")
+    if scaling is not None and not math.isfinite(float(scaling)):
+        raise ValueError(f"scaling: must be a finite number, got {scaling!r}")
     if log_pi is not None:
         check_ndim("log_pi", log_pi, 3, "[B, Hkv, K]")
         if tuple(log_pi.shape) != tuple(key.shape[:3]):
@@ -282,6 +294,10 @@ def certified_attention(
             raise ValueError("log_pi: contains NaN")
         if ((log_pi > 0) & ~torch.isinf(log_pi)).any():
             raise ValueError("log_pi: log inclusion probabilities must be <= 0 (or +inf for padding)")
+        if (log_pi == float("-inf")).any():
+            raise ValueError("log_pi: -inf (π = 0) marks a token that cannot have been kept; drop it, or +inf for padding")
+        if torch.isinf(log_pi).all(dim=-1).any():
+            raise ValueError("log_pi: a (batch, KV head) row holds only padding (+inf); it has no kept token to attend to")
     if sketch is not None and (tuple(sketch.codes.shape[:2]) != tuple(key.shape[:2]) or sketch.codes.shape[-1] != key.shape[-1]):
         raise ValueError(f"sketch: codes of shape {tuple(sketch.codes.shape)} do not fit key {tuple(key.shape)} "
                          "(batch, KV heads, head dim)")
