@@ -147,11 +147,15 @@ def test_certificate_signals(prereg, tmp_path):
     h = fr.prereg_hash
     varying = rec("v", h, signal=0.0, decode_steps=3)
     varying["certificate"]["relative_steps"]["mean"] = [0.1, 0.4, 0.1]  # signal: mean over steps; gate: max
-    records = [varying, rec("t", h, sampler="topk"), rec("n", h, signal=None), rec("f", h, condition="full")]
+    exact = rec("n", h, signal=None)
+    exact["kept_fraction"] = [1.0] * len(exact["kept_fraction"])  # nothing evicted
+    records = [varying, rec("t", h, sampler="topk"), exact, rec("f", h, condition="full"), rec("u", h, signal=None)]
     df, _ = score_shards([write_shard(records, tmp_path / "s.jsonl")], folder)
     assert df.loc[0, "cert_signal"] == pytest.approx(0.2) and df.loc[0, "gate_signal"] == pytest.approx(0.4)
     assert np.isnan(df.loc[1, "cert_signal"]) and np.isnan(df.loc[3, "cert_signal"])  # top-k, full: no certificate
-    assert df.loc[2, "cert_signal"] == 0.0  # Poisson run without a sampled tail: exact, radius 0
+    assert df.loc[2, "cert_signal"] == 0.0 and not df.loc[2, "uncertified"]  # no tail, nothing evicted: exact
+    # no tail but tokens evicted (a prompt shorter than sinks + window + budget): no signal, never zero
+    assert np.isnan(df.loc[4, "cert_signal"]) and df.loc[4, "uncertified"]
     assert df.loc[0, "confidence"] == -0.5 and df.loc[0, "confidence_secondary"] == -1.5
 
 
