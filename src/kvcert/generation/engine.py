@@ -12,7 +12,9 @@ Conditions (DESIGN.md §2):
   ``chunk_tokens`` the context arrives in chunks and each token is decided once, when
   it leaves the recent window, its π fixed from then on (the multi-turn setting).
 
-Decoding is greedy; decode-time tokens enter the cache with π = 1. Every forward's
+Decoding is greedy; decode-time tokens enter the cache with π = 1. The record keeps the
+raw decoded answer (special tokens skipped, nothing stripped) and its task score, which
+applies the benchmark's own post-processing only (:mod:`kvcert.tasks.scoring`). Every forward's
 certificates are folded into a :class:`~kvcert.generation.signals.CertificateTrace`.
 """
 
@@ -140,7 +142,9 @@ class Engine:
         t2 = time.perf_counter()
 
         answer_tokens = [t for t in tokens if t not in self.eos]
-        answer = self.tokenizer.decode(answer_tokens, skip_special_tokens=True).strip()
+        # the raw decoded answer, as LongBench's pred.py writes it: the benchmarks' own
+        # post-processing (first line, ...) happens in their scorers, and nothing else
+        answer = self.tokenizer.decode(answer_tokens, skip_special_tokens=True)
         value = score_record(record, answer) if record.answers else None
         m = spec.method
         return {
