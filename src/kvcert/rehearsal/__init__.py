@@ -75,8 +75,8 @@ def make_rehearsal(out: str | Path, experiment: str = "rehearsal", rows: int | N
                    prereg: Path | None = None, seed: int = 0) -> Sources:
     """Write the stand-ins of ``experiment``'s models and data under ``out``.
 
-    ``rows`` (LongBench rows per data set) defaults to the most examples the grid asks
-    of any of its LongBench tasks; ``context_words`` (words per LongBench context) to
+    ``rows`` (LongBench rows per data set, and LoCoMo QA items) defaults to the most
+    examples the grid asks of each task; ``context_words`` (words per LongBench context) to
     twice the longest length the grid asks of a LongBench task, so every length
     truncates.
     """
@@ -97,7 +97,8 @@ def make_rehearsal(out: str | Path, experiment: str = "rehearsal", rows: int | N
         data_texts += [r["context"] for r in data] + [r["input"] for r in data]
     locomo_path = None
     if locomo_tasks:
-        count = max(1, math.ceil(max(t["examples"] for t in locomo_tasks) / QA_PER_CONVERSATION))
+        items = rows if rows is not None else max(t["examples"] for t in locomo_tasks)
+        count = max(1, math.ceil(items / QA_PER_CONVERSATION))
         conversations = locomo_file.samples(count, SESSIONS, TURNS, seed)
         locomo_path = root / "locomo" / "locomo10.json"
         locomo_path.parent.mkdir(parents=True, exist_ok=True)

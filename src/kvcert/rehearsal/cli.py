@@ -32,7 +32,7 @@ def register(subparsers) -> None:
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder to write (models/, longbench/, locomo/, env.sh)")
     p.add_argument("--experiment", default="rehearsal", help="whose grid names the models and tasks")
-    p.add_argument("--rows", type=int, default=None, help="LongBench rows per data set (default: the grid's examples)")
+    p.add_argument("--rows", type=int, default=None, help="LongBench rows per data set and LoCoMo QA items (default: the grid's examples)")
     p.add_argument("--context-words", type=int, default=None,
                    help="words per LongBench context (default: twice the grid's longest LongBench length)")
     p.add_argument("--seed", type=int, default=0)
