@@ -29,6 +29,7 @@ import torch
 
 from ..cache import CertifiedCache
 from ..press import EvictionPress
+from ..scorers import get_scorer
 from ..tasks.scoring import score_record
 from ..tasks.prompting import build_prompt_ids
 from .signals import CertificateTrace, confidence
@@ -74,8 +75,9 @@ class Engine:
         if m.is_full:
             return None
         return EvictionPress(
-            scorer=m.scorer, budget=float(budget), sampler=m.sampler, allocation=m.allocation,
-            design=m.design, seed=example_seed(self.spec.seed, record_id),
+            scorer=get_scorer(m.scorer, **m.scorer_options), budget=float(budget), sampler=m.sampler,
+            allocation=m.allocation, design=m.design, seed=example_seed(self.spec.seed, record_id),
+            rounding=m.rounding,
         )
 
     def _forward(self, ids: list[int], cache: CertifiedCache) -> torch.Tensor:
