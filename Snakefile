@@ -6,6 +6,7 @@ report. Jobs come from the experiment's frozen design grid through
 kvcert.pipeline.plan, the same code behind `kvcert plan`.
 
     snakemake --cores all                                   # embedded default (smoke)
+    snakemake --cores all --config experiment=rehearsal     # the paper profile's code path on stand-ins (kvcert make-rehearsal)
     snakemake --profile profiles/slurm --config experiment=paper
 """
 

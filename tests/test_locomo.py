@@ -124,15 +124,18 @@ def test_temporal_single_hop_and_open_domain():
 
 def test_adversarial_scoring():
     choices = {"a": NO_INFORMATION, "b": "a puppy"}
+    # without choices (not how records are scored): the abstention phrases alone
     assert score_locomo(5, "Not mentioned in the conversation", "a puppy") == 1.0
     assert score_locomo(5, "no information available.", "a puppy") == 1.0
     assert score_locomo(5, "She adopted a puppy", "a puppy") == 0.0
+    # evaluate_llama2.py: "(a)" anywhere in the first line picks (a), anything else (b)
     assert score_locomo(5, "(a)", "", choices) == 1.0
-    assert score_locomo(5, " A ", "", choices) == 1.0
+    assert score_locomo(5, "I pick (A).", "", choices) == 1.0
+    assert score_locomo(5, " A ", "", choices) == 0.0
     assert score_locomo(5, "(b)", "", choices) == 0.0
     assert score_locomo(5, "b", "", choices) == 0.0
     assert resolve_adversarial_choice("(b)", choices) == "a puppy"
-    assert resolve_adversarial_choice(" The Puppy ", choices) == "the puppy"
+    assert resolve_adversarial_choice(" The Puppy ", choices) == "a puppy"
     with pytest.raises(ValueError, match="1..5"):
         score_locomo(6, "x", "x")
 

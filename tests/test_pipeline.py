@@ -28,12 +28,15 @@ def snakemake(*args, cwd=REPO, timeout=300, env=None):
 
 @pytest.fixture(scope="module")
 def paper_env(tmp_path_factory):
-    """The environment of a user who set the README's exports (stand-in models and data)."""
+    """The environment of a user who set the README's exports: stand-ins of the paper
+    grid's models and data from `kvcert make-rehearsal` (one row per data set; a dry run
+    reads no row)."""
     import os
 
-    from paper_sources import paper_sources
+    from kvcert.rehearsal import make_rehearsal
 
-    return {**os.environ, **paper_sources(tmp_path_factory.mktemp("paper-sources"))}
+    sources = make_rehearsal(tmp_path_factory.mktemp("paper-sources"), "paper", rows=1, context_words=50)
+    return {**os.environ, **sources.env}
 
 
 def job_stats(output: str) -> dict[str, int]:
@@ -216,7 +219,7 @@ def test_adding_a_model_to_the_paper_grid(paper_env, tmp_path):
     then the plan has the new model's jobs and the pre-flight finds its folder."""
     import os
 
-    from paper_sources import make_model_dir
+    from kvcert.rehearsal import checkpoints, tokenizer_corpus
 
     configs, prereg = tmp_path / "configs", tmp_path / "preregistration"
     shutil.copytree(REPO / "configs", configs)
@@ -229,7 +232,7 @@ def test_adding_a_model_to_the_paper_grid(paper_env, tmp_path):
     experiment.write_text(experiment.read_text() + "  my-model: {6144: 2.0, 16384: 4.5, 0: 2.8}\n")
     models = tmp_path / "models"
     shutil.copytree(paper_env["KVCERT_MODEL_DIR"], models)
-    make_model_dir(models / "my-model", "Llama")
+    checkpoints.save_checkpoint(models / "my-model", checkpoints.architecture_of("llama"), tokenizer_corpus([]))
     env = {**paper_env, "KVCERT_MODEL_DIR": str(models)}
 
     def kvcert(*args):

@@ -48,10 +48,16 @@ def check_ndim(name: str, tensor: torch.Tensor, ndim: int, layout: str) -> None:
         raise ValueError(f"{name}: expected shape {layout}, got {tuple(tensor.shape)}")
 
 
-def resolve_budget(budget: float | int | torch.Tensor, num_tokens: int) -> torch.Tensor | int:
+#: how a fractional budget becomes a token count: kvcert's nearest integer, or kvpress's
+#: ``int(N · (1 − compression_ratio))``
+ROUNDINGS = ("round", "floor")
+
+
+def resolve_budget(budget: float | int | torch.Tensor, num_tokens: int, rounding: str = "round") -> torch.Tensor | int:
     """Turn a budget into a number of kept tokens.
 
-    A float in (0, 1] is a fraction of ``num_tokens`` (rounded, at least 1); an int is a
+    A float in (0, 1] is a fraction of ``num_tokens`` (rounded to the nearest integer, or
+    down with ``rounding="floor"``; at least 1); an int is a
     token count in [1, num_tokens]; a tensor holds one integer count per row (per head,
     as produced by the allocation policies) and must satisfy the same bounds.
     """
@@ -74,7 +80,10 @@ def resolve_budget(budget: float | int | torch.Tensor, num_tokens: int) -> torch
         value = float(budget)
         if math.isnan(value) or not (0.0 < value <= 1.0):
             raise ValueError(f"budget: a fraction must lie in (0, 1], got {budget!r}")
-        return max(1, min(num_tokens, int(round(value * num_tokens))))
+        if rounding not in ROUNDINGS:
+            raise ValueError(f"rounding: must be one of {ROUNDINGS}, got {rounding!r}")
+        tokens = int(value * num_tokens) if rounding == "floor" else int(round(value * num_tokens))
+        return max(1, min(num_tokens, tokens))
     raise ValueError(f"budget: must be a fraction in (0, 1] or a token count, got {type(budget).__name__}")
 
 

@@ -18,6 +18,7 @@ SUBCOMMANDS: list[str] = [
     "kvcert.generation.cli",
     "kvcert.prereg",
     "kvcert.pipeline.cli",
+    "kvcert.rehearsal.cli",
     "kvcert.training.cli",
 ]
 

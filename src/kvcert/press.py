@@ -26,7 +26,7 @@ import torch
 
 from .allocation import get_allocation
 from .cache import CompactLayer
-from .checks import kept_budget
+from .checks import ROUNDINGS, kept_budget, resolve_budget
 from .design import DEFAULT_DESIGN, SAMPLERS, RetentionDesign, sample_retention
 from .scorers import Scorer, get_scorer
 from .scorers.base import LayerObservation
@@ -45,6 +45,8 @@ class EvictionPress:
     allocation: "uniform", "pyramid" or "adakv".
     design: certainty set and tail parameters (sinks, window, top_fraction, floor).
     seed: base seed of the sampler's random draws.
+    rounding: how a fractional budget becomes tokens, "round" (default) or "floor"
+    (kvpress's ``int(N · (1 − compression_ratio))``).
     """
 
     scorer: str | Scorer = "snapkv"
@@ -54,8 +56,11 @@ class EvictionPress:
     design: RetentionDesign = field(default_factory=lambda: DEFAULT_DESIGN)
     seed: int = 0
     compression_ratio: float | None = None
+    rounding: str = "round"
 
     def __post_init__(self) -> None:
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"rounding: must be one of {ROUNDINGS}, got {self.rounding!r}")
         self.budget = kept_budget(self.budget, self.compression_ratio, default=0.25)
         self.compression_ratio = None
         self.scorer = get_scorer(self.scorer)
@@ -96,7 +101,12 @@ class EvictionPress:
             return
         design = self.segment_design(start, end, layer.length)
         scores = self.scorer(obs)[..., start:end]
-        budget = min(self.budget, n) if isinstance(self.budget, int) else self.budget
+        if isinstance(self.budget, int):
+            budget = min(self.budget, n)
+        elif self.rounding == "floor":  # a token count, so that every allocation floors alike
+            budget = resolve_budget(self.budget, n, "floor")
+        else:
+            budget = self.budget
         counts = self._allocate(scores, budget, obs.layer_idx, obs.num_layers, design)
         counts = counts.clamp(min=min(n, design.sinks + design.window), max=n)  # never below the certainty set
         sample = sample_retention(scores, counts, self.sampler, self.generator(obs.layer_idx, round_index), design)

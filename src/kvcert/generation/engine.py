@@ -12,9 +12,11 @@ Conditions (DESIGN.md §2):
   ``chunk_tokens`` the context arrives in chunks and each token is decided once, when
   it leaves the recent window, its π fixed from then on (the multi-turn setting).
 
-Decoding is greedy; decode-time tokens enter the cache with π = 1. Every forward's
-certificates are folded into a :class:`~kvcert.generation.signals.CertificateTrace`: the
-record carries the paper's plug-in certificate (``certificate``) and the robust one
+Decoding is greedy; decode-time tokens enter the cache with π = 1. The record keeps the
+raw decoded answer (special tokens skipped, nothing stripped) and its task score, which
+applies the benchmark's own post-processing only (:mod:`kvcert.tasks.scoring`). Every
+forward's certificates are folded into a :class:`~kvcert.generation.signals.CertificateTrace`:
+the record carries the paper's plug-in certificate (``certificate``) and the robust one
 (``certificate_robust``, from the layers' eviction sketches; ``sketch_bytes`` their memory,
 included in ``kv_bytes_*``).
 """
@@ -31,6 +33,7 @@ import torch
 from ..cache import CertifiedCache
 from ..certificate import unit_roundoff
 from ..press import EvictionPress
+from ..scorers import get_scorer
 from ..tasks.scoring import score_record
 from ..tasks.prompting import build_prompt_ids
 from .signals import CertificateTrace, confidence
@@ -89,8 +92,9 @@ class Engine:
         if m.is_full:
             return None
         return EvictionPress(
-            scorer=m.scorer, budget=float(budget), sampler=m.sampler, allocation=m.allocation,
-            design=m.design, seed=example_seed(self.spec.seed, record_id),
+            scorer=get_scorer(m.scorer, **m.scorer_options), budget=float(budget), sampler=m.sampler,
+            allocation=m.allocation, design=m.design, seed=example_seed(self.spec.seed, record_id),
+            rounding=m.rounding,
         )
 
     def _forward(self, ids: list[int], cache: CertifiedCache) -> torch.Tensor:
@@ -158,7 +162,9 @@ class Engine:
         t2 = time.perf_counter()
 
         answer_tokens = [t for t in tokens if t not in self.eos]
-        answer = self.tokenizer.decode(answer_tokens, skip_special_tokens=True).strip()
+        # the raw decoded answer, as LongBench's pred.py writes it: the benchmarks' own
+        # post-processing (first line, ...) happens in their scorers, and nothing else
+        answer = self.tokenizer.decode(answer_tokens, skip_special_tokens=True)
         value = score_record(record, answer) if record.answers else None
         m = spec.method
         return {

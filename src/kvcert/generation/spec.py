@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..allocation import ALLOCATIONS
-from ..checks import kept_budget
+from ..checks import ROUNDINGS, kept_budget
 from ..certificate import AGGREGATIONS
 from ..design import SAMPLERS, RetentionDesign
 from ..models import ModelSpec
@@ -32,13 +32,21 @@ def _reject_unknown(section: str, given: dict, allowed: set[str]) -> None:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """Eviction method: scorer × sampler × allocation (ignored for the full cache)."""
+    """Eviction method: scorer × sampler × allocation (ignored for the full cache).
+
+    ``scorer_options`` are keyword arguments of the scorer (e.g. SnapKV's observation
+    ``window``); ``rounding`` turns a fractional budget into tokens: ``round`` (kvcert's
+    default) or ``floor`` (kvpress's ``int(N · (1 − compression_ratio))``). Both exist for
+    the kvpress-matched method configs (``configs/method/*-kvpress.yaml``).
+    """
 
     name: str = "full"
     scorer: str | None = None
     sampler: str | None = None
     allocation: str = "uniform"
     design: RetentionDesign = field(default_factory=RetentionDesign)
+    scorer_options: dict = field(default_factory=dict, hash=False)
+    rounding: str = "round"
 
     def __post_init__(self) -> None:
         if self.name == "full":
@@ -49,6 +57,10 @@ class MethodSpec:
             raise ValueError(f"method.sampler: {self.sampler!r} is not one of {SAMPLERS}")
         if self.allocation not in ALLOCATIONS:
             raise ValueError(f"method.allocation: {self.allocation!r} is not one of {sorted(ALLOCATIONS)}")
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"method.rounding: {self.rounding!r} is not one of {ROUNDINGS}")
+        allowed = {f for f in SCORERS[self.scorer].__dataclass_fields__}
+        _reject_unknown("method.scorer_options", self.scorer_options, allowed)
 
     @property
     def is_full(self) -> bool:

@@ -5,7 +5,9 @@ Snakemake wildcards — ``experiment=…, model=…, task=…, method=…, budge
 condition=…, seed=…`` — through hydra's compose API with an absolute config
 directory (no working-directory change, no output folders). The retention design
 and the certificate level δ are then taken from the frozen pre-registration's
-analysis plan, so generation and analysis cannot disagree about them.
+analysis plan, so generation and analysis cannot disagree about them; a method config
+that names ``design`` keys itself (the kvpress-matched ones, outside the
+pre-registration) overrides those keys only.
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ def generation_config(composed: dict, analysis_plan: dict, max_new_tokens: int |
     """The :class:`~kvcert.generation.spec.GenerationSpec` mapping of one composed run."""
     method = dict(composed["method"])
     if method.get("name") != "full":
-        method["design"] = dict(analysis_plan["design"])
+        # the pre-registered design; a method config may override some of its keys (the
+        # kvpress-matched configs protect what kvpress protects: no sinks, its own window)
+        method["design"] = {**analysis_plan["design"], **dict(method.get("design") or {})}
     return {
         "model": dict(composed["model"]),
         "method": method,

@@ -1,46 +1,64 @@
 """LoCoMo very long-term conversations: loading, prompts, records and scoring.
 
 Source: Maharana et al. 2024, "Evaluating Very Long-Term Conversational Memory of LLM
-Agents" (ACL 2024). The data format is the released ``locomo10.json``; the prompt
-and the scoring follow the official ``task_eval/evaluate_llama2.py`` (the script
-that runs Hugging Face chat models through ``apply_chat_template``) and
-``task_eval/evaluation.py`` of snap-research/locomo, re-implemented here.
+Agents" (ACL 2024). The data format is the released ``locomo10.json``. Of the official
+evaluations of snap-research/locomo, kvcert follows **one**: ``task_eval/evaluate_llama2.py``
+(the script that runs Hugging Face chat models through ``apply_chat_template``, as kvcert
+does) for the prompt and the clean-up of a prediction, and ``task_eval/evaluation.py``
+(``eval_question_answering``, which every script shares) for the metric — re-implemented
+here. ``evaluate_gpts.py`` differs: another adversarial choice ("Not mentioned in the
+conversation"), another mapping of the reply to a choice (``get_cat_5_answer``: a
+one-character reply means "a" if it holds "a", a three-character one "(a)", anything
+longer is kept), and no clean-up of other replies; on its mapping the two disagree for a
+third or more of the adversarial items, so scores of one are not comparable with the
+other's.
 
-**Data.** A JSON list of samples, each ``{"sample_id", "conversation", "qa"}``. The
-conversation holds ``speaker_a``, ``speaker_b`` and sessions ``session_<N>`` (lists
+**Data.** A JSON list of samples, each ``{"sample_id", "conversation", "qa"}`` (the
+release adds ``event_summary``, ``observation`` and ``session_summary``, unused here).
+The conversation holds ``speaker_a``, ``speaker_b`` and sessions ``session_<N>`` (lists
 of turns ``{"speaker", "dia_id", "text", ...}``; a shared image adds ``img_url`` and
 ``blip_caption``) with their dates ``session_<N>_date_time``. A QA item is
 ``{"question", "answer", "evidence", "category"}``; adversarial items (category 5)
-carry ``adversarial_answer`` — a tempting answer the conversation does not support —
-instead of (or besides) ``answer``.
+carry ``adversarial_answer`` — a tempting answer the conversation does not support.
+The released file lacks ``answer`` on 444 of its 446 category-5 items, where
+``evaluate_llama2.py`` reads ``qa["answer"]`` (and so stops with a ``KeyError``); kvcert
+offers ``adversarial_answer`` as the tempting choice there (and ``answer`` only when an
+item has no ``adversarial_answer``), which is what the item means.
 
 **Categories** (integer codes of the release, as the official scoring treats them):
 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial.
 
-**Prompt.** The context opens with the official conversation preamble (its typo
-"wriiten" kept), then every session as ``DATE: <date>`` / ``CONVERSATION:`` and one
-line per turn ``<speaker> said, "<text>"`` (plus `` [shares <caption>]`` for an
-image). The question part is the official short-answer instruction with the
-question; a temporal question gets " Use DATE of CONVERSATION to answer with an
-approximate date."; an adversarial question becomes a two-way choice between
-"No information available" and the adversarial answer, in an order drawn by a coin
-flip (seeded here, per item) as in the official script. Our choices: the whole
+**Prompt** (``evaluate_llama2.py``). The context opens with the official conversation
+preamble (its typo "wriiten" kept), then every session as ``DATE: <date>`` /
+``CONVERSATION:`` and one line per turn ``<speaker> said, "<text>"`` (plus
+`` [shares <caption>]`` for an image). The question part is the official short-answer
+instruction with the question; a temporal question gets " Use DATE of CONVERSATION to
+answer with an approximate date."; an adversarial question becomes a two-way choice
+between "No information available" and the adversarial answer, in an order drawn by a
+coin flip (seeded here, per item) as in the official script. Our choices: the whole
 conversation is kept (the official script drops the oldest turns to fit a 4k-32k
 window; kvcert sizes models to hold it); the speakers are named in the order
 ``speaker_a``, ``speaker_b`` (the script takes them from a ``set``, so its order
-varies); and the blank lines around the question are normalised to exactly one,
-the prompt separator (the script's text has four newlines there, which
-some BPE pre-tokenizers merge into one token across the context/question split).
-Answers are greedy, up to ``MAX_NEW_TOKENS`` (the script's per-question budget).
+varies); the blank lines around the question are normalised to exactly one, the prompt
+separator (the script's text has four newlines there, which some BPE pre-tokenizers
+merge into one token across the context/question split); no system message (the script
+adds one for Llama models only); and greedy decoding (the script samples at temperature
+0.4). Answers are up to ``MAX_NEW_TOKENS`` tokens (the script's per-question budget).
 
-**Scoring** (:func:`score_locomo`): Porter-stemmed token F1 after LoCoMo's
-normalisation (commas dropped, lower-case, punctuation dropped, the words
-a/an/the/and dropped, whitespace collapsed). Multi-hop: prediction and gold are
-split on commas and each gold part takes its best F1 over the prediction parts; the
-score is the mean over gold parts. Open-domain: only the gold text before the first
-";" counts. Temporal and single-hop: plain F1. Adversarial: 1 when the prediction
-(after mapping a bare "(a)"/"(b)" choice to its option) contains "no information
-available" or "not mentioned", else 0.
+**Clean-up** (:func:`clean_prediction`, ``evaluate_llama2.py``): ``\\"`` becomes ``'``,
+the reply is stripped and cut to its first line. An adversarial reply then becomes the
+option it picks: option (a) when it contains "(a)" (case-insensitive), option (b)
+otherwise. Any other reply is lower-cased, loses every "(a)", "(b)", "a)", "b)" and
+"answer:" (in that order), and is stripped: ``"Answer: Camping"`` scores as
+``"camping"``.
+
+**Scoring** (:func:`score_locomo`, ``evaluation.py``, on the cleaned reply):
+Porter-stemmed token F1 after LoCoMo's normalisation (commas dropped, lower-case,
+punctuation dropped, the words a/an/the/and dropped, whitespace collapsed). Multi-hop:
+prediction and gold are split on commas and each gold part takes its best F1 over the
+prediction parts; the score is the mean over gold parts. Open-domain: only the gold
+text before the first ";" counts. Temporal and single-hop: plain F1. Adversarial: 1 when
+the (mapped) prediction contains "no information available" or "not mentioned", else 0.
 """
 
 from __future__ import annotations
@@ -60,7 +78,7 @@ from kvcert.tasks.records import TaskRecord
 
 __all__ = [
     "CATEGORY_NAMES", "MAX_NEW_TOKENS", "NO_INFORMATION", "TASK", "category_means",
-    "f1_score", "load_locomo", "locomo_records", "multi_answer_f1", "normalize_answer",
+    "clean_prediction", "f1_score", "load_locomo", "locomo_records", "multi_answer_f1", "normalize_answer",
     "question_prompt", "render_conversation", "resolve_adversarial_choice", "score_locomo",
     "score_record",
 ]
@@ -297,29 +315,39 @@ def multi_answer_f1(prediction: str, ground_truth: str) -> float:
 
 
 def resolve_adversarial_choice(prediction: str, choices: Mapping[str, str]) -> str:
-    """Map a bare choice ("a", "(b)", ...) to its option text, as the official script does.
+    """The option an adversarial reply picks, as ``evaluate_llama2.py`` maps it: option
+    (a) when the (cleaned) reply contains "(a)", case-insensitive; option (b) otherwise —
+    a reply naming neither, or writing the option's text, counts as (b)."""
+    return choices["a"] if "(a)" in prediction.lower() else choices["b"]
 
-    The prediction is stripped and lower-cased; one character means "a" if it is
-    "a" (else "b"); three characters mean "a" if they are "(a)" (else "b"); anything
-    longer is returned (stripped, lower-cased) unchanged.
-    """
-    text = prediction.strip().lower()
-    if len(text) == 1:
-        return choices["a"] if "a" in text else choices["b"]
-    if len(text) == 3:
-        return choices["a"] if "(a)" in text else choices["b"]
-    return text
+
+#: what ``evaluate_llama2.py`` deletes from a non-adversarial reply, in this order
+_REMOVED = ("(a)", "(b)", "a)", "b)", "answer:")
+
+
+def clean_prediction(prediction: str, choices: Mapping[str, str] | None = None) -> str:
+    """``evaluate_llama2.py``'s post-processing of a generated reply (module docstring):
+    the first line, then the picked option (``choices`` given: an adversarial item) or
+    the lower-cased text without "(a)", "(b)", "a)", "b)", "answer:"."""
+    text = prediction.replace('\\"', "'").strip()
+    text = text.split("\n")[0].strip()
+    if choices is not None:
+        return resolve_adversarial_choice(text.strip(), choices)
+    text = text.lower()
+    for piece in _REMOVED:
+        text = text.replace(piece, "")
+    return text.strip()
 
 
 def score_locomo(category: int, prediction: str, answer: Any,
                  choices: Mapping[str, str] | None = None) -> float:
-    """The LoCoMo score in [0, 1] of one prediction (see the module docstring)."""
+    """The LoCoMo score in [0, 1] of one raw reply (see the module docstring): cleaned by
+    :func:`clean_prediction`, then scored as ``evaluation.py`` does."""
     if isinstance(category, bool) or category not in CATEGORY_NAMES:
         raise ValueError(f"LoCoMo category must be one of 1..5, got {category!r}")
     answer = str(answer)
+    prediction = clean_prediction(prediction, choices if category == 5 else None)
     if category == 5:
-        if choices is not None:
-            prediction = resolve_adversarial_choice(prediction, choices)
         lowered = prediction.lower()
         return 1.0 if any(phrase in lowered for phrase in _ABSTENTIONS) else 0.0
     if category == 1:
@@ -330,7 +358,7 @@ def score_locomo(category: int, prediction: str, answer: Any,
 
 
 def score_record(record: TaskRecord, prediction: str) -> float:
-    """:func:`score_locomo` of a record built by :func:`locomo_records`."""
+    """:func:`score_locomo` of a record built by :func:`locomo_records` (the raw reply)."""
     metadata = record.metadata
     return score_locomo(metadata["category"], prediction, record.answers[0], metadata.get("choices"))
 

@@ -4,7 +4,9 @@ Source: Bai et al. 2023, "LongBench: A Bilingual, Multitask Benchmark for Long
 Context Understanding" (ACL 2024). The prompt templates (``DATASET2PROMPT``), the
 answer budgets (``DATASET2MAXLEN``) and the truncation rule follow the official
 ``config/dataset2prompt.json``, ``config/dataset2maxlen.json`` and ``pred.py`` of
-THUDM/LongBench (v1); the metrics live in :mod:`kvcert.tasks.longbench_metrics`.
+THUDM/LongBench (v1), for all 21 datasets (English, Chinese and code); the templates
+are the official strings character for character (narrativeqa's "asconcisely"
+included); the metrics live in :mod:`kvcert.tasks.longbench_metrics`.
 
 **Data.** The original hub dataset is driven by a loading script that current
 ``datasets`` no longer runs. :func:`load_longbench` reads instead, from a local
@@ -16,24 +18,26 @@ unpacks), or Parquet files — everything under ``<dir>/<dataset>/`` (e.g. the h
 is never picked up for ``<dataset>``. Every row must carry the eight official
 fields (``REQUIRED_FIELDS``).
 
-**Records.** :func:`longbench_records` fills the dataset's template, cuts the filled
-prompt in the middle as ``pred.py`` does when it has more than ``max_length``
-tokens (tokenize, keep the first and the last ``int(max_length / 2)`` tokens, decode
-both halves with special tokens skipped and join them), and only then hands it to
-the chat template (through :func:`kvcert.tasks.prompting.build_prompt_ids`). Two
-choices of ours: the prompt is tokenized *without* special tokens, so the budget
-counts text tokens only (``pred.py`` counts a Llama BOS, which the decode then
-drops); and ``max_length`` bounds the filled template, so the chat template's own
-tokens come on top of it, as in ``pred.py``.
+**Records.** :func:`longbench_records` fills the dataset's template and cuts it in
+the middle exactly as ``pred.py`` does (:func:`middle_truncate`): tokenize *with* the
+tokenizer's special tokens (a Llama or Mistral tokenizer adds BOS), and when that gives
+more than ``max_length`` ids keep the decoded first and last ``int(max_length / 2)``
+ids, special tokens skipped, joined. With a BOS-adding tokenizer this truncates a text
+of exactly ``max_length`` tokens, and the first half holds one text token fewer than
+the last. ``max_length`` bounds the filled template; the chat template is applied
+afterwards (through :func:`kvcert.tasks.prompting.build_prompt_ids`), so its own
+tokens come on top, as in ``pred.py``.
 
 The truncated prompt is split into ``context`` (instruction and document) and
-``question`` (the rest) at the blank line the template puts right after
-``{context}``; ``context + "\\n\\n" + question`` is exactly the (truncated) filled
-template. Templates without that blank line (trec, lcc, repobench-p) are refused.
-Note that ``pred.py`` applies no chat template at all to trec, triviaqa, samsum,
-lsht, lcc and repobench-p (``NO_CHAT_TEMPLATE_DATASETS``); kvcert renders every
-prompt through the model's chat template, so on triviaqa and samsum its scores are
-not comparable with published ones.
+``question`` (the rest) right after ``{context}``, at the newlines that follow it
+(:func:`split_template`): a blank line for most templates, one newline for trec and
+lsht, none for lcc and repobench-p; the record's ``separator`` holds them, so
+``context + separator + question`` is exactly the (truncated) filled template.
+``pred.py`` applies no chat template at all to trec, triviaqa, samsum, lsht, lcc and
+repobench-p (``NO_CHAT_TEMPLATE_DATASETS``); kvcert renders every prompt through the
+model's chat template, so on those six its scores are not comparable with published
+ones. The raw prediction is scored (:func:`score_record`): ``eval.py`` strips nothing,
+so neither does kvcert (a leading space or a trailing newline changes the score).
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from kvcert.tasks.longbench_metrics import DATASET2METRIC, score_sample
-from kvcert.tasks.prompting import PROMPT_SEPARATOR, build_prompt_ids
+from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.sources import HUB_PREFIX, hub_id, missing
 from kvcert.tasks.records import TaskRecord
 
@@ -54,13 +58,13 @@ __all__ = [
     "middle_truncate", "score_record", "split_template", "task_name",
 ]
 
-#: the official prompt templates of the English and code tasks.
+#: the official prompt templates (``config/dataset2prompt.json``), all 21 datasets.
 DATASET2PROMPT: dict[str, str] = {
     "narrativeqa": (
         "You are given a story, which can be either a novel or a movie script, and a question. "
-        "Answer the question as concisely as you can, using a single phrase if possible. Do not "
+        "Answer the question asconcisely as you can, using a single phrase if possible. Do not "
         "provide any explanation.\n\nStory: {context}\n\nNow, answer the question based on the "
-        "story as concisely as you can, using a single phrase if possible. Do not provide any "
+        "story asconcisely as you can, using a single phrase if possible. Do not provide any "
         "explanation.\n\nQuestion: {input}\n\nAnswer:"
     ),
     "qasper": (
@@ -78,6 +82,10 @@ DATASET2PROMPT: dict[str, str] = {
         "Read the following text and answer briefly.\n\n{context}\n\nNow, answer the following "
         "question based on the above text, only give me the answer and do not output any other "
         "words.\n\nQuestion: {input}\nAnswer:"
+    ),
+    "multifieldqa_zh": (
+        "阅读以下文字并用中文简短回答：\n\n{context}\n\n现在请基于上面的文章回答下面的问题，只告诉我答案，"
+        "不要输出任何其他字词。\n\n问题：{input}\n回答："
     ),
     "hotpotqa": (
         "Answer the question based on the given passages. Only give me the answer and do not "
@@ -97,6 +105,9 @@ DATASET2PROMPT: dict[str, str] = {
         "question based on the given passages. Only give me the answer and do not output any "
         "other words.\n\nQuestion: {input}\nAnswer:"
     ),
+    "dureader": (
+        "请基于给定的文章回答下述问题。\n\n文章：{context}\n\n请基于上述文章回答下面的问题。\n\n问题：{input}\n回答："
+    ),
     "gov_report": (
         "You are given a report by a government agency. Write a one-page summary of the "
         "report.\n\nReport:\n{context}\n\nNow, write a one-page summary of the report.\n\nSummary:"
@@ -111,6 +122,7 @@ DATASET2PROMPT: dict[str, str] = {
         "You are given several news passages. Write a one-page summary of all news. \n\nNews:\n"
         "{context}\n\nNow, write a one-page summary of all the news.\n\nSummary:"
     ),
+    "vcsum": "下面有一段会议记录，请你阅读后，写一段总结，总结会议的内容。\n会议记录：\n{context}\n\n会议总结：",
     "trec": (
         "Please determine the type of the question below. Here are some examples of "
         "questions.\n\n{context}\n{input}"
@@ -123,6 +135,7 @@ DATASET2PROMPT: dict[str, str] = {
         "Summarize the dialogue into a few short sentences. The following are some "
         "examples.\n\n{context}\n\n{input}"
     ),
+    "lsht": "请判断给定新闻的类别，下面是一些例子。\n\n{context}\n{input}",
     "passage_count": (
         "There are some paragraphs below sourced from Wikipedia. Some of them may be duplicates. "
         "Please carefully read these paragraphs and determine how many unique paragraphs there "
@@ -137,16 +150,21 @@ DATASET2PROMPT: dict[str, str] = {
         "\n\nPlease enter the number of the paragraph that the abstract is from. The answer "
         "format must be like \"Paragraph 1\", \"Paragraph 2\", etc.\n\nThe answer is: "
     ),
+    "passage_retrieval_zh": (
+        "以下是若干段落文字，以及其中一个段落的摘要。请确定给定的摘要出自哪一段。\n\n{context}\n\n下面是一个摘要\n\n"
+        "{input}\n\n请输入摘要所属段落的编号。答案格式必须是\"段落1\"，\"段落2\"等格式\n\n答案是："
+    ),
     "lcc": "Please complete the code given below. \n{context}Next line of code:\n",
     "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
 }
 
-#: the official ``max_new_tokens`` of each task.
+#: the official ``max_new_tokens`` of each task (``config/dataset2maxlen.json``).
 DATASET2MAXLEN: dict[str, int] = {
-    "narrativeqa": 128, "qasper": 128, "multifieldqa_en": 64, "hotpotqa": 32,
-    "2wikimqa": 32, "musique": 32, "gov_report": 512, "qmsum": 512, "multi_news": 512,
-    "trec": 64, "triviaqa": 32, "samsum": 128, "passage_count": 32,
-    "passage_retrieval_en": 32, "lcc": 64, "repobench-p": 64,
+    "narrativeqa": 128, "qasper": 128, "multifieldqa_en": 64, "multifieldqa_zh": 64,
+    "hotpotqa": 32, "2wikimqa": 32, "musique": 32, "dureader": 128, "gov_report": 512,
+    "qmsum": 512, "multi_news": 512, "vcsum": 512, "trec": 64, "triviaqa": 32,
+    "samsum": 128, "lsht": 64, "passage_count": 32, "passage_retrieval_en": 32,
+    "passage_retrieval_zh": 32, "lcc": 64, "repobench-p": 64,
 }
 
 #: the single-document and multi-document English QA tasks (the paper profile's set).
@@ -300,12 +318,13 @@ def _checked_row(row: Any, where: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------ records
 
-def split_template(dataset: str) -> tuple[str, str]:
-    """``(head, question)``: the template before and after ``{context}`` + blank line.
+def split_template(dataset: str) -> tuple[str, str, str]:
+    """``(head, separator, question)`` of the dataset's template.
 
-    ``head`` ends with ``{context}``; ``question`` is the template part that follows
-    the blank line. Raises ``ValueError`` for a template without that blank line, or
-    one that puts ``{input}`` before the document.
+    ``head`` ends with ``{context}``; ``separator`` is the run of newlines right after
+    it (``"\\n\\n"``, ``"\\n"`` or empty); ``question`` is the rest of the template.
+    Raises ``ValueError`` for an unknown dataset, or a template that asks its question
+    (``{input}``) before the document.
     """
     try:
         template = DATASET2PROMPT[dataset]
@@ -313,31 +332,30 @@ def split_template(dataset: str) -> tuple[str, str]:
         raise ValueError(
             f"no LongBench prompt template for {dataset!r}; known: {', '.join(sorted(DATASET2PROMPT))}"
         ) from None
-    marker = "{context}" + PROMPT_SEPARATOR
-    if template.count("{context}") != 1 or marker not in template:
-        raise ValueError(
-            f"the {dataset!r} template has no blank line right after {{context}}; it cannot be "
-            "split into a context part and a question part"
-        )
-    cut = template.index(marker) + len("{context}")
-    head, question = template[:cut], template[cut + len(PROMPT_SEPARATOR):]
+    if template.count("{context}") != 1:
+        raise ValueError(f"the {dataset!r} template does not hold {{context}} exactly once")
+    cut = template.index("{context}") + len("{context}")
+    head, rest = template[:cut], template[cut:]
+    question = rest.lstrip("\n")
     if "{input}" in head:
         raise ValueError(f"the {dataset!r} template asks its question before the document")
-    return head, question
+    return head, rest[: len(rest) - len(question)], question
 
 
 def middle_truncate(tokenizer: Any, text: str, max_length: int) -> tuple[str, int, bool]:
-    """``(text, n_tokens, truncated)``: pred.py's middle truncation of ``text``.
+    """``(text, n_tokens, truncated)``: ``pred.py``'s middle truncation of ``text``.
 
-    ``n_tokens`` counts the tokens of ``text`` (no special tokens). Above
-    ``max_length`` the text becomes the decoded first ``int(max_length / 2)`` tokens
-    followed by the decoded last ``int(max_length / 2)`` tokens. Re-encoding the
-    result gives those tokens back except near the junction, where the two halves
-    meet inside a word and may tokenize differently (a few tokens).
+    ``n_tokens`` counts the ids of ``tokenizer(text)`` *with* its special tokens, as
+    ``pred.py`` does (a BOS-adding tokenizer counts its BOS). Above ``max_length`` the
+    text becomes the decoded first ``int(max_length / 2)`` ids followed by the decoded
+    last ``int(max_length / 2)`` ids, special tokens skipped (so a BOS costs the first
+    half one text token). Re-encoding the result gives those tokens back except near
+    the junction, where the two halves meet inside a word and may tokenize differently
+    (a few tokens).
     """
     if max_length < 2:
         raise ValueError(f"max_length must be at least 2, got {max_length}")
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    ids = list(tokenizer(text, truncation=False)["input_ids"])
     if len(ids) <= max_length:
         return text, len(ids), False
     half = int(max_length / 2)
@@ -351,12 +369,13 @@ def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: A
     """Task records of ``dataset`` (see the module docstring).
 
     ``metadata``: ``dataset``, ``all_classes``, ``max_new_tokens`` (the official
-    answer budget), ``original_length`` (tokens of the filled template),
-    ``truncated``, ``_id``, ``language``, ``longbench_length`` (the row's own
-    ``length`` field) and ``target_tokens`` (= ``max_length``). ``length`` is the
-    number of prompt tokens after the chat template.
+    answer budget), ``original_length`` (ids of the filled template, special tokens
+    included, as ``pred.py`` counts them), ``truncated``, ``_id``, ``language``,
+    ``longbench_length`` (the row's own ``length`` field) and ``target_tokens``
+    (= ``max_length``). ``length`` is the number of prompt tokens after the chat
+    template.
     """
-    _, question_template = split_template(dataset)
+    _, separator, question_template = split_template(dataset)
     template = DATASET2PROMPT[dataset]
     records = []
     for index, row in enumerate(rows):
@@ -364,7 +383,7 @@ def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: A
         _checked_row(row, where)
         filled = template.format(**row)
         question = question_template.format(**row)
-        ending = PROMPT_SEPARATOR + question  # ``filled`` ends with it by construction
+        ending = separator + question  # ``filled`` ends with it by construction
         text, n_tokens, truncated = middle_truncate(tokenizer, filled, max_length)
         if not text.endswith(ending):
             raise ValueError(
@@ -391,13 +410,16 @@ def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: A
             question=question,
             answers=[str(answer) for answer in row["answers"]],
             metadata=metadata,
+            separator=separator,
         )
         records.append(replace(record, length=len(build_prompt_ids(tokenizer, record)[0])))
     return records
 
 
 def score_record(record: TaskRecord, prediction: str) -> float:
-    """The LongBench score in [0, 1] of ``prediction`` for one record."""
+    """The LongBench score in [0, 1] of the raw ``prediction`` for one record (what
+    ``eval.py`` scores: nothing stripped; the first-line cut of trec, triviaqa, samsum
+    and lsht happens inside :func:`~kvcert.tasks.longbench_metrics.score_sample`)."""
     metadata = record.metadata
     return score_sample(metadata["dataset"], prediction, record.answers, metadata["all_classes"])
 

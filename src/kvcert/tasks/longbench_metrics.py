@@ -26,17 +26,26 @@ Per-answer metrics, each ``(prediction, ground_truth, **kwargs) -> float`` in [0
 - :func:`count_score` — the share of the prediction's numbers equal to the gold count.
 - :func:`code_sim_score` — ``fuzz.ratio / 100`` between the gold line and the first
   line of the prediction that contains none of "`", "#", "//".
+- Chinese (multifieldqa_zh, dureader, vcsum, lsht, passage_retrieval_zh):
+  :func:`qa_f1_zh_score` — token F1 over ``jieba.cut`` words, each passed through
+  :func:`normalize_zh_answer` (lower-case, ASCII and Chinese punctuation dropped,
+  whitespace dropped) and empty words discarded; :func:`rouge_zh_score` — ROUGE-L F of
+  the jieba words joined by spaces; :func:`retrieval_zh_score` — as
+  :func:`retrieval_score` with the gold written "段落N"; lsht uses
+  :func:`classification_score`.
 
 Aggregation (``eval.py``): for trec, triviaqa, samsum and lsht the prediction is first
 cut to its first line (after dropping leading newlines); a sample scores the maximum
 over its gold answers (starting from 0); a task scores ``round(100 * mean, 2)``.
-The Chinese metrics (jieba-based) are out of scope: ``DATASET2METRIC`` covers the
-English and code tasks.
+``DATASET2METRIC`` covers all 21 datasets. The prediction is scored as generated:
+``eval.py`` strips nothing (``" \\nParis"`` scores 0 on triviaqa, ``"x.\\n"`` 0.67 ROUGE-L
+against ``"x"``), and neither do these functions or the generation engine.
 """
 
 from __future__ import annotations
 
 import re
+import string
 import warnings
 from collections import Counter
 from typing import Callable, Sequence
@@ -45,8 +54,9 @@ from kvcert.tasks.metrics import normalize_answer
 
 __all__ = [
     "DATASET2METRIC", "FIRST_LINE_DATASETS", "classification_score", "code_sim_score",
-    "count_score", "first_line", "normalize_answer", "qa_f1_score", "retrieval_score",
-    "rouge_score", "score_sample", "score_task",
+    "count_score", "first_line", "normalize_answer", "normalize_zh_answer", "qa_f1_score",
+    "qa_f1_zh_score", "retrieval_score", "retrieval_zh_score", "rouge_score", "rouge_zh_score",
+    "score_sample", "score_task",
 ]
 
 
@@ -135,24 +145,74 @@ def code_sim_score(prediction: str, ground_truth: str, **_: object) -> float:
     return fuzz.ratio(line, ground_truth) / 100
 
 
+# ------------------------------------------------------------------ Chinese
+
+#: the Chinese punctuation ``normalize_zh_answer`` drops besides ASCII's (metrics.py's list)
+CN_PUNCTUATION = ("！？｡。＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､、〃》「」『』【】〔〕〖〗〘〙〚〛〜〝〞〟〰〾〿"
+                  "–—‘’‛“”„‟…‧﹏.")
+_ZH_PUNCTUATION = frozenset(string.punctuation + CN_PUNCTUATION)
+
+
+def _jieba_words(text: str) -> list[str]:
+    import logging
+
+    import jieba
+
+    jieba.setLogLevel(logging.WARNING)  # its dictionary-loading banner is noise in logs
+    return list(jieba.cut(text, cut_all=False))
+
+
+def normalize_zh_answer(text: str) -> str:
+    """Lower-case, drop ASCII and Chinese punctuation, drop every whitespace."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _ZH_PUNCTUATION)
+    return "".join(text.split())
+
+
+def qa_f1_zh_score(prediction: str, ground_truth: str, **_: object) -> float:
+    """Token F1 over jieba words, each normalised, empty ones dropped."""
+    def words(text: str) -> list[str]:
+        return [w for w in (normalize_zh_answer(t) for t in _jieba_words(text)) if w]
+
+    return _token_f1(words(prediction), words(ground_truth))
+
+
+def rouge_zh_score(prediction: str, ground_truth: str, **_: object) -> float:
+    """ROUGE-L F of the jieba words joined by spaces."""
+    return rouge_score(" ".join(_jieba_words(prediction)), " ".join(_jieba_words(ground_truth)))
+
+
+def retrieval_zh_score(prediction: str, ground_truth: str, **_: object) -> float:
+    """Share of the prediction's numbers that equal the gold paragraph number ("段落N")."""
+    found = re.findall(r"段落(\d+)", ground_truth)
+    if not found:
+        raise ValueError(f"retrieval gold answer {ground_truth!r} names no '段落N'")
+    return _share_equal(_numbers(prediction), found[0])
+
+
 Metric = Callable[..., float]
 
-#: LongBench v1 English and code tasks -> metric (as in the official eval.py).
+#: LongBench v1's 21 datasets -> metric (as in the official eval.py).
 DATASET2METRIC: dict[str, Metric] = {
     "narrativeqa": qa_f1_score,
     "qasper": qa_f1_score,
     "multifieldqa_en": qa_f1_score,
+    "multifieldqa_zh": qa_f1_zh_score,
     "hotpotqa": qa_f1_score,
     "2wikimqa": qa_f1_score,
     "musique": qa_f1_score,
+    "dureader": rouge_zh_score,
     "gov_report": rouge_score,
     "qmsum": rouge_score,
     "multi_news": rouge_score,
+    "vcsum": rouge_zh_score,
     "trec": classification_score,
     "triviaqa": qa_f1_score,
     "samsum": rouge_score,
+    "lsht": classification_score,
     "passage_count": count_score,
     "passage_retrieval_en": retrieval_score,
+    "passage_retrieval_zh": retrieval_zh_score,
     "lcc": code_sim_score,
     "repobench-p": code_sim_score,
 }

@@ -1,0 +1,151 @@
+"""The rehearsal: the paper profile's code path end to end, on stand-ins (issue 14).
+
+The README's steps, as a cluster user follows them: ``kvcert make-rehearsal --out DIR``
+(tiny Qwen2, Llama and Mistral checkpoints with BPE tokenizers and chat templates,
+LongBench files as jsonl and Parquet, a LoCoMo file), the three exports of its
+``env.sh``, then ``snakemake --cores all --config experiment=rehearsal`` from a fresh
+working folder with the repository's frozen pre-registration. Every rule of the paper
+profile runs: manifests of every task, the main, multi-turn and LoCoMo cells, the replay
+on longbench_hotpotqa, score, claims, report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvcert.pipeline.plan import build_plan, load_grid
+from kvcert.tasks.records import read_jsonl
+
+from longbench_official import OFFICIAL_PROMPT_SHA256, official_truncation
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENT = "rehearsal"
+ARCHITECTURES = {"Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}
+JUNCTION_SLACK = 2  # re-encoding the joined halves may differ by a token or two at the cut
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return build_plan(EXPERIMENT, load_grid(REPO / "preregistration", "grids/rehearsal.yaml"))
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory):
+    """The stand-ins, the environment they need, and the finished run's results folder."""
+    root = tmp_path_factory.mktemp("rehearsal")
+    made = subprocess.run([sys.executable, "-m", "kvcert.cli", "make-rehearsal", "--out", str(root / "sources")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stdout + made.stderr
+    env = dict(os.environ)
+    for line in (root / "sources" / "env.sh").read_text().splitlines():
+        key, value = line.removeprefix("export ").split("=", 1)
+        env[key] = value.strip("'")
+    env.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    work = root / "work"
+    work.mkdir()
+    t0 = time.time()
+    run = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "all",
+                          "--config", f"experiment={EXPERIMENT}", f"prereg={REPO / 'preregistration'}"],
+                         cwd=work, capture_output=True, text=True, timeout=1500, env=env)
+    print(f"rehearsal: snakemake took {time.time() - t0:.0f} s")
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    return {"sources": root / "sources", "out": work / "results" / EXPERIMENT, "env": env}
+
+
+def test_every_rule_ran_and_every_shard_holds_its_planned_generations(rehearsal, plan):
+    out = rehearsal["out"]
+    for manifest in plan.manifests:
+        assert len(read_jsonl(out / manifest.path)) == manifest.examples, manifest.path
+    per_cell: dict[str, int] = {}
+    for shard in plan.shards:
+        lines = [json.loads(line) for line in (out / shard.path).read_text().splitlines()]
+        assert len(lines) == shard.generations, shard.path
+        keys = {(r["example_id"], r["condition"], r["method"], r["budget"]) for r in lines}
+        assert len(keys) == shard.generations
+        per_cell[shard.cell] = per_cell.get(shard.cell, 0) + len(lines)
+    assert per_cell == {"main": 780, "multiturn": 18, "locomo": 75}
+    assert sum(per_cell.values()) == plan.generations
+    for replay in plan.replays:
+        assert replay.task == "longbench_hotpotqa"
+        stem = out / "replay" / replay.model / f"{replay.task}-{replay.length}"
+        assert Path(f"{stem}.parquet").stat().st_size > 0
+        assert json.loads(Path(f"{stem}.impossibility.json").read_text())
+    assert {r.length for r in plan.replays} == {768, 1536}
+
+
+def test_records_come_from_every_architecture(rehearsal, plan):
+    out, sources = rehearsal["out"], rehearsal["sources"]
+    seen = set()
+    for model in plan.grid["models"]:
+        config = json.loads((sources / "models" / model / "config.json").read_text())
+        assert config["dtype"] == "bfloat16"
+        seen.update(config["architectures"])
+        shards = [s for s in plan.shards if s.model == model]
+        first = json.loads((out / shards[0].path).read_text().splitlines()[0])
+        assert first["model"] == model
+    assert seen == ARCHITECTURES
+
+
+def test_every_prompt_is_within_its_length(rehearsal, plan):
+    from transformers import AutoTokenizer
+
+    out, sources = rehearsal["out"], rehearsal["sources"]
+    for manifest in plan.manifests:
+        tokenizer = AutoTokenizer.from_pretrained(sources / "models" / manifest.model)
+        records = {r.id: r for r in read_jsonl(out / manifest.path)}
+        for record in records.values():
+            if record.task.startswith("longbench_"):
+                # pred.py's budget bounds the filled template; the chat template comes on top
+                user = record.context + record.separator + record.question
+                assert record.metadata["truncated"], record.id  # both lengths force the middle cut
+                assert len(tokenizer(user).input_ids) <= manifest.length + JUNCTION_SLACK, record.id
+            elif record.task == "locomo":
+                assert record.metadata["target_tokens"] == record.length
+            else:
+                assert record.length <= manifest.length, record.id
+        for shard in (s for s in plan.shards if (s.model, s.task, s.length) == (manifest.model, manifest.task, manifest.length)):
+            for line in (out / shard.path).read_text().splitlines():
+                generation = json.loads(line)
+                assert generation["prompt_tokens"] == records[generation["example_id"]].length
+
+
+def test_longbench_prompts_are_the_official_templates(rehearsal, plan):
+    from transformers import AutoTokenizer
+
+    from kvcert.tasks.longbench import DATASET2PROMPT, load_longbench
+
+    out, sources = rehearsal["out"], rehearsal["sources"]
+    checked = 0
+    for manifest in plan.manifests:
+        if not manifest.task.startswith("longbench_"):
+            continue
+        dataset = manifest.task.removeprefix("longbench_")
+        template = DATASET2PROMPT[dataset]
+        assert hashlib.sha256(template.encode()).hexdigest()[:16] == OFFICIAL_PROMPT_SHA256[dataset]
+        tokenizer = AutoTokenizer.from_pretrained(sources / "models" / manifest.model)
+        rows = {row["_id"]: row for row in load_longbench(rehearsal["env"]["LONGBENCH_DIR"], dataset)}
+        for record in read_jsonl(out / manifest.path):
+            expected = official_truncation(tokenizer, template.format(**rows[record.metadata["_id"]]), manifest.length)
+            assert record.context + record.separator + record.question == expected, record.id
+            checked += 1
+    assert checked == 3 * 2 * 4 * 2  # models x lengths x tasks x examples
+
+
+def test_the_report_has_seven_verdicts(rehearsal):
+    out = rehearsal["out"]
+    claims = json.loads((out / "claims.json").read_text())["claims"]
+    assert [c["id"] for c in claims] == [f"C{i}" for i in range(1, 8)]
+    assert all(c["verdict"] in {"holds", "killed", "inconclusive"} for c in claims)  # random weights: any
+    report = (out / "report.md").read_text()
+    assert all(f"| C{i} |" in report for i in range(1, 8))
+    assert (out / "report.html").stat().st_size > 0
