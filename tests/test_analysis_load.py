@@ -217,3 +217,19 @@ def test_records_of_the_generation_engine_load(prereg, tmp_path):
     assert np.isnan(df.loc[2, "cert_signal"]) and np.isnan(df.loc[0, "cert_signal"])
     assert df.loc[0, "label"] == "full" and df.loc[1, "label"] in ("correct", "induced", "inherent")
     assert not df["pre_freeze"].any()
+
+
+def test_scoring_removes_the_claims_and_report_it_makes_stale(prereg, tmp_path):
+    """Scores redone (or failing) in a results folder: the old claims.json, report.* and
+    summary.json there described other scores, so they are removed before anything else."""
+    from kvcert.analysis.steps import score_step
+
+    folder, fr = prereg
+    out = tmp_path / "results"
+    out.mkdir()
+    for name in ("claims.json", "report.md", "report.html", "summary.json"):
+        (out / name).write_text("old")
+    bad = write_shard([rec("a", "f" * 64)], tmp_path / "foreign.jsonl")
+    with pytest.raises(RecordRefused):
+        score_step([bad], folder, out / "scores.parquet")
+    assert not any((out / n).exists() for n in ("claims.json", "report.md", "report.html", "summary.json"))

@@ -314,3 +314,33 @@ def test_short_prompt_without_a_random_tail_is_uncertified_not_exact(loaded, tok
     long = engine(loaded, condition="aware").run(generate_task("needle", tokenizer, 1, 300, seed=5)[0])
     assert long["certificate_status"] == "certified"
     assert engine(loaded, condition="aware", sampler="topk").run(record)["certificate_status"] is None
+
+
+def test_generate_answer_is_one_call(loaded):
+    """kvcert.generate_answer: context + question → the engine's record (answer, tokens,
+    certificates, kept fraction), for a compressed and a full cache; compression_ratio is
+    kvpress's fraction removed."""
+    from kvcert import generate_answer
+
+    model, tok = loaded
+    context = " ".join(["The grass is green. The sky is blue."] * 30) + " One of the special magic numbers for pocket is: 1234567."
+    question = "What is the special magic number for pocket?"
+    out = generate_answer(model, tok, context, question, method="snapkv-poisson", compression_ratio=0.75,
+                          max_new_tokens=4)
+    assert out["condition"] == "aware" and out["budget"] == pytest.approx(0.25) and out["method"] == "snapkv-poisson"
+    assert isinstance(out["answer"], str) and 1 <= len(out["tokens"]) <= 4
+    assert out["certificate_status"] == "certified" and out["certificate"]["steps"]["mean"]
+    assert 0.2 < sum(out["kept_fraction"]) / len(out["kept_fraction"]) < 0.35 and "score" not in out
+    full = generate_answer(model, tok, context, question, condition="full", max_new_tokens=4)
+    assert full["certificate"] is None and full["condition"] == "full"
+    assert full["tokens"] == Engine(model, tok, GenerationSpec.from_dict(job(condition="full", max_new_tokens=4))).run(
+        _record(context, question))["tokens"]
+    with pytest.raises(ValueError, match="method"):
+        generate_answer(model, tok, context, question, method="snapkv")
+
+
+def _record(context, question):
+    from kvcert.tasks import TaskRecord
+
+    return TaskRecord(id="x", task="unscored", context=context, question=question, answers=["-"],
+                      metadata={"target_tokens": 0})

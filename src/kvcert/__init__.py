@@ -9,7 +9,8 @@ Tensor-level API (no model needed):
   and the radius ε_δ.
 
 Model-level API: :func:`enable_certified_attention`, :class:`CertifiedCache`,
-:class:`EvictionPress`.
+:class:`EvictionPress`, and :func:`generate_answer` (context + question → answer and
+certificates in one call, like kvpress's text-generation pipeline).
 
 Names are imported on first use, so light modules (the pipeline's planning, the
 pre-registration check) load without torch.
@@ -29,6 +30,7 @@ _EXPORTS = {
     "poisson_sample": "design", "priority_sample": "design", "sample_retention": "design", "topk_sample": "design",
     "enable_certified_attention": "integration",
     "EvictionPress": "press",
+    "generate_answer": "textgen",
 }
 
 __all__ = sorted(_EXPORTS)

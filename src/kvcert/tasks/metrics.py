@@ -60,12 +60,18 @@ def recall(prediction: str, answers: list[str]) -> float:
 
 Scorer = Callable[[str, list[str]], float]
 
+
+def unscored(prediction: str, answers: list[str]) -> float:
+    """Free text without gold answers (``kvcert.generate_answer``): no score (NaN)."""
+    return float("nan")
+
 #: task name -> scorer; loaders that add tasks register their scorer here.
 SCORERS: dict[str, Scorer] = {
     "needle": string_match_all,
     "lookalike": string_match_all,
     "multikey": recall,
     "multiturn": recall,
+    "unscored": unscored,
 }
 
 

@@ -1,0 +1,54 @@
+"""One call from a context and a question to an answer over an evicted cache — kvcert's
+counterpart of kvpress's text-generation pipeline.
+
+    from kvcert import generate_answer
+    out = generate_answer(model, tokenizer, context, question, method="snapkv-poisson", budget=0.25)
+    out["answer"], out["certificate"], out["kept_fraction"]
+
+The prompt is rendered through the tokenizer's chat template exactly as the pipeline's
+records are (:mod:`kvcert.tasks.prompting`); the generation runs through the same engine
+(:class:`kvcert.generation.engine.Engine`), so the returned dict is a generation record:
+the raw answer, its tokens and log-probabilities, the per-step certificates (plug-in and
+robust), the kept fraction per layer and the cache's bytes. ``budget`` is the fraction
+kept, ``compression_ratio`` kvpress's fraction removed (one of the two); ``condition``
+``aware`` compresses after the question, ``streaming`` before it, ``full`` not at all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .checks import kept_budget
+
+
+def generate_answer(model: Any, tokenizer: Any, context: str, question: str, *, method: str = "snapkv-poisson",
+                    budget: float | None = None, compression_ratio: float | None = None,
+                    condition: str = "aware", max_new_tokens: int = 32, separator: str = "\n\n",
+                    answer_prefix: str = "", seed: int = 0, delta: float = 0.1) -> dict:
+    """Answer ``question`` about ``context`` (see the module docstring); ``method`` is
+    ``<scorer>-<sampler>`` (e.g. ``snapkv-poisson``, ``tova-topk``) or ``full``."""
+    from .generation.engine import Engine
+    from .generation.spec import CertificateSpec, GenerationSpec, MethodSpec
+    from .integration import enable_certified_attention
+    from .models import ModelSpec
+    from .tasks.records import TaskRecord
+
+    if condition == "full" or method == "full":
+        condition, method_spec, kept = "full", MethodSpec(), 1.0
+    else:
+        scorer, _, sampler = method.rpartition("-")
+        if not scorer:
+            raise ValueError(f"method: {method!r} is not <scorer>-<sampler> (e.g. snapkv-poisson) or full")
+        method_spec = MethodSpec(name=method, scorer=scorer, sampler=sampler)
+        kept = kept_budget(budget, compression_ratio, default=0.25)
+    if model.config._attn_implementation != "kvcert":
+        enable_certified_attention(model)
+    spec = GenerationSpec(model=ModelSpec(name=getattr(model.config, "_name_or_path", "") or "model"),
+                          method=method_spec, condition=condition, budget=kept, seed=seed,
+                          max_new_tokens=max_new_tokens, certificate=CertificateSpec(delta=delta))
+    record = TaskRecord(id="generate_answer", task="unscored", context=context, question=question, answers=["-"],
+                        metadata={"target_tokens": 0}, separator=separator, answer_prefix=answer_prefix)
+    out = Engine(model, tokenizer, spec).run(record)
+    for key in ("score", "answers", "metadata", "example_id", "task", "target_tokens"):
+        out.pop(key, None)
+    return out
