@@ -124,7 +124,8 @@ def wait_for_lines(path: Path, count: int, proc: subprocess.Popen | None = None,
 
 
 def seed_workdir(workdir: Path, reference: Path, *paths: str) -> Path:
-    """A fresh run folder holding copies (times kept) of ``paths`` of the reference run (default: the model)."""
+    """A fresh run folder holding copies (times kept) of ``paths`` of the reference run (default: the model),
+    finished shards with their seals."""
     workdir.mkdir(parents=True, exist_ok=True)
     for rel in paths or (MODEL,):
         src, dst = reference / rel, workdir / rel
@@ -133,6 +134,9 @@ def seed_workdir(workdir: Path, reference: Path, *paths: str) -> Path:
             shutil.copytree(src, dst, copy_function=shutil.copy2)
         else:
             shutil.copy2(src, dst)
+            seal = src.with_name(src.name + ".seal.json")  # a finished shard travels with its seal
+            if seal.exists():
+                shutil.copy2(seal, dst.with_name(seal.name))
     return workdir
 
 

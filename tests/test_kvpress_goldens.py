@@ -68,9 +68,9 @@ def kvcert_kept(model, method: str, compression_ratio: float, monkeypatch) -> li
     samples = []
     original = CompactLayer.compact
 
-    def recording(layer, sample, start=0, end=None):
+    def recording(layer, sample, start=0, end=None, **kwargs):
         samples.append(sample.kept_mask()[0])
-        return original(layer, sample, start, end)
+        return original(layer, sample, start, end, **kwargs)
 
     monkeypatch.setattr(CompactLayer, "compact", recording)
     ids = torch.tensor([GOLDEN["input_ids"]])
