@@ -32,7 +32,7 @@ evicted summands of the r shadow tokens of the KV head (int8 keys k̃ = scale·c
 error e, value deviation d), with the final m and l of each query row::
 
     U_j = (q·k̃_j + ‖q‖ e_j)·scale·log2(e)        t_j = 2^(U_j − m − log2 l) · (d_j + ‖ô − c‖)
-    shadow_variance = Σ_j t_j²                    shadow_range = max_j t_j
+    shadow_sum = Σ_j t_j                     shadow_range = max_j t_j
 
 (blocks of ``BLOCK_R`` shadow slots; slots ≥ the head's count are masked). It runs once per
 (batch, KV head), after the pass over the cache: r ≪ L, so it adds r·(D + 16) bytes to
@@ -78,7 +78,7 @@ def _sketch_epilogue(
     stride_knb, stride_knh,
     GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
-    """Σ t_j² and max t_j of the KV head's shadow tokens for the group's query rows (see the module docstring)."""
+    """Σ t_j and max t_j of the KV head's shadow tokens for the group's query rows (see the module docstring)."""
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, BLOCK_D)
     offs_r = tl.arange(0, BLOCK_R)
@@ -103,7 +103,7 @@ def _sketch_epilogue(
         u = (u + qn[:, None] * kerr[None, :]) * scale_log2e
         t = tl.exp2(u - lse2[:, None]) * (vdev[None, :] + oc[:, None])
         t = tl.where(r_ok[None, :] & g_ok[:, None], t, 0.0)
-        sv += tl.sum(t * t, 1)
+        sv += tl.sum(t, 1)
         sr = tl.maximum(sr, tl.max(t, 1))
     tl.store(SV + srow, sv, mask=g_ok)
     tl.store(SR + srow, sr, mask=g_ok)
@@ -452,7 +452,7 @@ def certified_decode(
 
     ``sketch`` (a :class:`kvcert.sketch.EvictionSketch` of the same batch and KV heads, with
     the certificate): the shadow terms are computed too, and two more tensors are returned,
-    shadow_variance and shadow_range (fp32, the stat shape).
+    shadow_sum and shadow_range (fp32, the stat shape).
     """
     _check(query, key, value, log_pi, centre, lengths)
     if sketch is not None and not certificate:

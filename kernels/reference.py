@@ -97,7 +97,7 @@ def variance_scale(
 
 def sketch_reference(query: torch.Tensor, sketch, centre: torch.Tensor, scaling: float,
                      ref: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float64 shadow terms (Σ t_j², max t_j) [B, Hq] of an eviction sketch, from :func:`decode_reference`'s
+    """Float64 shadow terms (Σ t_j, max t_j) [B, Hq] of an eviction sketch, from :func:`decode_reference`'s
     output and lse (``ref``); a head with no valid slot (lse −inf) gets 0, as the kernel."""
     from kvcert.sketch import sketch_terms
 

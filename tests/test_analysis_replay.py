@@ -51,7 +51,7 @@ def test_shape_and_columns(setup):
     assert (df["covered_robust"] == (df["error"] <= df["radius_robust"])).all()
     assert (df["anytime_radius"] >= df["radius"] - 1e-15).all()  # δ_t ≤ δ widens the radius
     assert (df["radius_robust"] >= df["radius"] - 1e-15).all() and (df["shadow_range"] >= 0).all()
-    assert (df["shadow_variance"] > 0).any()  # the sketch bounds some evicted summand
+    assert (df["shadow_sum"] > 0).any()  # the sketch bounds some evicted summand
     assert (df["kv_head"] == df["head"] // 2).all()
 
 

@@ -215,7 +215,7 @@ def test_compaction_keeps_an_eviction_sketch(arch):
     cache.pop_steps()
     model(input_ids=x[:, 580:581], cache=cache)
     step = cache.pop_steps()[0]
-    assert set(step.shadow_variance) == set(step.variance) and all(torch.all(v >= 0) for v in step.shadow_range.values())
+    assert set(step.shadow_sum) == set(step.variance) and all(torch.all(v >= 0) for v in step.shadow_range.values())
     assert any(bool((v > 0).any()) for v in step.shadow_range.values())
     # topk: no certificate, no sketch
     cache = CertifiedCache(press=EvictionPress(scorer="snapkv", budget=0.25, sampler="topk"))

@@ -10,7 +10,7 @@ import torch
 
 from kvcert import certified_attention, hajek_attention
 from kvcert.bench.coverage import evaluate_head, later_queries, make_head, run_harness, summary
-from kvcert.certificate import bernstein_radius, certificate_reference, robust_radius
+from kvcert.certificate import anytime_radius, bernstein_radius, certificate_reference, robust_radius
 from kvcert.design import DEFAULT_DESIGN, inclusion_probabilities
 from kvcert.sketch import (
     SCALAR_BYTES, SKETCH_FRACTION, SUCCESSOR_HORIZON, SUCCESSOR_PENALTY, build_sketch, check_plan, drift_potential,
@@ -64,13 +64,13 @@ def test_shadow_terms_bound_every_evicted_summand_and_match_float64():
     lse = torch.logsumexp(logits, -1).reshape(b, hq, nq)
     out_dev = torch.linalg.vector_norm(ref.output - centre[:, :, None, None], dim=-1).reshape(b, hq, nq)
     sv, sr = sketch_terms(q, sketch, scale, lse, out_dev)
-    torch.testing.assert_close(res.shadow_variance, sv, rtol=1e-10, atol=0)
+    torch.testing.assert_close(res.shadow_sum, sv, rtol=1e-10, atol=0)
     torch.testing.assert_close(res.shadow_range, sr, rtol=1e-10, atol=0)
     # the exact evicted summands, from the evicted keys and values themselves
     s_ev = (qq @ ek.unsqueeze(2).transpose(-1, -2)) * scale  # [b, hkv, g, nq, E]
     dist = torch.linalg.vector_norm(ev.unsqueeze(2).unsqueeze(3) - ref.output.unsqueeze(-2), dim=-1)
     exact = (torch.exp(s_ev - lse.reshape(b, 2, 2, nq, 1)) * dist).reshape(b, hq, nq, -1)
-    assert torch.all(sr >= exact.amax(-1)) and torch.all(sv >= exact.pow(2).sum(-1))
+    assert torch.all(sr >= exact.amax(-1)) and torch.all(sv >= exact.sum(-1))  # Σ t_j bounds Σ of the summands
     assert float((sr / exact.amax(-1)).max()) < 1e3  # a bound, not a vacuous one (the value deviation via c)
 
 
@@ -81,9 +81,11 @@ def test_robust_radius_reduces_to_the_plug_in_without_shadow():
     empty = build_sketch(k, v, torch.zeros(k.shape[:3], dtype=torch.bool), torch.zeros(k.shape[:3]), v.mean(2), 5)
     res = certified_attention(q, k, v, lp, sketch=empty)
     torch.testing.assert_close(res.robust_radius, res.radius)
-    assert torch.all(res.shadow_variance == 0) and torch.all(res.shadow_range == 0)
+    assert torch.all(res.shadow_sum == 0) and torch.all(res.shadow_range == 0)
     v_, b_ = torch.tensor([0.5]), torch.tensor([0.1])
-    assert robust_radius(v_, b_, torch.tensor([0.3]), torch.tensor([0.2]), 0.1) == bernstein_radius(v_ + 0.3, b_ * 2, 0.1)
+    # ε_R = the plug-in radius + Σ t_j (triangle inequality), its anytime variant the plug-in's at δ_t + Σ t_j
+    assert robust_radius(v_, b_, torch.tensor([0.3]), 0.1) == bernstein_radius(v_, b_, 0.1) + 0.3
+    assert robust_radius(v_, b_, torch.tensor([0.3]), 0.1, 3) == anytime_radius(v_, b_, 0.1, 3) + 0.3
 
 
 def test_robust_radius_is_floored_at_the_output_resolution():
@@ -99,7 +101,7 @@ def test_robust_radius_is_floored_at_the_output_resolution():
         assert torch.all(res.radius == 0)
         torch.testing.assert_close(res.robust_radius, unit_roundoff(dtype) * torch.linalg.vector_norm(res.output.float(), dim=-1))
     v_, b_ = torch.tensor([1e-4]), torch.tensor([0.0])
-    assert robust_radius(v_, b_, v_ * 0, b_, 0.1, floor=torch.tensor([1.0])) == 1.0
+    assert robust_radius(v_, b_, v_ * 0, 0.1, floor=torch.tensor([1.0])) == 1.0
 
 
 def test_default_centre_keeps_bf16_variance_accurate():
@@ -143,7 +145,18 @@ def test_potentials():
     keys = torch.randn(2, 50, 16, generator=g)
     window = torch.randn(2, 6, 16, generator=g)
     psi = drift_potential(window, keys, 0.25, drift=0.0)
-    torch.testing.assert_close(psi, ((window * 0.25) @ keys.transpose(-1, -2)).amax(-2))
+    torch.testing.assert_close(psi, torch.log_softmax((window * 0.25) @ keys.transpose(-1, -2), -1).amax(-2))
+    # the heads of a group on one scale: a query with 12× the logits does not take every slot
+    quiet, loud = window[0, :1] * 0.5, window[0, 1:2] * 12
+    pair = torch.cat([quiet, loud])
+    best = int((quiet @ keys[0].T).argmax())
+    rank = lambda p: int((p > p[best]).sum())  # noqa: E731
+    assert rank(((pair * 0.25) @ keys[0].T).amax(0)) > 10  # raw logits: the loud query's tokens first
+    assert rank(drift_potential(pair, keys[0], 0.25, drift=0.0)) <= 2  # weights: the quiet query's best in the first three
+    ctx = torch.cat([keys, torch.randn(2, 20, 16, generator=g)], 1)  # normalised over the keys the query sees
+    torch.testing.assert_close(drift_potential(window, keys, 0.25, drift=0.0, context=ctx),
+                               (((window * 0.25) @ keys.transpose(-1, -2))
+                                - torch.logsumexp((window * 0.25) @ ctx.transpose(-1, -2), -1, keepdim=True)).amax(-2))
     assert torch.all(drift_potential(window, keys, 0.25) >= psi)  # the drift allowance only adds
     succ = successor_potential(psi, 3, 1.0)
     j = int(psi[0].argmax())
@@ -165,7 +178,12 @@ def test_memory_budget_is_two_percent_of_a_quarter_cache(dim, element_size):
 
 
 def test_plan_check():
-    check_plan({"drift": 2.0, "window": 32, "floor": "unit_roundoff"})
+    check_plan({"drift": 2.0, "window": 4, "floor": "unit_roundoff", "score": "log_attention_weight",
+                "combination": "plugin_plus_shadow_sum"})
+    with pytest.raises(ValueError, match="robust_certificate.window"):
+        check_plan({"window": 32})  # the plan before the second amendment of 2026-12-01
+    with pytest.raises(ValueError, match="robust_certificate.combination"):
+        check_plan({"combination": "bernstein_summands"})
     with pytest.raises(ValueError, match="robust_certificate.floor"):
         check_plan({"floor": "none"})
     with pytest.raises(ValueError, match="robust_certificate.drift"):

@@ -6,7 +6,7 @@ estimator ô = Σ_S (e^{s_i}/π_i) v_i / Σ_S e^{s_i}/π_i (Xie, arXiv 2607.2147
 grouped-query attention without repeating keys (query heads are grouped per KV head),
 and, when asked, the certificate's variance V̂ and range term b̂_c in the same pass
 (see :mod:`kvcert.certificate` for the formulas) — with an eviction sketch
-(:mod:`kvcert.sketch`) also the robust certificate's shadow terms Σ t_j² and max t_j.
+(:mod:`kvcert.sketch`) also the robust certificate's shadow terms Σ t_j and max t_j.
 
 Layout: query [B, Hq, Q, D]; key/value [B, Hkv, L, D]; log_pi [B, Hkv, L] (fp32; 0 for
 certain tokens, +inf on padding). With ``causal=True`` the last Q keys are the queries'
@@ -33,12 +33,12 @@ from .sketch import EvictionSketch, sketch_terms
 @dataclass
 class AttentionResult:
     """Output [B, Hq, Q, D]; with a certificate also V̂ and b̂_c [B, Hq, Q] (fp32), and with a
-    sketch the shadow terms Σ_j t_j² and max_j t_j [B, Hq, Q]."""
+    sketch the shadow terms Σ_j t_j and max_j t_j [B, Hq, Q]."""
 
     output: torch.Tensor
     variance: torch.Tensor | None = None
     range_term: torch.Tensor | None = None
-    shadow_variance: torch.Tensor | None = None
+    shadow_sum: torch.Tensor | None = None
     shadow_range: torch.Tensor | None = None
 
 
@@ -231,7 +231,7 @@ class CertifiedAttention:
     variance: torch.Tensor
     range_term: torch.Tensor
     radius: torch.Tensor
-    shadow_variance: torch.Tensor | None = None
+    shadow_sum: torch.Tensor | None = None
     shadow_range: torch.Tensor | None = None
     robust_radius: torch.Tensor | None = None
 
@@ -310,6 +310,6 @@ def certified_attention(
     if sketch is None:
         return CertifiedAttention(res.output, res.variance, res.range_term, radius)
     floor = unit_roundoff(value.dtype) * torch.linalg.vector_norm(res.output.to(res.variance.dtype), dim=-1)
-    robust = robust_radius(res.variance, res.range_term, res.shadow_variance, res.shadow_range, delta, floor=floor)
-    return CertifiedAttention(res.output, res.variance, res.range_term, radius, res.shadow_variance,
+    robust = robust_radius(res.variance, res.range_term, res.shadow_sum, delta, floor=floor)
+    return CertifiedAttention(res.output, res.variance, res.range_term, radius, res.shadow_sum,
                               res.shadow_range, robust)

@@ -235,12 +235,12 @@ class CompactLayer(CacheLayerMixin):
 @dataclass
 class StepCertificates:
     """Certificates of one forward: per layer with a sampled tail, V̂, b̂_c and ‖ô‖ [B, Hq, Q], and the
-    robust certificate's shadow terms Σ t_j², max t_j (zero for a layer without a sketch)."""
+    robust certificate's shadow terms Σ t_j, max t_j (zero for a layer without a sketch)."""
 
     variance: dict[int, torch.Tensor] = field(default_factory=dict)
     range_term: dict[int, torch.Tensor] = field(default_factory=dict)
     output_norm: dict[int, torch.Tensor] = field(default_factory=dict)
-    shadow_variance: dict[int, torch.Tensor] = field(default_factory=dict)
+    shadow_sum: dict[int, torch.Tensor] = field(default_factory=dict)
     shadow_range: dict[int, torch.Tensor] = field(default_factory=dict)
     num_queries: int = 0
 
@@ -301,7 +301,7 @@ class CertifiedCache(Cache):
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes())
 
     def record(self, layer_idx: int, variance: torch.Tensor, range_term: torch.Tensor, output_norm=None,
-               shadow_variance=None, shadow_range=None) -> None:
+               shadow_sum=None, shadow_range=None) -> None:
         if self._current is None:
             self._current = StepCertificates()
         self._current.variance[layer_idx] = variance.detach()
@@ -309,7 +309,7 @@ class CertifiedCache(Cache):
         if output_norm is not None:
             self._current.output_norm[layer_idx] = output_norm.detach()
         zero = torch.zeros_like(variance)
-        self._current.shadow_variance[layer_idx] = zero if shadow_variance is None else shadow_variance.detach()
+        self._current.shadow_sum[layer_idx] = zero if shadow_sum is None else shadow_sum.detach()
         self._current.shadow_range[layer_idx] = zero if shadow_range is None else shadow_range.detach()
         self._current.num_queries = variance.shape[-1]
 

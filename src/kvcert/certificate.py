@@ -45,17 +45,21 @@ set S with inclusion probabilities π_i, Hájek weights w_i = e^{s_i}/π_i / Σ_
   neither V̂ nor b̂, which is harmless for the query that set π (its heavy tokens have
   large π) and not for a later query that weighs tokens π did not favour. The eviction
   sketch (:mod:`kvcert.sketch`) bounds the evicted summands of its r shadow tokens under
-  any query, t_j ≥ e^{s_j}‖v_j − ô‖/Ẑ, and the robust radius adds them as summands of the
-  same Bernstein bound::
+  any query, t_j ≥ e^{s_j}‖v_j − ô‖/Ẑ. A shadow token is evicted, so given the sample its
+  summand is a fixed part of the error, not a random one; the robust radius adds the
+  bounds to the plug-in radius by the triangle inequality::
 
-      ε_R = max( sqrt(2 · (V̂ + Σ_j t_j²) · L) + (2/3) · max(b̂_c, max_j t_j) · L ,  u · ‖ô‖ )
+      ε_R = max( sqrt(2 · V̂ · L) + (2/3) · b̂_c · L + Σ_j t_j ,  u · ‖ô‖ )
 
-  (:func:`robust_radius`; anytime: the same at δ_t). The second term is the resolution of
+  (:func:`robust_radius`; anytime: the plug-in part at δ_t). The second term is the resolution of
   the output itself: ô is computed and stored in the cache's dtype, whose unit roundoff u
   (:data:`UNIT_ROUNDOFF`: 2⁻²⁴ fp32, 2⁻¹¹ fp16, 2⁻⁸ bf16) bounds how finely it can be
   resolved, so the robust certificate claims nothing below u·‖ô‖. Evicted tokens outside the shadow
   are left to the plug-in's Horvitz–Thompson logic, so ε_R is not valid for every query:
-  its coverage is measured (``kvcert bench coverage``, the replay's claim C8).
+  its coverage is measured (``kvcert bench coverage``, the replay's claim C8). (Until the
+  amendment of 2026-12-01, issue 13, the t_j entered the Bernstein bound as extra summands,
+  V̂ + Σ t_j² and max(b̂_c, max t_j): about 4.5 t_j for one dominant evicted token where the
+  error is t_j.)
 """
 
 from __future__ import annotations
@@ -114,16 +118,18 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 
 def robust_radius(
-    variance: torch.Tensor, range_term: torch.Tensor, shadow_variance: torch.Tensor, shadow_range: torch.Tensor,
+    variance: torch.Tensor, range_term: torch.Tensor, shadow_sum: torch.Tensor,
     delta: float, step: int | torch.Tensor | None = None, floor: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """ε_R = max(sqrt(2 (V̂ + Σ t_j²) L) + (2/3) max(b̂_c, max t_j) L, floor) at δ (or at δ_t for decode ``step`` t ≥ 1).
+    """ε_R = max(sqrt(2 V̂ L) + (2/3) b̂_c L + Σ_j t_j, floor) at δ (or at δ_t for decode ``step`` t ≥ 1).
 
-    ``floor``: the output's resolution u·‖ô‖ (:func:`unit_roundoff` of the cache dtype), None = 0.
+    ``shadow_sum``: Σ_j t_j, the eviction sketch's bound on its evicted summands
+    (:func:`kvcert.sketch.sketch_terms`); ``floor``: the output's resolution u·‖ô‖
+    (:func:`unit_roundoff` of the cache dtype), None = 0.
     """
-    v = variance + shadow_variance
-    b = torch.maximum(range_term, shadow_range)
-    radius = bernstein_radius(v, b, delta) if step is None else anytime_radius(v, b, delta, step)
+    plugin = bernstein_radius(variance, range_term, delta) if step is None else anytime_radius(
+        variance, range_term, delta, step)
+    radius = plugin + shadow_sum.to(plugin.dtype)
     return radius if floor is None else torch.maximum(radius, floor.to(radius.dtype))
 
 

@@ -81,7 +81,7 @@ def kvcert_attention_forward(
         output = res.output
         if certify:
             norm = torch.linalg.vector_norm(output.float(), dim=-1)
-            cache.record(module.layer_idx, res.variance, res.range_term, norm, res.shadow_variance, res.shadow_range)
+            cache.record(module.layer_idx, res.variance, res.range_term, norm, res.shadow_sum, res.shadow_range)
     if layer is not None:
         cache.after_attention(module, query, scaling)
     return output.transpose(1, 2).contiguous(), None

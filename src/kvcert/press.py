@@ -115,8 +115,9 @@ class EvictionPress:
     @staticmethod
     def potential(obs: LayerObservation, start: int, end: int) -> torch.Tensor:
         """Selection score ψ̃ [B, Hkv, end − start] of the decided slots from the forward's last
-        :data:`~kvcert.sketch.POTENTIAL_WINDOW` queries (the eviction sketch's selection score)."""
+        :data:`~kvcert.sketch.POTENTIAL_WINDOW` queries (the eviction sketch's selection score),
+        their logits normalised over all the keys of the forward."""
         b, hq, n_q, d = obs.query.shape
         hkv = obs.key.shape[1]
         window = obs.query[:, :, -POTENTIAL_WINDOW:].reshape(b, hkv, -1, d)
-        return sketch_potential(window, obs.key[:, :, start:end], float(obs.scaling))
+        return sketch_potential(window, obs.key[:, :, start:end], float(obs.scaling), context=obs.key)

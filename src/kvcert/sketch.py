@@ -10,19 +10,24 @@ attended later, so that their part of the error is bounded under *any* later que
 **Selection (the drift potential).** At eviction, every evicted token j gets the
 potential
 
-    ψ_j = max_w [ s_wj + κ · scale · ‖q_w‖ · ‖k_j − k̄‖ / √d ],   s_wj = scale · q_w·k_j,
+    ψ_j = max_w [ log a_wj + κ · scale · ‖q_w‖ · ‖k_j − k̄‖ / √d ],   log a_wj = s_wj − log Σ_i e^{s_wi},
 
-the largest logit any query w of the observation window (the last ``POTENTIAL_WINDOW``
-prompt queries of the KV head's query heads) gives it, plus an allowance for a later
-query that has drifted from q_w: for a drift δq of the size of q_w in a random direction,
-δq·(k_j − k̄) has standard deviation ‖q_w‖‖k_j − k̄‖/√d, and κ = ``DRIFT`` standard
-deviations of it are added (k̄ = the mean key of the segment). Decoding moves forward —
-copy and induction heads attend, step after step, to the successors of what they attended
-to — so a token also inherits the potential of its ``SUCCESSOR_HORIZON`` predecessors, less
+the largest log attention weight any query w of the observation window (the last
+``POTENTIAL_WINDOW`` prompt queries of the KV head's query heads; s_wj = scale · q_w·k_j,
+normalised over the keys the query sees) gives it, plus an allowance for a later query that
+has drifted from q_w: for a drift δq of the size of q_w in a random direction, δq·(k_j − k̄)
+has standard deviation ‖q_w‖‖k_j − k̄‖/√d, and κ = ``DRIFT`` standard deviations of it are
+added (k̄ = the mean key of the segment). The weight, not the raw logit, is what the shadow
+term bounds (e^{s_j − log Z}), and it puts the query heads of a KV head on one scale: raw
+logits let the head with the larger logits take every slot. Decoding moves forward — copy
+and induction heads attend, step after step, to the successors of what they attended to — so
+a token also inherits the potential of its ``SUCCESSOR_HORIZON`` predecessors, less
 ``SUCCESSOR_PENALTY`` nats: ψ̃_j = max(ψ_j, max_{1≤i≤H} ψ_{j−i} − γ) (:func:`sketch_potential`).
 The r evicted tokens of largest ψ̃ form the *shadow* (r from the memory budget,
 :func:`shadow_count`). κ, H and γ were chosen on the synthetic harness of
-``kvcert bench coverage`` and on embedded-model prompts outside the pre-registered seeds.
+``kvcert bench coverage`` and on embedded-model prompts outside the pre-registered seeds;
+the normalisation and the window (the last 4 queries: later queries resemble the latest
+ones) by the amendment of 2026-12-01 (issue 13), on replays of training-range seeds.
 
 **What is stored per shadow token** (:class:`EvictionSketch`): its key quantised to int8
 (symmetric, one fp32 scale per token: k̃_j = scale_j · codes_j), the exact quantisation
@@ -36,10 +41,12 @@ linearised error, e^{s_j}‖v_j − o‖ / Z ≈ e^{s_j}‖v_j − ô‖ / Ẑ, 
 
     t_j = e^{U_j − m} · (d_j + ‖ô − c‖) / l .
 
-The robust certificate (:func:`kvcert.certificate.robust_radius`) adds them to the
-Bernstein bound as the summands the plug-in omits: V_R = V̂ + Σ_j t_j², b_R = max(b̂_c, max_j t_j)
-(and floors the radius at the output's resolution u·‖ô‖).
-Evicted tokens outside the shadow are left to the plug-in's Horvitz–Thompson logic.
+A shadow token is evicted, so its summand is not random given the sample: it is a known
+part of the error, bounded under any query. The robust certificate
+(:func:`kvcert.certificate.robust_radius`) therefore adds Σ_j t_j to the plug-in radius
+(triangle inequality) and floors the result at the output's resolution u·‖ô‖; max_j t_j is
+returned too (the largest single evicted summand, a diagnostic). Evicted tokens outside the
+shadow are left to the plug-in's Horvitz–Thompson logic.
 """
 
 from __future__ import annotations
@@ -54,8 +61,8 @@ import torch
 SKETCH_FRACTION = 0.005
 #: κ, the drift allowance of the potential (standard deviations of a random drift of ‖q‖)
 DRIFT = 2.0
-#: observation window of the potential (the SnapKV default window)
-POTENTIAL_WINDOW = 32
+#: observation window of the potential: the last 4 prompt queries (later queries resemble the latest ones)
+POTENTIAL_WINDOW = 4
 #: H, how many predecessors a token inherits the potential of (decode steps moving forward)
 SUCCESSOR_HORIZON = 8
 #: γ, the nats a successor's inherited potential is lowered by
@@ -66,7 +73,8 @@ SCALAR_BYTES = 16
 
 #: the pre-registered parameters (``analysis_plan.robust_certificate``) this module implements
 PLAN = {"sketch_fraction": SKETCH_FRACTION, "key_bits": 8, "drift": DRIFT, "window": POTENTIAL_WINDOW,
-        "successor_horizon": SUCCESSOR_HORIZON, "successor_penalty": SUCCESSOR_PENALTY, "floor": "unit_roundoff"}
+        "score": "log_attention_weight", "successor_horizon": SUCCESSOR_HORIZON,
+        "successor_penalty": SUCCESSOR_PENALTY, "combination": "plugin_plus_shadow_sum", "floor": "unit_roundoff"}
 
 
 def check_plan(section) -> None:
@@ -157,27 +165,35 @@ def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return codes.to(torch.int8), s32, err32
 
 
-def drift_potential(window_queries: torch.Tensor, keys: torch.Tensor, scaling: float, drift: float = DRIFT) -> torch.Tensor:
-    """ψ [..., N] = max_w (scale q_w·k_j + κ scale ‖q_w‖ ‖k_j − k̄‖/√d) (see the module docstring).
+def drift_potential(window_queries: torch.Tensor, keys: torch.Tensor, scaling: float, drift: float = DRIFT,
+                    context: torch.Tensor | None = None) -> torch.Tensor:
+    """ψ [..., N] = max_w (log a_wj + κ scale ‖q_w‖ ‖k_j − k̄‖/√d) (see the module docstring).
 
     window_queries [..., W, D] (the observation window of every query head of the KV head,
-    flattened), keys [..., N, D]. Float32 at least.
+    flattened), keys [..., N, D] (the tokens to score), context [..., M, D] the keys each
+    window query attends over, whose log-sum-exp normalises its logits (default: ``keys``).
+    Float32 at least.
     """
     dtype = torch.promote_types(keys.dtype, torch.float32)
     q = window_queries.to(dtype) * scaling
     k = keys.to(dtype)
     spread = torch.linalg.vector_norm(k - k.mean(-2, keepdim=True), dim=-1)  # ‖k_j − k̄‖ [..., N]
     logits = q @ k.transpose(-1, -2)  # [..., W, N]
+    full = logits if context is None else q @ context.to(dtype).transpose(-1, -2)
+    logits = logits - torch.logsumexp(full, -1, keepdim=True)  # log attention weights
     qn = torch.linalg.vector_norm(q, dim=-1, keepdim=True)  # [..., W, 1]
     return (logits + (drift / math.sqrt(k.shape[-1])) * qn * spread.unsqueeze(-2)).amax(-2)
 
 
-def sketch_potential(window_queries: torch.Tensor, keys: torch.Tensor, scaling: float) -> torch.Tensor:
+def sketch_potential(window_queries: torch.Tensor, keys: torch.Tensor, scaling: float,
+                     context: torch.Tensor | None = None) -> torch.Tensor:
     """ψ̃ [..., N]: the drift potential with the successor allowance — the eviction sketch's selection score.
 
-    window_queries [..., W, D], keys [..., N, D] in position order (see the module docstring).
+    window_queries [..., W, D], keys [..., N, D] in position order, context as for
+    :func:`drift_potential` (see the module docstring).
     """
-    return successor_potential(drift_potential(window_queries, keys, scaling), SUCCESSOR_HORIZON, SUCCESSOR_PENALTY)
+    return successor_potential(drift_potential(window_queries, keys, scaling, context=context), SUCCESSOR_HORIZON,
+                               SUCCESSOR_PENALTY)
 
 
 def successor_potential(potential: torch.Tensor, horizon: int, penalty: float) -> torch.Tensor:
@@ -248,7 +264,7 @@ def merge_sketches(a: EvictionSketch, b: EvictionSketch, r: int) -> EvictionSket
 def sketch_terms(
     query: torch.Tensor, sketch: EvictionSketch, scaling: float, lse: torch.Tensor, out_dev: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Σ_j t_j², max_j t_j) per query, t_j = e^{U_j − lse} (d_j + ‖ô − c‖), U_j = scale (q·k̃_j + ‖q‖ e_j).
+    """(Σ_j t_j, max_j t_j) per query, t_j = e^{U_j − lse} (d_j + ‖ô − c‖), U_j = scale (q·k̃_j + ‖q‖ e_j).
 
     query [B, Hq, Q, D] (unscaled), lse = m + log l of the biased logits [B, Hq, Q]
     (e^{U − m}/l = e^{U − lse}), out_dev = ‖ô − c‖ [B, Hq, Q]. Computed in the dtype of
@@ -268,4 +284,4 @@ def sketch_terms(
     if t.shape[-1] == 0:
         zero = torch.zeros(b, hq, nq, dtype=dtype, device=query.device)
         return zero, zero.clone()
-    return t.pow(2).sum(-1).reshape(b, hq, nq), t.amax(-1).reshape(b, hq, nq)
+    return t.sum(-1).reshape(b, hq, nq), t.amax(-1).reshape(b, hq, nq)

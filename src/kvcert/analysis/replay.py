@@ -80,7 +80,7 @@ QUERY_KINDS = ("setting", "later", "sample_dependent")
 #: a draw's path: the kinds whose steps one decoding run visits (the setting query starts both)
 PATHS = {"later": ("setting", "later"), "sample_dependent": ("setting", "sample_dependent")}
 FLOAT_COLUMNS = ["error", "radius", "anytime_radius", "variance", "range_term", "output_norm",
-                 "radius_robust", "anytime_radius_robust", "shadow_variance", "shadow_range"]
+                 "radius_robust", "anytime_radius_robust", "shadow_sum", "shadow_range"]
 COVERED_COLUMNS = ["covered", "covered_anytime", "covered_robust", "covered_anytime_robust"]
 #: the two certificates of the replay: name → (radius, anytime radius, covered, covered anytime) columns
 VARIANTS = {
@@ -258,8 +258,8 @@ def _columns(res, err, steps, delta, kind_steps, d0, nd, hq, group, lengths, out
     rad = bernstein_radius(var, rng, delta)
     anyr = anytime_radius(var, rng, delta, steps)
     floor = roundoff * torch.linalg.vector_norm(res.output, dim=-1)
-    rob = robust_radius(var, rng, res.shadow_variance, res.shadow_range, delta, floor=floor)
-    anyrob = robust_radius(var, rng, res.shadow_variance, res.shadow_range, delta, steps, floor=floor)
+    rob = robust_radius(var, rng, res.shadow_sum, delta, floor=floor)
+    anyrob = robust_radius(var, rng, res.shadow_sum, delta, steps, floor=floor)
     n_q = err.shape[-1]
     shape = (nd, hq, n_q)
     out["draw"].append(np.broadcast_to(np.arange(d0, d0 + nd, dtype=np.int32)[:, None, None], shape).reshape(-1))
@@ -269,7 +269,7 @@ def _columns(res, err, steps, delta, kind_steps, d0, nd, hq, group, lengths, out
                        .astype(np.int32))
     for name, t in (("error", err), ("radius", rad), ("anytime_radius", anyr), ("variance", var), ("range_term", rng),
                     ("output_norm", torch.linalg.vector_norm(res.output, dim=-1)), ("radius_robust", rob),
-                    ("anytime_radius_robust", anyrob), ("shadow_variance", res.shadow_variance),
+                    ("anytime_radius_robust", anyrob), ("shadow_sum", res.shadow_sum),
                     ("shadow_range", res.shadow_range)):
         out[name].append(t.reshape(-1).cpu().numpy())
     for name, r in (("covered", rad), ("covered_anytime", anyr), ("covered_robust", rob),

@@ -198,7 +198,7 @@ def replay_frame(
         "draw": np.tile(np.repeat(np.arange(draws), steps), cells).astype(np.int32), "kept": 100,
         "error": error, "radius": radius, "anytime_radius": anytime, "variance": radius**2 / 4.0,
         "range_term": radius / 10.0, "output_norm": 1.0, "radius_robust": robust_scale * radius,
-        "anytime_radius_robust": robust_scale * anytime, "shadow_variance": radius**2 / 8.0, "shadow_range": radius / 20.0,
+        "anytime_radius_robust": robust_scale * anytime, "shadow_sum": radius**2 / 8.0, "shadow_range": radius / 20.0,
         "covered": error <= radius, "covered_anytime": error <= anytime, "covered_robust": error <= robust_scale * radius,
         "covered_anytime_robust": error <= robust_scale * anytime,
     })

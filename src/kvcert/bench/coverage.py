@@ -100,8 +100,7 @@ def evaluate_head(keys, values, queries, pi, draws: int, gen, delta: float, slot
         out["error"].append(torch.linalg.vector_norm(res.output[:, 0] - exact, dim=-1))
         out["radius"].append(bernstein_radius(res.variance, res.range_term, delta)[:, 0])
         floor = unit_roundoff(f64) * torch.linalg.vector_norm(res.output, dim=-1)
-        out["robust"].append(robust_radius(res.variance, res.range_term, res.shadow_variance, res.shadow_range,
-                                           delta, floor=floor)[:, 0])
+        out["robust"].append(robust_radius(res.variance, res.range_term, res.shadow_sum, delta, floor=floor)[:, 0])
     result = {k: torch.cat(v) for k, v in out.items()}
     result["floor"] = RESOLUTION * float(torch.linalg.vector_norm(values, dim=-1).max())
     return result

@@ -69,7 +69,6 @@ class CertificateTrace:
         self.plugin = _Block(aggregations, num_layers)
         self.robust = _Block(aggregations, num_layers)
         self.variance_mean: list[float] = []
-        self.robust_variance_mean: list[float] = []
 
     @property
     def steps(self) -> dict[str, list[float]]:
@@ -84,23 +83,22 @@ class CertificateTrace:
         stack = lambda d: torch.stack([d[i][0, :, -1] for i in layers]).double()  # noqa: E731 - [layers, Hq]
         var, rng = stack(step.variance), stack(step.range_term)
         norm = stack(step.output_norm) if step.output_norm else None
-        shadow = all(i in step.shadow_variance for i in layers)
-        sv = stack(step.shadow_variance) if shadow else torch.zeros_like(var)
-        sr = stack(step.shadow_range) if shadow else torch.zeros_like(var)
+        shadow = all(i in step.shadow_sum for i in layers)
+        sv = stack(step.shadow_sum) if shadow else torch.zeros_like(var)
         self.plugin.add(bernstein_radius(var, rng, self.delta), anytime_radius(var, rng, self.delta, t), norm, layers)
         floor = None if norm is None else self.roundoff * norm
-        self.robust.add(robust_radius(var, rng, sv, sr, self.delta, floor=floor),
-                        robust_radius(var, rng, sv, sr, self.delta, t, floor=floor), norm, layers)
+        self.robust.add(robust_radius(var, rng, sv, self.delta, floor=floor),
+                        robust_radius(var, rng, sv, self.delta, t, floor=floor), norm, layers)
         self.variance_mean.append(float(var.mean()))
-        self.robust_variance_mean.append(float((var + sv).mean()))
 
     def to_record(self) -> dict | None:
         """The plug-in certificate's field of the generation record (None: no certified step)."""
         return self.plugin.record(self.delta, self.variance_mean) if self.variance_mean else None
 
     def robust_record(self) -> dict | None:
-        """The robust certificate's field (same layout; ``variance_mean_steps`` is V̂ + Σ t_j²)."""
-        return self.robust.record(self.delta, self.robust_variance_mean) if self.variance_mean else None
+        """The robust certificate's field (same layout; ``variance_mean_steps`` is the plug-in's V̂, which
+        ε_R shares: the shadow adds Σ t_j to the radius, not to the variance)."""
+        return self.robust.record(self.delta, self.variance_mean) if self.variance_mean else None
 
 
 def confidence(logprobs: list[float]) -> dict[str, float | None]:
