@@ -48,7 +48,9 @@ def run(tmp_path_factory):
                            torch.randn(1, 2, 200, 16, generator=gen, dtype=torch.float64), None, 0.25)
     res = impossibility_demo(obs, budget=0.25, mode="shift")
     imp = write_json({"model": "synthetic", "prereg_hash": h, "rows": [{
-        "model": "synthetic", "layer": 0, "mode": res.mode, "table_row": res.table_row(),
+        "model": "synthetic", "layer": 0, "mode": res.mode, "budget": res.budget,
+        "retained_hash_before": res.retained_hash_before, "retained_hash_after": res.retained_hash_after,
+        "error_before": res.error_before, "error_after": res.error_after, "error_ratio": res.error_ratio,
         "identical_retained_state": res.identical_retained_state}]}, tmp / "imp.json")
     content = claims_step(tmp / "scores.parquet", [replay], prereg, "smoke", tmp / "claims.json")
     paths = report_step(tmp / "claims.json", tmp / "scores.parquet", [replay], [imp], tmp / "report")

@@ -41,18 +41,6 @@ class ImpossibilityResult:
     def error_ratio(self) -> float:
         return self.error_after / max(self.error_before, 1e-300)
 
-    def table_row(self) -> str:
-        return (
-            f"| {self.mode} | {self.budget:g} | {self.retained_hash_before[:12]} | {self.retained_hash_after[:12]} "
-            f"| {self.error_before:.4g} | {self.error_after:.4g} | {self.error_ratio:.1f}x |"
-        )
-
-
-TABLE_HEADER = (
-    "| alteration | budget | retained hash before | retained hash after | true error before | true error after | ratio |\n"
-    "|---|---|---|---|---|---|---|"
-)
-
 
 def retained_state_hash(obs: LayerObservation, indices: torch.Tensor, scores: torch.Tensor) -> str:
     """SHA-256 of everything a deterministic scheme retains: positions, keys, values, scores."""

@@ -54,7 +54,7 @@ import pandas as pd
 
 from .gating import Escalation, RecomputeGate, random_gain
 from .load import scored
-from .replay import (
+from .replay_stats import (
     CELL_KEY, PATH_KEY, QUERY_KINDS, VARIANTS, _log_tightness, simultaneous_anytime, within_cell_spearman,
     within_head_spearman,
 )

@@ -66,27 +66,17 @@ from ..attention import hajek_attention
 from ..cache import CertifiedCache
 from ..certificate import anytime_radius, bernstein_radius, robust_radius, unit_roundoff
 from ..design import DEFAULT_DESIGN, RetentionDesign, Sample, inclusion_probabilities, poisson_sample
-from ..impossibility import TABLE_HEADER, impossibility_demo
+from ..impossibility import impossibility_demo
 from ..integration import ATTENTION_NAME
 from ..scorers import get_scorer
 from ..scorers.base import LayerObservation
 from ..sketch import POTENTIAL_WINDOW, build_sketch, shadow_count, sketch_potential
 from ..tasks.prompting import build_prompt_ids
-from .stats import spearman
+from .replay_stats import (  # noqa: F401 - the layout and statistics, re-exported
+    CELL_KEY, COVERED_COLUMNS, FLOAT_COLUMNS, PATHS, QUERY_KINDS, REPLAY_COLUMNS, VARIANTS,
+    empty_replay, replay_cells, simultaneous_anytime, summarize_replay, variant_block, within_cell_spearman, within_head_spearman,
+)
 
-CELL_KEY = ["model", "example_id", "layer", "head", "budget", "query_kind"]
-#: the query kinds, in the order of ``analysis_plan.replay.query_kinds``
-QUERY_KINDS = ("setting", "later", "sample_dependent")
-#: a draw's path: the kinds whose steps one decoding run visits (the setting query starts both)
-PATHS = {"later": ("setting", "later"), "sample_dependent": ("setting", "sample_dependent")}
-FLOAT_COLUMNS = ["error", "radius", "anytime_radius", "variance", "range_term", "output_norm",
-                 "radius_robust", "anytime_radius_robust", "shadow_sum", "shadow_range"]
-COVERED_COLUMNS = ["covered", "covered_anytime", "covered_robust", "covered_anytime_robust"]
-#: the two certificates of the replay: name → (radius, anytime radius, covered, covered anytime) columns
-VARIANTS = {
-    "plugin": ("radius", "anytime_radius", "covered", "covered_anytime"),
-    "robust": ("radius_robust", "anytime_radius_robust", "covered_robust", "covered_anytime_robust"),
-}
 #: keys × draws × head-dim elements evaluated at once (bounds replay memory on big models)
 MAX_ELEMENTS = 2**25
 
@@ -407,16 +397,6 @@ def replay_model(
     return df[REPLAY_COLUMNS]
 
 
-REPLAY_COLUMNS = [
-    "model", "example_id", "target_tokens", "layer", "head", "kv_head", "budget", "query_kind", "step", "draw", "kept",
-    *FLOAT_COLUMNS, *COVERED_COLUMNS,
-]
-
-
-def empty_replay() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=float if c in FLOAT_COLUMNS else object) for c in REPLAY_COLUMNS})
-
-
 # --- impossibility ----------------------------------------------------------------------
 @torch.no_grad()
 def impossibility_for_model(
@@ -439,166 +419,5 @@ def impossibility_for_model(
             "retained_hash_before": res.retained_hash_before, "retained_hash_after": res.retained_hash_after,
             "identical_retained_state": res.identical_retained_state,
             "error_before": res.error_before, "error_after": res.error_after, "error_ratio": res.error_ratio,
-            "table_row": res.table_row(),
         })
     return rows
-
-
-IMPOSSIBILITY_HEADER = TABLE_HEADER
-
-
-# --- summaries ----------------------------------------------------------------------------
-PATH_KEY = ["model", "example_id", "layer", "head", "budget", "draw"]
-#: a cell of the within-cell Spearman: one (example, layer, head, budget, kind, step), across draws
-STEP_CELL_KEY = [*CELL_KEY, "step"]
-
-
-def simultaneous_anytime(draws: pd.DataFrame, covered: str = "covered_anytime") -> pd.DataFrame:
-    """One row per path (:data:`PATH_KEY` × path kind): ``covered`` — every step of the path covered.
-
-    A path is the setting query followed by the decode steps of one decoding run
-    (:data:`PATHS`); the anytime radius claims all of them at once, so this — not the
-    per-step mean — is its coverage.
-    """
-    if draws.empty:
-        return pd.DataFrame(columns=[*PATH_KEY, "path", "steps", "covered"])
-    out = []
-    for path, kinds in PATHS.items():
-        d = draws[draws["query_kind"].isin(kinds)]
-        if not (d["query_kind"] == path).any():
-            continue
-        g = d.groupby(PATH_KEY, observed=True, sort=True)[covered].agg(["all", "size"]).reset_index()
-        out.append(g.rename(columns={"all": "covered", "size": "steps"}).assign(path=path))
-    if not out:
-        return pd.DataFrame(columns=[*PATH_KEY, "path", "steps", "covered"])
-    return pd.concat(out, ignore_index=True)[[*PATH_KEY, "path", "steps", "covered"]]
-
-
-def replay_cells(draws: pd.DataFrame) -> pd.DataFrame:
-    """Per replay cell: observations, per-step coverage, the anytime coverage (simultaneous over the paths of a decode
-    kind's cell — NaN for the setting cell, whose query starts every path — and the per-step mean of the anytime
-    radius) and the median tightness, of both certificates (``*_robust``)."""
-    cols = [*CELL_KEY, "n"]
-    for v in VARIANTS:
-        sfx = "" if v == "plugin" else "_robust"
-        cols += [f"coverage{sfx}", f"coverage_anytime{sfx}", f"coverage_anytime_step{sfx}", f"tightness{sfx}"]
-    if draws.empty:
-        return pd.DataFrame(columns=cols)
-    d = draws.assign(log_ratio=_log_tightness(draws), log_ratio_robust=_log_tightness(draws, "radius_robust"))
-    g = d.groupby(CELL_KEY, sort=True, observed=True)
-    out = g.agg(n=("covered", "size"), coverage=("covered", "mean"), coverage_anytime_step=("covered_anytime", "mean"),
-                tightness=("log_ratio", "median"), coverage_robust=("covered_robust", "mean"),
-                coverage_anytime_step_robust=("covered_anytime_robust", "mean"),
-                tightness_robust=("log_ratio_robust", "median")).reset_index()
-    out["tightness"] = 10.0 ** out["tightness"]
-    out["tightness_robust"] = 10.0 ** out["tightness_robust"]
-    for v, (_, _, _, cov_any) in VARIANTS.items():
-        sfx = "" if v == "plugin" else "_robust"
-        paths = simultaneous_anytime(draws, cov_any)
-        per = (paths.groupby([*PATH_KEY[:-1], "path"], observed=True)["covered"].mean().rename(f"coverage_anytime{sfx}")
-               .reset_index().rename(columns={"path": "query_kind"}))
-        out = out.merge(per, on=CELL_KEY, how="left") if len(per) else out.assign(**{f"coverage_anytime{sfx}": np.nan})
-    return out[cols]
-
-
-def _log_tightness(draws: pd.DataFrame, radius: str = "radius") -> np.ndarray:
-    """log10(radius / error); NaN where the error is 0 (nothing to be tight about)."""
-    err = draws["error"].to_numpy(dtype=np.float64)
-    rad = draws[radius].to_numpy(dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(err > 0, np.log10(rad / err), np.nan)
-
-
-HEAD_KEY = ["model", "example_id", "layer", "head"]
-
-
-def within_head_spearman(draws: pd.DataFrame, x: str = "radius", y: str = "error",
-                         key: Sequence[str] = tuple(HEAD_KEY)) -> np.ndarray:
-    """Spearman(x, y) within each group of ``key`` (default: a head — model, example, layer, query head), vectorised;
-    finite values only. With ``key=STEP_CELL_KEY``: within a cell (one example, layer, head, budget, kind, step,
-    across draws)."""
-    if draws.empty:
-        return np.empty(0)
-    codes = draws.groupby(list(key), observed=True, sort=False).ngroup().to_numpy()
-    frame = pd.DataFrame({"g": codes, "x": draws[x].to_numpy(float), "y": draws[y].to_numpy(float)})
-    grouped = frame.groupby("g", sort=False)
-    rx = grouped["x"].rank().to_numpy()
-    ry = grouped["y"].rank().to_numpy()
-    k = int(codes.max()) + 1
-    n = np.bincount(codes, minlength=k).astype(float)
-    sx, sy = np.bincount(codes, rx, k), np.bincount(codes, ry, k)
-    sxx, syy, sxy = np.bincount(codes, rx * rx, k), np.bincount(codes, ry * ry, k), np.bincount(codes, rx * ry, k)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cov = sxy - sx * sy / n
-        r = cov / np.sqrt((sxx - sx * sx / n) * (syy - sy * sy / n))
-    return r[np.isfinite(r)]
-
-
-def within_cell_spearman(draws: pd.DataFrame, x: str = "radius", y: str = "error") -> np.ndarray:
-    """Spearman(x, y) within each cell of one step (:data:`STEP_CELL_KEY`), across its draws."""
-    return within_head_spearman(draws, x, y, STEP_CELL_KEY)
-
-
-def _median(values: np.ndarray) -> float | None:
-    return float(np.median(values)) if values.size else None
-
-
-def variant_block(d: pd.DataFrame, variant: str, paths: pd.DataFrame | None = None, within: bool = True) -> dict:
-    """Coverage (per step, and simultaneous anytime over paths), Spearman and tightness of one certificate
-    (the within-cell and within-head Spearman only with ``within``: they rank every group)."""
-    rad, anyr, cov, cov_any = VARIANTS[variant]
-    lr = _log_tightness(d, rad)
-    lr = lr[np.isfinite(lr)]
-    paths = simultaneous_anytime(d, cov_any) if paths is None else paths
-    within_cell = within_cell_spearman(d, rad) if within else np.empty(0)
-    return {
-        "coverage": float(d[cov].mean()),
-        "coverage_anytime": float(paths["covered"].mean()) if len(paths) else None,
-        "coverage_anytime_step": float(d[cov_any].mean()),
-        "paths": int(len(paths)),
-        "spearman": spearman(d[rad].to_numpy(), d["error"].to_numpy()),
-        "spearman_within_cell_median": _median(within_cell),
-        "spearman_within_head_median": _median(within_head_spearman(d, rad)) if within else None,
-        "tightness_median": float(10 ** np.median(lr)) if lr.size else None,
-        "tightness_q10": float(10 ** np.quantile(lr, 0.1)) if lr.size else None,
-        "tightness_q90": float(10 ** np.quantile(lr, 0.9)) if lr.size else None,
-    }
-
-
-def summarize_replay(draws: pd.DataFrame, delta: float) -> dict:
-    """Both certificates' coverage (per step; anytime = simultaneous over a draw's path), Spearman (pooled; within
-    cell and within head for the pooled and per-kind blocks) and tightness; pooled, by query kind, by budget, by layer
-    (and by model when several).
-
-    The plug-in's fields keep their names (``coverage``, ``spearman``, ...); the robust
-    certificate's are under ``robust``. The anytime coverage of a query kind is that of its
-    path (the setting query followed by the kind's decode steps); the setting query alone
-    has no path of its own (None).
-    """
-    if draws.empty:
-        return {"observations": 0}
-    paths = {v: simultaneous_anytime(draws, VARIANTS[v][3]) for v in VARIANTS}
-
-    def block(d: pd.DataFrame, pick, within: bool = False) -> dict:
-        out = {"observations": int(len(d)), "cells": int(d.groupby(CELL_KEY, observed=True).ngroups),
-               "zero_error": int((d["error"] <= 0).sum())}
-        for variant in VARIANTS:
-            v = variant_block(d, variant, pick(paths[variant]), within)
-            if variant == "plugin":
-                out.update(v)
-            else:
-                out["robust"] = v
-        return out
-
-    out = {"delta": delta, "target_coverage": 1.0 - delta, "pooled": block(draws, lambda p: p, True)}
-    out["pooled"]["spearman_anytime"] = spearman(draws["anytime_radius"].to_numpy(), draws["error"].to_numpy())
-    out["by_kind"] = {k: block(draws[draws["query_kind"] == k], lambda p, k=k: p[p["path"] == k], True)
-                      for k in QUERY_KINDS if (draws["query_kind"] == k).any()}
-    out["by_budget"] = {f"{b:g}": block(d, lambda p, b=b: p[p["budget"] == b])
-                        for b, d in draws.groupby("budget", observed=True)}
-    out["by_layer"] = {str(int(i)): block(d, lambda p, i=i: p[p["layer"] == i])
-                       for i, d in draws.groupby("layer", observed=True)}
-    models = draws["model"].unique()
-    out["by_model"] = ({m: block(d, lambda p, m=m: p[p["model"] == m]) for m, d in draws.groupby("model", observed=True)}
-                       if len(models) > 1 else {})
-    return out

@@ -32,7 +32,7 @@ from ..generation.provenance import git_commit
 from ..prereg import verify
 from .claims import evaluate_claims, main_tasks
 from .load import RecordRefused, load_claims_file, read_table, score_shards, write_table
-from .replay import empty_replay, summarize_replay
+from .replay_stats import empty_replay, summarize_replay
 
 
 def jsonable(obj: Any) -> Any:

@@ -176,7 +176,7 @@ def replay_frame(
     """
     import pandas as pd
 
-    from .replay import REPLAY_COLUMNS
+    from .replay_stats import REPLAY_COLUMNS
 
     rng = np.random.default_rng(seed)
     steps = later + 1
