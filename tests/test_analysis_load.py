@@ -190,7 +190,7 @@ def test_records_of_the_generation_engine_load(prereg, tmp_path):
 
     from kvcert import enable_certified_attention
     from kvcert.generation.engine import Engine
-    from kvcert.generation.provenance import provenance
+    from kvcert.provenance import provenance
     from kvcert.generation.spec import GenerationSpec
     from kvcert.tasks import generate
     from kvcert.training.tokenizer import build_tokenizer

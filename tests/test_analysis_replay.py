@@ -14,12 +14,15 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvcert import certified_attention, enable_certified_attention
 from kvcert.analysis.replay import (
-    CELL_KEY, REPLAY_COLUMNS, _potential, _seed, _shadow_slots, capture, compressed_decode, draw_samples,
-    impossibility_for_model, replay_cells, replay_layers, replay_model, simultaneous_anytime, summarize_replay,
-    within_cell_spearman, within_head_spearman,
+    _potential, _seed, _shadow_slots, capture, compressed_decode, draw_samples, impossibility_for_model, replay_layers,
+    replay_model,
+)
+from kvcert.analysis.replay_stats import (
+    CELL_KEY, REPLAY_COLUMNS, replay_cells, simultaneous_anytime, summarize_replay, within_cell_spearman,
+    within_head_spearman,
 )
 from kvcert.analysis.stats import spearman
-from kvcert.certificate import anytime_radius, robust_radius
+from kvcert.certificate import anytime_radius
 from kvcert.design import DEFAULT_DESIGN, inclusion_probabilities, poisson_sample
 from kvcert.sketch import build_sketch
 from kvcert.scorers import SnapKVScorer

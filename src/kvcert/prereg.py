@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from .generation.provenance import git_commit
+from .provenance import git_commit
 
 FREEZE_DIR = "freeze"
 

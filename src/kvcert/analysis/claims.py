@@ -218,7 +218,7 @@ def _weighted_median_ratio(w: np.ndarray, hist: np.ndarray) -> tuple[np.ndarray,
 
 
 def prepare_coverage(rows: pd.DataFrame, plan: Mapping, variant: str = "plugin") -> Prepared:
-    """Coverage of one certificate (``variant``: "plugin" or "robust", :data:`kvcert.analysis.replay.VARIANTS`).
+    """Coverage of one certificate (``variant``: "plugin" or "robust", :data:`kvcert.analysis.replay_stats.VARIANTS`).
 
     Per step (``coverage``, by kind), anytime = simultaneous over a draw's path
     (``coverage_anytime``: each path is counted in the cell of its decode kind), the

@@ -157,7 +157,7 @@ KIND_STYLE = {"setting": ("-", "certificate"), "later": ("--", "confidence"), "s
 
 
 def coverage_figure(cells: pd.DataFrame, path: Path, delta: float, kill: float | None = None) -> Path | None:
-    """``cells``: :func:`kvcert.analysis.replay.replay_cells`. Per-step coverage per cell by kind (plug-in, robust),
+    """``cells``: :func:`kvcert.analysis.replay_stats.replay_cells`. Per-step coverage per cell by kind (plug-in, robust),
     and the anytime coverage of whole paths (simultaneous) of both."""
     if cells.empty:
         return None

@@ -58,6 +58,7 @@ import pyarrow.parquet as pq
 
 from ..generation.shards import ShardSealError, check_seal, read_records
 from ..prereg import Freeze, verify
+from ..provenance import check_prereg_hash
 
 REQUIRED_FIELDS: tuple[str, ...] = (
     "example_id", "task", "target_tokens", "prompt_tokens", "question_tokens", "model", "condition", "method",
@@ -166,11 +167,8 @@ def verified_freeze(prereg_folder: str | Path, verified_json: str | Path | None 
     freeze = verify(prereg_folder)
     if verified_json is not None:
         data = json.loads(Path(verified_json).read_text())
-        if data.get("prereg_hash") != freeze.prereg_hash:
-            raise RecordRefused(
-                f"{verified_json}: records were checked against prereg_hash {data.get('prereg_hash')}, but "
-                f"{prereg_folder} now verifies as {freeze.prereg_hash}; rerun `kvcert prereg verify`"
-            )
+        check_prereg_hash(str(verified_json), data.get("prereg_hash"), freeze.prereg_hash,
+                          f"{prereg_folder} verifies differently now: rerun `kvcert prereg verify`", RecordRefused)
     return freeze
 
 
@@ -245,11 +243,8 @@ def check_record(record: Mapping, where: str, prereg_hash: str) -> None:
             f"{where}: a one-off record (kvcert run or kvcert generate without --prereg-hash), made outside "
             "the pre-registration; claims score only the pipeline's shards"
         )
-    if record["prereg_hash"] != prereg_hash:
-        raise RecordRefused(
-            f"{where}: record prereg_hash {record['prereg_hash']} differs from the verified freeze's {prereg_hash}; "
-            "records generated under another pre-registration cannot be scored against this one"
-        )
+    check_prereg_hash(where, record["prereg_hash"], prereg_hash, "records generated under another "
+                      "pre-registration cannot be scored against this one (regenerate the shard)", RecordRefused)
 
 
 def _load_one(args: tuple[str, ScoringPlan, str, int | None]) -> dict[str, list]:

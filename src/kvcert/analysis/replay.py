@@ -72,10 +72,7 @@ from ..scorers import get_scorer
 from ..scorers.base import LayerObservation
 from ..sketch import POTENTIAL_WINDOW, build_sketch, shadow_count, sketch_potential
 from ..tasks.prompting import build_prompt_ids
-from .replay_stats import (  # noqa: F401 - the layout and statistics, re-exported
-    CELL_KEY, COVERED_COLUMNS, FLOAT_COLUMNS, PATHS, QUERY_KINDS, REPLAY_COLUMNS, VARIANTS,
-    empty_replay, replay_cells, simultaneous_anytime, summarize_replay, variant_block, within_cell_spearman, within_head_spearman,
-)
+from .replay_stats import COVERED_COLUMNS, FLOAT_COLUMNS, QUERY_KINDS, REPLAY_COLUMNS, empty_replay
 
 #: keys × draws × head-dim elements evaluated at once (bounds replay memory on big models)
 MAX_ELEMENTS = 2**25

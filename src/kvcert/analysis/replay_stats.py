@@ -11,6 +11,8 @@ procedure).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import pandas as pd
 

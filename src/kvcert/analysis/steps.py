@@ -28,10 +28,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from ..generation.provenance import git_commit
+from ..provenance import check_prereg_hash, git_commit
 from ..prereg import verify
 from .claims import evaluate_claims, main_tasks
-from .load import RecordRefused, load_claims_file, read_table, score_shards, write_table
+from .load import RecordRefused, load_claims_file, read_table, score_shards, verified_freeze, write_table
 from .replay_stats import empty_replay, summarize_replay
 
 
@@ -72,17 +72,6 @@ def load_grid(prereg: str | Path, experiment: str, configs: str | Path | None = 
     if not path.exists():
         raise FileNotFoundError(f"{path}: no design grid for experiment {experiment!r}")
     return yaml.safe_load(path.read_text())
-
-
-def verified(prereg: str | Path, verified_json: str | Path | None = None):
-    """Verify the pre-registration; a ``kvcert prereg verify --out`` JSON, if given, must name the same hash."""
-    freeze = verify(prereg)
-    if verified_json is not None:
-        stamped = json.loads(Path(verified_json).read_text()).get("prereg_hash")
-        if stamped != freeze.prereg_hash:
-            raise RecordRefused(f"{verified_json}: prereg_hash {stamped} differs from {prereg}'s current freeze "
-                                f"{freeze.prereg_hash}; rerun `kvcert prereg verify`")
-    return freeze
 
 
 # --- score ----------------------------------------------------------------------------------------
@@ -204,9 +193,7 @@ def _read_replays(paths: Sequence[str | Path], prereg_hash: str) -> tuple[pd.Dat
     frames, provs = [], []
     for p in paths:
         df, prov = read_table(p)
-        if prov.get("prereg_hash") != prereg_hash:
-            raise RecordRefused(f"{p}: replay prereg_hash {prov.get('prereg_hash')} differs from the verified "
-                                f"freeze's {prereg_hash}")
+        check_prereg_hash(f"{p} (replay)", prov.get("prereg_hash"), prereg_hash, "rerun the replay step", RecordRefused)
         frames.append(df)
         provs.append(prov)
     return (pd.concat(frames, ignore_index=True) if frames else empty_replay()), provs
@@ -214,16 +201,14 @@ def _read_replays(paths: Sequence[str | Path], prereg_hash: str) -> tuple[pd.Dat
 
 def _read_scores(path: str | Path, prereg_hash: str) -> tuple[pd.DataFrame, dict]:
     df, prov = read_table(path)
-    if prov.get("prereg_hash") != prereg_hash:
-        raise RecordRefused(f"{path}: scores were verified against prereg_hash {prov.get('prereg_hash')}, "
-                            f"not the current freeze's {prereg_hash}; rerun the score step")
+    check_prereg_hash(f"{path} (scores)", prov.get("prereg_hash"), prereg_hash, "rerun the score step", RecordRefused)
     return df, prov
 
 
 def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | Path, experiment: str,
                 out: str | Path, verified_json: str | Path | None = None, configs: str | Path | None = None) -> dict:
     """Evaluate every claim and write ``claims.json``; returns its content."""
-    freeze = verified(prereg, verified_json)
+    freeze = verified_freeze(prereg, verified_json)
     doc = load_claims_file(prereg)
     grid = load_grid(prereg, experiment, configs)
     df, scores_prov = _read_scores(scores, freeze.prereg_hash)
@@ -260,16 +245,15 @@ def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[
     prereg_hash = doc["provenance"]["prereg_hash"]
     if verified_json is not None:
         stamped = json.loads(Path(verified_json).read_text()).get("prereg_hash")
-        if stamped != prereg_hash:
-            raise RecordRefused(f"{claims}: claims were computed under prereg_hash {prereg_hash}, but {verified_json} "
-                                f"names {stamped}; rerun the claims step")
+        check_prereg_hash(f"{claims} (claims, verified by {verified_json})", prereg_hash, stamped,
+                          "rerun the claims step", RecordRefused)
     df, scores_prov = _read_scores(scores, prereg_hash) if scores else (None, {})
     rp, replay_prov = _read_replays(replay, prereg_hash)
     rows = []
     for p in impossibility:
         data = json.loads(Path(p).read_text())
-        if data.get("prereg_hash") != prereg_hash:
-            raise RecordRefused(f"{p}: impossibility prereg_hash {data.get('prereg_hash')} differs from {prereg_hash}")
+        check_prereg_hash(f"{p} (impossibility)", data.get("prereg_hash"), prereg_hash, "rerun the replay step",
+                          RecordRefused)
         rows.extend(data.get("rows", []))
     paths = build_report(doc, df, scores_prov, rp, rows, out_dir, replay_prov)
     paths["summary"] = write_json(summary(doc, df), Path(out_dir) / "summary.json")

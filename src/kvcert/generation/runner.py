@@ -16,7 +16,7 @@ from tqdm import tqdm
 from ..models import load_model, resolve_model_path
 from ..tasks.records import read_jsonl
 from .engine import Engine
-from .provenance import config_hash, provenance
+from ..provenance import config_hash, provenance
 from .shards import ShardWriter, read_records, record_key
 from .spec import GenerationSpec
 

@@ -1,6 +1,8 @@
-"""Provenance stamped on every record: config hash, pre-registration hash, git commit.
+"""Provenance stamped on every record: config hash, pre-registration hash, git commit; and the
+one check that a stamped pre-registration hash is the verified freeze's.
 
-The UTC start time is stamped per record by the engine.
+The bottom of the package: every stage may import it, it imports no stage. The UTC start
+time is stamped per record by the engine.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from .. import __version__
+from . import __version__
 
 
 def config_hash(config: dict) -> str:
@@ -40,3 +42,10 @@ def provenance(config: dict, prereg_hash: str | None) -> dict:
         "git_commit": git_commit(),
         "kvcert_version": __version__,
     }
+
+
+def check_prereg_hash(where: str, found: str | None, expected: str, remedy: str, error: type[Exception] = ValueError) -> None:
+    """Refuse ``where`` (a file, a record) stamped with pre-registration hash ``found`` unless it is ``expected``
+    (the verified freeze's): one line naming both and ``remedy`` (how to get a matching file)."""
+    if found != expected:
+        raise error(f"{where}: prereg_hash {found} differs from the verified freeze's {expected}; {remedy}")
