@@ -71,7 +71,6 @@ try:  # what decides a rerun is the freeze's content hash, not the files' times
 except PreregError:  # inside a cluster job; its own verification fails first
     PREREG_HASH = "unverified"
 OUT = f"{config['results']}/{EXP}"
-ANALYSIS = Path(here(Path(workflow.basedir) / "analysis"))
 VERIFIED = f"{OUT}/prereg/verified.json"
 COMMON = f"--experiment {EXP} --prereg {PREREG} --configs {here(CONFIGS)}"
 RETRAIN = config["retrain_model"]
@@ -199,7 +198,6 @@ rule replay:
     log:
         f"{OUT}/logs/replay/{{model}}/{{task}}-{{length}}.log",
     params:
-        script=ANALYSIS / "replay.py",
         common=COMMON,
         model_path=model_path_flag,
         configs=configs_of,
@@ -209,7 +207,7 @@ rule replay:
     conda:
         "environment.yml"
     shell:
-        "python {params.script} {params.common} --model {wildcards.model} {params.model_path} "
+        "kvcert replay {params.common} --model {wildcards.model} {params.model_path} "
         "--records {input.manifest} --threads {threads} --out {output.draws} "
         "--impossibility-out {output.impossibility} > {log} 2>&1"
 
@@ -248,12 +246,11 @@ rule score:
     log:
         f"{OUT}/logs/score.log",
     params:
-        script=ANALYSIS / "score.py",
         common=COMMON,
     conda:
         "environment.yml"
     shell:
-        "python {params.script} {params.common} --verified {input.verified} "
+        "kvcert score {params.common} --verified {input.verified} "
         "--shards {input.shards} --out {output} > {log} 2>&1"
 
 
@@ -267,12 +264,11 @@ rule claims:
     log:
         f"{OUT}/logs/claims.log",
     params:
-        script=ANALYSIS / "claims.py",
         common=COMMON,
     conda:
         "environment.yml"
     shell:
-        "python {params.script} {params.common} --verified {input.verified} --scores {input.scores} "
+        "kvcert claims {params.common} --verified {input.verified} --scores {input.scores} "
         "--replay {input.replay} --out {output} > {log} 2>&1"
 
 
@@ -290,10 +286,9 @@ rule report:
     log:
         f"{OUT}/logs/report.log",
     params:
-        script=ANALYSIS / "report.py",
         out_dir=lambda wildcards, output: Path(output.md).parent,
     conda:
         "environment.yml"
     shell:
-        "python {params.script} --verified {input.verified} --claims {input.claims} --scores {input.scores} "
+        "kvcert report --verified {input.verified} --claims {input.claims} --scores {input.scores} "
         "--replay {input.replay} --impossibility {input.impossibility} --out-dir {params.out_dir} > {log} 2>&1"

@@ -15,6 +15,7 @@ import sys
 # (module path) — each registers one or more subcommands.
 SUBCOMMANDS: list[str] = [
     "kvcert.bench.cli",
+    "kvcert.analysis.cli",
     "kvcert.generation.cli",
     "kvcert.prereg",
     "kvcert.pipeline.cli",

@@ -1,0 +1,107 @@
+"""``kvcert replay | score | claims | report``: the analysis steps, one command each.
+
+The Snakefile runs them, and the scripts in ``analysis/`` are these commands under
+another name (``python analysis/score.py …`` = ``kvcert score …``), so each step has one
+way to run and one argument list. The logic is :mod:`kvcert.analysis.steps`; it is
+imported when a command runs, so ``kvcert --help`` loads none of it.
+"""
+
+from __future__ import annotations
+
+
+def _replay(a) -> int:
+    from .steps import replay_step, resolve_model
+
+    model = resolve_model(a.model_config, a.model, a.configs, a.model_path)
+    out, imp = replay_step(model, a.records, a.prereg, a.out, a.impossibility_out, a.seed, a.max_layers,
+                           a.max_examples, a.threads, a.experiment)
+    print(out)
+    print(imp)
+    return 0
+
+
+def _score(a) -> int:
+    from .steps import planned_counts, score_step
+
+    expected = planned_counts(a.shards, a.experiment, a.prereg, a.configs) if a.experiment else None
+    print(score_step(a.shards, a.prereg, a.out, a.verified, a.jobs, expected))
+    return 0
+
+
+def _claims(a) -> int:
+    from .steps import claims_step
+
+    content = claims_step(a.scores, a.replay, a.prereg, a.experiment, a.out, a.verified, a.configs)
+    for c in content["claims"]:
+        print(f"{c['id']}: {c['verdict']} ({c['statistic']} = {c['value']}, CI {c['ci']})")
+    return 0
+
+
+def _report(a) -> int:
+    from .steps import report_step
+
+    paths = report_step(a.claims, a.scores, a.replay, a.impossibility, a.out_dir, a.verified)
+    for key in ("markdown", "html", "summary"):
+        print(paths[key])
+    return 0
+
+
+def register(subparsers) -> None:
+    verified_help = "`kvcert prereg verify --out` JSON; must match the folder"
+    p = subparsers.add_parser("replay", help="attention-level replay (C1, C2, C8) and Theorem 1 for one model",
+                              description="Attention-level replay (claims C1, C2, C8) and the impossibility "
+                              "demonstration for one model. The model is configs/model/NAME.yaml (--model-path "
+                              "overrides its path) or a model/job config file; budgets, draws, later queries, δ and "
+                              "the retention design come from the frozen analysis_plan.")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="model name: configs/model/<name>.yaml")
+    which.add_argument("--model-config", help="a model config (name, path, dtype, device) or a job config with one")
+    p.add_argument("--model-path", default=None, help="override the model config's path")
+    p.add_argument("--configs", default="configs", help="hydra configs folder (for --model)")
+    p.add_argument("--experiment", default=None, help="experiment name (recorded in the provenance)")
+    p.add_argument("--records", required=True, help="task records manifest (JSONL) of the replay cell")
+    p.add_argument("--prereg", default="preregistration", help="pre-registration folder (frozen)")
+    p.add_argument("--out", required=True, help="replay draws (Parquet)")
+    p.add_argument("--impossibility-out", required=True, help="impossibility rows (JSON)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed of the replay draws")
+    p.add_argument("--max-layers", type=int, default=None, help="replay this many evenly spaced layers (default: all)")
+    p.add_argument("--max-examples", type=int, default=None, help="replay only the first N records")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.set_defaults(func=_replay)
+
+    p = subparsers.add_parser("score", help="generation shards → one scored row per generation (Parquet)",
+                              description="Generation shards → one scored row per generation. Refuses records "
+                              "missing a field or stamped with another pre-registration hash, and shards that differ "
+                              "from their seal or (with --experiment) hold another number of records than the plan.")
+    p.add_argument("--shards", nargs="+", required=True, help="finished generation shards (JSONL)")
+    p.add_argument("--prereg", default="preregistration", help="pre-registration folder (frozen)")
+    p.add_argument("--experiment", default=None, help="experiment whose plan gives each shard's record count")
+    p.add_argument("--configs", default=None, help="hydra configs folder (with --experiment)")
+    p.add_argument("--verified", default=None, help=verified_help)
+    p.add_argument("--out", required=True, help="scores table (Parquet)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes parsing shards (default 1)")
+    p.set_defaults(func=_score)
+
+    p = subparsers.add_parser("claims", help="scores + replay → claims.json (the pre-registered claims, verdicts)",
+                              description="Scores + replay → claims.json: the pre-registered claims with their "
+                              "verdicts. The design grid is the experiment's (configs/experiment/<name>.yaml, else "
+                              "grids/<name>.yaml in the pre-registration folder).")
+    p.add_argument("--scores", required=True, help="scores table from kvcert score")
+    p.add_argument("--replay", nargs="*", default=[], help="replay tables from kvcert replay (one per model)")
+    p.add_argument("--prereg", default="preregistration", help="pre-registration folder (frozen)")
+    p.add_argument("--verified", default=None, help=verified_help)
+    p.add_argument("--experiment", required=True, help="experiment name (its design grid)")
+    p.add_argument("--configs", default="configs", help="configs folder holding experiment/<name>.yaml")
+    p.add_argument("--out", required=True, help="claims JSON")
+    p.set_defaults(func=_claims)
+
+    p = subparsers.add_parser("report", help="claims + scores + replay → report.md, report.html, summary.json",
+                              description="claims.json + scores + replay + impossibility → report.md, a "
+                              "self-contained report.html, summary.json and figures/*.png.")
+    p.add_argument("--claims", required=True, help="claims JSON from kvcert claims")
+    p.add_argument("--scores", default=None, help="scores table from kvcert score")
+    p.add_argument("--replay", nargs="*", default=[], help="replay tables (one per model)")
+    p.add_argument("--impossibility", nargs="*", default=[], help="impossibility JSON files (one per model)")
+    p.add_argument("--verified", default=None, help="`kvcert prereg verify --out` JSON; must match the claims")
+    p.add_argument("--out-dir", required=True, help="report folder")
+    p.set_defaults(func=_report)
