@@ -75,13 +75,17 @@ class CertificateTrace:
     def steps(self) -> dict[str, list[float]]:
         return self.plugin.steps
 
-    def add(self, step: StepCertificates) -> None:
-        """Fold in one forward's certificates (the last query of the forward)."""
-        if not step.variance:
+    def add(self, step: StepCertificates, row: int = 0, layers=None) -> None:
+        """Fold in one forward's certificates (the last query of the forward) of batch ``row``.
+
+        ``layers``: the layers that certify this row (those where it has a sampled tail; a
+        batch of forks records every layer where *some* row has one); default: all recorded.
+        """
+        layers = sorted(step.variance) if layers is None else [i for i in sorted(step.variance) if i in layers]
+        if not layers:
             return
         t = len(self.variance_mean) + 1
-        layers = sorted(step.variance)
-        stack = lambda d: torch.stack([d[i][0, :, -1] for i in layers]).double()  # noqa: E731 - [layers, Hq]
+        stack = lambda d: torch.stack([d[i][row, :, -1] for i in layers]).double()  # noqa: E731 - [layers, Hq]
         var, rng = stack(step.variance), stack(step.range_term)
         norm = stack(step.output_norm) if step.output_norm else None
         shadow = all(i in step.shadow_variance for i in layers)
