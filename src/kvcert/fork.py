@@ -100,11 +100,19 @@ class ForkingCache(CertifiedCache):
                                layer_idx=layer_idx, num_layers=num_layers)
         per_slot = layer._k.shape[1] * (layer._k.shape[-1] * layer._k.element_size()
                                         + layer._v.shape[-1] * layer._v.element_size() + 12)
+        shared: dict = {}  # scores and sketch potentials, once per (scorer, prefix)
         for branch in self.branches:
+            press, view = branch.press, _slice_obs(obs, branch.end)
+            key = (repr(press.scorer), branch.end)
+            if key not in shared:
+                shared[key] = press.scorer(view)
+            if press.randomized and ("potential", branch.end) not in shared:
+                shared["potential", branch.end] = press.potential(view, 0, branch.end)
             # a single run's peak: its earlier layers compacted, this one still full (later ones empty)
             branch.peak_nbytes = max(branch.peak_nbytes, branch.nbytes() + layer._k.shape[0] * per_slot * branch.end)
             fork = fork_layer(layer, branch.end)
-            branch.press.compress_layer(fork, _slice_obs(obs, branch.end), round_index=0)
+            press.compress_layer(fork, view, round_index=0, scores=shared[key],
+                                 potential=shared.get(("potential", branch.end)) if press.randomized else None)
             branch.layers.append(fork)
             branch.peak_nbytes = max(branch.peak_nbytes, branch.nbytes())
         if layer_idx == num_layers - 1:
@@ -151,36 +159,37 @@ def _stack_sketches(layers: list[CompactLayer]) -> EvictionSketch | None:
                             for name in ("codes", "scale", "key_error", "value_dev", "potential", "count")))
 
 
-def stack_layers(layers: list[CompactLayer]) -> CompactLayer:
-    """One layer whose batch rows are the rows of ``layers`` (same seen length, heads and dims).
+def stack_layers(layers: list[CompactLayer], room: int = 0) -> CompactLayer:
+    """One layer whose batch rows are the rows of ``layers`` (same heads and dims).
 
-    Each row is padded at the end to the longest row (log π = +inf, 1 − π = 0, ‖v − c‖ = 0).
+    Each row is padded at the end to the longest row (log π = +inf, 1 − π = 0, ‖v − c‖ = 0),
+    with ``room`` more padded slots for the feeds of :func:`row_view`. Rows that have seen
+    different numbers of tokens (streaming forks: the context; aware: the prompt minus
+    one) are stacked for row views to catch up; the stack itself needs one seen length.
     """
-    seen = {layer.seen for layer in layers}
-    if len(seen) != 1:
-        raise ValueError(f"stack_layers: rows have seen different numbers of tokens {sorted(seen)}")
     first = layers[0]
     width = max(layer.length for layer in layers)
     out = CompactLayer(reserve=first.reserve, growth=first.growth)
     out.device = first.device
     rows = sum(layer._k.shape[0] for layer in layers)
     h, d, dv = first._k.shape[1], first._k.shape[-1], first._v.shape[-1]
-    out._allocate(rows, h, width + first.reserve, d, first._k.dtype, dv)
-    out._k[:, :, :width].zero_()  # padding slots: finite keys and values (their weight is e^{-inf} = 0)
-    out._v[:, :, :width].zero_()
+    out._allocate(rows, h, width + room + first.reserve, d, first._k.dtype, dv)
     out._lp.fill_(float("inf"))
     r = 0
     for layer in layers:
         b, n = layer._k.shape[0], layer.length
         out._k[r : r + b, :, :n] = layer.keys
         out._v[r : r + b, :, :n] = layer.values
+        out._k[r : r + b, :, n : width + room].zero_()  # padding: finite keys and values (weight e^{-inf} = 0)
+        out._v[r : r + b, :, n : width + room].zero_()
         out._lp[r : r + b, :, :n] = layer.log_pi
         out._om[r : r + b, :, :n] = layer.one_minus
         out._dev[r : r + b, :, :n] = layer.dev
         r += b
-    out._lp[:, :, width:] = 0.0
     out.length = width
-    out.seen = first.seen
+    out.row_length = [layer.length for layer in layers for _ in range(layer._k.shape[0])]
+    out.row_seen = [layer.seen for layer in layers for _ in range(layer._k.shape[0])]
+    out.seen = first.seen if len(set(out.row_seen)) == 1 else None
     out.undecided = 0
     out.kept = torch.cat([layer.kept for layer in layers], 0)
     centres = [layer.centre if layer.centre is not None
@@ -195,6 +204,47 @@ def stack_layers(layers: list[CompactLayer]) -> CompactLayer:
     out._refresh_views()
     _flags(out)
     return out
+
+
+def row_view(layer: CompactLayer, start: int, stop: int) -> CompactLayer:
+    """Rows [start, stop) of a stacked layer as a layer of their own whose storage *is* the stack's:
+    what a forward appends to the view lands in the stack (within the stack's room)."""
+    seen = set(layer.row_seen[start:stop])
+    if len(seen) != 1:
+        raise ValueError(f"row_view: rows have seen different numbers of tokens {sorted(seen)}")
+    view = CompactLayer(reserve=layer.reserve, growth=layer.growth)
+    view.device = layer.device
+    for name in ("_k", "_v", "_lp", "_om", "_dev"):
+        setattr(view, name, getattr(layer, name)[start:stop])
+    view.length = max(layer.row_length[start:stop])
+    view.seen = seen.pop()
+    view.kept = layer.kept[start:stop].clone()
+    view.centre = layer.centre[start:stop]
+    idx = torch.arange(start, stop, device=layer.device)
+    view.sketch = None if layer.sketch is None else layer.sketch.index_select(idx)
+    view.row_tail = layer.row_tail[start:stop]
+    view.row_sketch_bytes = layer.row_sketch_bytes[start:stop]
+    view.compactions = layer.compactions
+    view.is_initialized = True
+    view._refresh_views()
+    _flags(view)
+    return view
+
+
+def join_views(layer: CompactLayer, views: list[CompactLayer]) -> None:
+    """Take back the rows of ``views`` (in order, covering the stack) after their forwards (in place)."""
+    if any(view._k.untyped_storage().data_ptr() != layer._k.untyped_storage().data_ptr() for view in views):
+        raise ValueError("join_views: a view outgrew the stack's room (its storage was reallocated)")
+    seen = {view.seen for view in views}
+    if len(seen) != 1:
+        raise ValueError(f"join_views: the views have seen different numbers of tokens {sorted(seen)}")
+    layer.seen = seen.pop()
+    layer.row_seen = [layer.seen] * layer._k.shape[0]
+    layer.length = max(view.length for view in views)
+    layer.row_length = [layer.length] * layer._k.shape[0]
+    layer.kept = torch.cat([view.kept for view in views], 0)
+    layer._refresh_views()
+    _flags(layer)
 
 
 def _flags(layer: CompactLayer) -> None:
@@ -228,6 +278,7 @@ def select_rows(layer: CompactLayer, rows: list[int]) -> None:
     if layer.sketch is not None:
         layer.sketch = layer.sketch.index_select(idx)
     layer.row_tail = layer.row_tail.index_select(0, idx.cpu())
+    layer.row_length, layer.row_seen = [width] * len(rows), [layer.seen] * len(rows)
     layer.row_sketch_bytes = [layer.row_sketch_bytes[i] for i in rows]
     layer._refresh_views()
     _flags(layer)
@@ -240,12 +291,26 @@ def row_nbytes(layer: CompactLayer, row: int) -> int:
     return layer._k.shape[1] * int(layer.kept[row].max()) * per_slot + layer.row_sketch_bytes[row]
 
 
-def stacked_cache(layer_lists: list[list[CompactLayer]], record_certificates: bool) -> CertifiedCache:
-    """A :class:`CertifiedCache` whose rows are the given caches' layers (one list per cache), stacked."""
+def _cache(layers: list[CompactLayer], record_certificates: bool) -> CertifiedCache:
     cache = CertifiedCache(record_certificates=record_certificates)
-    cache.layers.extend(stack_layers(list(per_layer)) for per_layer in zip(*layer_lists))
+    cache.layers.extend(layers)
     cache.layer_class_to_replicate = None
     return cache
+
+
+def stacked_cache(layer_lists: list[list[CompactLayer]], record_certificates: bool, room: int = 0) -> CertifiedCache:
+    """A :class:`CertifiedCache` whose rows are the given caches' layers (one list per cache), stacked."""
+    return _cache([stack_layers(list(per_layer), room) for per_layer in zip(*layer_lists)], record_certificates)
+
+
+def row_view_cache(cache: CertifiedCache, start: int, stop: int) -> CertifiedCache:
+    """Rows [start, stop) of a stacked cache as a cache of their own (:func:`row_view`)."""
+    return _cache([row_view(layer, start, stop) for layer in cache.layers], cache.record_certificates)
+
+
+def join_view_caches(cache: CertifiedCache, views: list[CertifiedCache]) -> None:
+    for i, layer in enumerate(cache.layers):
+        join_views(layer, [view.layers[i] for view in views])
 
 
 def cache_select_rows(cache: CertifiedCache, rows: list[int]) -> None:

@@ -36,7 +36,8 @@ from datetime import datetime, timezone
 import torch
 
 from ..certificate import unit_roundoff
-from ..fork import Branch, ForkingCache, cache_select_rows, row_nbytes, stacked_cache
+from ..fork import (Branch, ForkingCache, cache_select_rows, join_view_caches, row_nbytes, row_view_cache,
+                    stacked_cache)
 from ..tasks.prompting import build_prompt_ids
 from .engine import Engine, _sync
 from .signals import CertificateTrace
@@ -100,29 +101,33 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
     _sync(device)
     t_shared = time.perf_counter() - t0
 
-    groups = [([i for i, c in enumerate(conds) if c == "streaming"], question),
-              ([i for i, c in enumerate(conds) if c != "streaming"], ids[-1:])]
+    stream = [i for i, c in enumerate(conds) if c == "streaming"]
+    rest = [i for i, c in enumerate(conds) if c != "streaming"]
+    order = stream + rest  # batch row -> run index
     record_certs = any(t is not None for t in traces)
-    order: list[int] = []
-    caches, logits, prefill_seconds, kept_fraction = [], [], {}, {}
-    for members, feed in groups:
+    # one stack for every row, with room for the feeds; each group's forward runs on a view of its rows
+    batch = stacked_cache([branches[i].layers if i in branches else shared.layers for i in order], record_certs,
+                          room=max(len(question), 1))
+    peak = {i: b.peak_nbytes for i, b in branches.items()}
+    del shared, branches  # the forks live on in the stack
+    views, logits, prefill_seconds, kept_fraction = [], [], {}, {}
+    start = 0
+    for members, feed in ((stream, question), (rest, ids[-1:])):
         if not members:
             continue
         t = time.perf_counter()
-        cache = stacked_cache([branches[i].layers if i in branches else shared.layers for i in members], record_certs)
-        out = _forward_rows(model, cache, feed, len(members), device)
+        view = row_view_cache(batch, start, start + len(members))
+        out = _forward_rows(model, view, feed, len(members), device)
         _sync(device)
         dt = time.perf_counter() - t
-        _fold([traces[i] for i in members], cache, cache.pop_steps(), range(len(members)))
+        _fold([traces[i] for i in members], view, view.pop_steps(), range(len(members)))
         for pos, i in enumerate(members):
             prefill_seconds[i] = t_shared / len(engines) + dt / len(members)
-            kept_fraction[i] = [float(layer.kept[pos].float().mean()) / layer.seen for layer in cache.layers]
-        order += members
-        caches.append(cache)
+            kept_fraction[i] = [float(layer.kept[pos].float().mean()) / layer.seen for layer in view.layers]
+        views.append(view)
         logits.append(out)
-    peak = {i: b.peak_nbytes for i, b in branches.items()}
-    del shared, branches  # the forks live on in the stacked caches
-    batch = caches[0] if len(caches) == 1 else stacked_cache([c.layers for c in caches], record_certs)
+        start += len(members)
+    join_view_caches(batch, views)
     logits = torch.cat(logits, 0)
 
     eos = e0.eos
