@@ -23,7 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvcert.attention import hajek_attention
 from kvcert.cache import CompactLayer
-from kvcert.fork import row_nbytes, select_rows, stack_layers
+from kvcert.fork import row_nbytes, stack_layers, take_rows, width_buckets
 from kvcert.generation.engine import Engine
 from kvcert.generation.forked import run_forked
 from kvcert.generation.runner import run_specs
@@ -151,9 +151,14 @@ def test_stacked_rows_attend_as_alone_and_survive_dropping_a_row():
     out = hajek_attention(q, stacked.keys, stacked.values, stacked.log_pi, 0.3).output
     alone = hajek_attention(q[1:], short.keys, short.values, None, 0.3).output
     torch.testing.assert_close(out[1:], alone)
-    select_rows(stacked, [1])
-    assert stacked.length == 5 and not stacked.has_padding  # the long row's width went with it
-    torch.testing.assert_close(hajek_attention(q[1:], stacked.keys, stacked.values, stacked.log_pi, 0.3).output, alone)
+    kept = take_rows(stacked, [1])
+    assert kept.length == 5 and not kept.has_padding  # the long row's width went with it
+    torch.testing.assert_close(hajek_attention(q[1:], kept.keys, kept.values, kept.log_pi, 0.3).output, alone)
+
+
+def test_width_buckets_pay_an_extra_forward_only_for_padding_it_saves():
+    assert width_buckets([100, 90, 120], forward_slots=1000) == [[0, 1, 2]]
+    assert width_buckets([8000, 1000, 1100, 900], forward_slots=1000) == [[1, 2, 3], [0]]
 
 
 KILL_AFTER = 3  # records: the kill lands inside the first example (13 runs each)

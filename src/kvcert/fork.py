@@ -14,8 +14,10 @@ The forks share their prompt, hence their RoPE positions; they differ only in wh
 tokens each (layer, KV head) kept. :func:`stack_layers` lays them out as the rows of one
 batch — the ragged layout the cache already has between KV heads, extended to rows: each
 row padded to the longest, padding slots with log π = +inf (attention bias −inf) — and
-:func:`select_rows` drops the rows that finished, repacking the survivors so a finished
-long row (the full cache) costs nothing more.
+:func:`take_rows` drops the rows that finished, repacking the survivors so a finished
+long row (the full cache) costs nothing more; :func:`width_buckets` splits rows of very
+different widths (the full cache among compressed ones) into batches where padding the
+short rows would cost more than one more forward.
 
 Per row, the layer keeps what a single run's layer would report: whether the row has a
 sampled tail (:attr:`CompactLayer.row_tail`, which layers certify that row), its sketch
@@ -252,36 +254,43 @@ def _flags(layer: CompactLayer) -> None:
     layer.has_padding = bool(torch.isinf(layer.log_pi).any())
 
 
-def select_rows(layer: CompactLayer, rows: list[int]) -> None:
-    """Keep batch ``rows`` of a stacked layer, repacked to the longest remaining row (in place)."""
+def take_rows(layer: CompactLayer, rows: list[int], repack: float = 0.75) -> CompactLayer:
+    """A new layer of batch ``rows`` of a stacked layer; when the longest of them needs under
+    ``repack`` of the slots in use, they are repacked to it (a finished long row — the full
+    cache — leaves no padding behind)."""
     idx = torch.tensor(rows, dtype=torch.long, device=layer.device)
     k, v = layer.keys.index_select(0, idx), layer.values.index_select(0, idx)
     lp, om, dev = (t.index_select(0, idx) for t in (layer.log_pi, layer.one_minus, layer.dev))
     b, h, n = lp.shape
-    keep = torch.isfinite(lp).reshape(b * h, n)
-    packed = pack(keep, None, (b, h))
-    width = packed.indices.shape[-1]
-    gather = lambda t: t.gather(2, packed.indices)  # noqa: E731
-    gather_d = lambda t: t.gather(2, packed.indices.unsqueeze(-1).expand(-1, -1, -1, t.shape[-1]))  # noqa: E731
-    valid = packed.valid
-    k_new, v_new = gather_d(k), gather_d(v)
-    lp_new = torch.where(valid, gather(lp), float("inf"))
-    om_new = torch.where(valid, gather(om), 0.0)
-    dev_new = torch.where(valid, gather(dev), 0.0)
-    layer._allocate(b, h, width + layer.reserve, k.shape[-1], k.dtype, v.shape[-1])
-    layer._k[:, :, :width], layer._v[:, :, :width] = k_new, v_new
-    layer._lp[:, :, :width], layer._om[:, :, :width], layer._dev[:, :, :width] = lp_new, om_new, dev_new
-    layer.length = width
-    layer.kept = layer.kept.index_select(0, idx)
-    if layer.centre is not None:
-        layer.centre = layer.centre.index_select(0, idx)
-    if layer.sketch is not None:
-        layer.sketch = layer.sketch.index_select(idx)
-    layer.row_tail = layer.row_tail.index_select(0, idx.cpu())
-    layer.row_length, layer.row_seen = [width] * len(rows), [layer.seen] * len(rows)
-    layer.row_sketch_bytes = [layer.row_sketch_bytes[i] for i in rows]
-    layer._refresh_views()
-    _flags(layer)
+    kept = layer.kept.index_select(0, idx)
+    if int(kept.max()) < repack * n:
+        keep = torch.isfinite(lp).reshape(b * h, n)
+        packed = pack(keep, None, (b, h))
+        valid = packed.valid
+        gather = lambda t: t.gather(2, packed.indices)  # noqa: E731
+        gather_d = lambda t: t.gather(2, packed.indices.unsqueeze(-1).expand(-1, -1, -1, t.shape[-1]))  # noqa: E731
+        k, v = gather_d(k), gather_d(v)
+        lp = torch.where(valid, gather(lp), float("inf"))
+        om, dev = torch.where(valid, gather(om), 0.0), torch.where(valid, gather(dev), 0.0)
+    width = lp.shape[-1]
+    out = CompactLayer(reserve=layer.reserve, growth=layer.growth)
+    out.device = layer.device
+    out._allocate(b, h, width + layer.reserve, k.shape[-1], k.dtype, v.shape[-1])
+    out._k[:, :, :width], out._v[:, :, :width] = k, v
+    out._lp[:, :, :width], out._om[:, :, :width], out._dev[:, :, :width] = lp, om, dev
+    out.length, out.seen, out.undecided, out.compactions = width, layer.seen, 0, layer.compactions
+    out.kept = kept
+    out.centre = None if layer.centre is None else layer.centre.index_select(0, idx)
+    out.sketch = None if layer.sketch is None else layer.sketch.index_select(idx)
+    out.row_tail = layer.row_tail.index_select(0, idx.cpu())
+    out.row_length, out.row_seen = [width] * len(rows), [layer.seen] * len(rows)
+    out.row_sketch_bytes = [layer.row_sketch_bytes[i] for i in rows]
+    if out.sketch is not None and not bool((out.sketch.count > 0).any()):
+        out.sketch = None  # no row of these has a shadow (top-k rows, the full cache)
+    out.is_initialized = True
+    out._refresh_views()
+    _flags(out)
+    return out
 
 
 def row_nbytes(layer: CompactLayer, row: int) -> int:
@@ -313,6 +322,30 @@ def join_view_caches(cache: CertifiedCache, views: list[CertifiedCache]) -> None
         join_views(layer, [view.layers[i] for view in views])
 
 
-def cache_select_rows(cache: CertifiedCache, rows: list[int]) -> None:
-    for layer in cache.layers:
-        select_rows(layer, rows)
+def take_cache_rows(cache: CertifiedCache, rows: list[int]) -> CertifiedCache:
+    """A new cache of batch ``rows`` of a stacked cache (:func:`take_rows`)."""
+    return _cache([take_rows(layer, rows) for layer in cache.layers], cache.record_certificates)
+
+
+#: what one more batched forward costs, in row × slot products of attention it saves (CPU-measured
+#: order of magnitude: a forward's fixed cost against attention's cost per row and slot)
+FORWARD_SLOTS = 16384
+
+
+def width_buckets(widths: list[int], forward_slots: int = FORWARD_SLOTS) -> list[list[int]]:
+    """Rows grouped into batches of similar width, so that padding a short row to a long one costs
+    less than another forward: rows sorted by width, cut where Σ_batches (forward_slots + rows ×
+    widest) is least (dynamic programming over the sorted rows). Returns row indices per batch."""
+    order = sorted(range(len(widths)), key=lambda r: (widths[r], r))
+    n = len(order)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for j in range(1, n + 1):  # batch order[i:j]: its widest row is order[j - 1]
+        for i in range(j):
+            cost = best[i] + forward_slots + (j - i) * widths[order[j - 1]]
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    batches, j = [], n
+    while j > 0:
+        batches.append(sorted(order[cut[j]:j]))
+        j = cut[j]
+    return batches[::-1]

@@ -8,8 +8,9 @@ prefill, one batched decode), side by side in one process, medians of interleave
 repeats per example. Workloads: the shipped embedded model on needle prompts of 512 and
 2,048 tokens, and a random-init model of the embedded model's shape (positions up to
 16k) with the embedded tokenizer at 8,192 tokens. Both paths' records are compared:
-greedy tokens (the share of records whose tokens are identical) and the certificate
-radii (largest relative difference over every step and aggregation).
+greedy tokens (the share of records whose tokens are identical), the certificate radii
+(largest relative difference over every step and aggregation) and each record's
+certificate signal (the mean step radius a gate thresholds; largest relative difference).
 Last line: ``speedup_2048=<ratio> speedup_8k=<ratio> token_agreement=<fraction>``.
 """
 
@@ -69,11 +70,20 @@ def radius_difference(a: dict | None, b: dict | None) -> float:
     return worst
 
 
+def signal_difference(a: dict | None, b: dict | None) -> float:
+    """Relative difference of the records' certificate signal: the mean over steps of the step radius
+    (mean over layers and heads), what a gate thresholds."""
+    if a is None or b is None:
+        return 0.0 if a is b else float("inf")
+    x, y = (sum(c["steps"]["mean"]) / len(c["steps"]["mean"]) for c in (a, b))
+    return 0.0 if x == y else abs(x - y) / max(abs(x), abs(y))
+
+
 def compare(engines, records, repeats: int) -> dict:
     """Median seconds of both paths per example, token agreement and the largest radius difference."""
     from ..generation.forked import run_forked
 
-    old_t, new_t, same, total, worst = [], [], 0, 0, 0.0
+    old_t, new_t, same, total, worst, signal = [], [], 0, 0, 0.0, 0.0
     for record in records:
         out = {}
         med = interleaved_medians({
@@ -88,7 +98,9 @@ def compare(engines, records, repeats: int) -> dict:
             if a["tokens"] == b["tokens"]:
                 worst = max(worst, radius_difference(a["certificate"], b["certificate"]),
                             radius_difference(a["certificate_robust"], b["certificate_robust"]))
-    return {"old": sum(old_t), "new": sum(new_t), "same": same, "total": total, "radius": worst}
+                signal = max(signal, signal_difference(a["certificate"], b["certificate"]),
+                             signal_difference(a["certificate_robust"], b["certificate_robust"]))
+    return {"old": sum(old_t), "new": sum(new_t), "same": same, "total": total, "radius": worst, "signal": signal}
 
 
 def run(args) -> int:
@@ -107,7 +119,7 @@ def run(args) -> int:
     print(f"13 runs per example (full + aware/streaming x snapkv top-k/Poisson x {BUDGETS}), fp32, "
           f"{args.threads} thread(s); old = one prefill and decode per run, new = one prefill, forks, one batched decode")
     print(f"{'model':>12} {'tokens':>7} {'examples':>9} {'old s':>8} {'new s':>8} {'speedup':>8} {'tokens same':>12} "
-          f"{'max radius diff':>16}")
+          f"{'max radius diff':>16} {'signal diff':>12}")
     speedups, same, total = {}, 0, 0
     for length, name, mdl in workloads:
         engines = [Engine(mdl, tokenizer, s) for s in grid_specs(name, "embedded")]
@@ -118,7 +130,7 @@ def run(args) -> int:
         speedups[length] = r["old"] / r["new"]
         same, total = same + r["same"], total + r["total"]
         print(f"{name:>12} {length:>7} {examples:>9} {r['old']:>8.2f} {r['new']:>8.2f} {speedups[length]:>8.2f} "
-              f"{r['same']:>5}/{r['total']:<6} {r['radius']:>16.2e}")
+              f"{r['same']:>5}/{r['total']:<6} {r['radius']:>16.2e} {r['signal']:>12.2e}")
     s2048 = speedups.get(2048, float("nan"))
     s8k = speedups.get(args.long, float("nan")) if args.long else float("nan")
     print(f"speedup_2048={s2048:.2f} speedup_8k={s8k:.2f} token_agreement={same / max(total, 1):.4f}")
@@ -127,7 +139,7 @@ def run(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("generate", help="one prefill per example (forked, batched) vs one per run (CPU)")
-    p.add_argument("--lengths", type=int, nargs="+", default=[512, 2048], help="embedded-model prompt lengths")
+    p.add_argument("--lengths", type=int, nargs="*", default=[512, 2048], help="embedded-model prompt lengths")
     p.add_argument("--long", type=int, default=8192, help="random-init model prompt length (0: skip)")
     p.add_argument("--examples", type=int, default=4, help="needle examples per embedded length")
     p.add_argument("--long-examples", type=int, default=1)

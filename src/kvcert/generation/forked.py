@@ -15,6 +15,9 @@ the budget or the method (:mod:`kvcert.fork`). :func:`run_forked`
 3. decodes every variant greedily as one batch: ragged per-(row, KV head) kept lengths,
    padding slots with log π = +inf; a row that emits EOS or reaches its limit is
    recorded and dropped from the batch (the rest repacked, so it costs nothing more).
+   Where padding short rows to a long one would cost more than one more forward (the
+   full cache among caches compressed to 12.5 %, at long contexts), the rows decode in a
+   few batches of similar width instead (:func:`kvcert.fork.width_buckets`).
 
 Each row's record is what :meth:`Engine.run <kvcert.generation.engine.Engine.run>` would
 write: the same fields and meaning, its certificates folded from its own batch row and
@@ -36,11 +39,11 @@ from datetime import datetime, timezone
 import torch
 
 from ..certificate import unit_roundoff
-from ..fork import (Branch, ForkingCache, cache_select_rows, join_view_caches, row_nbytes, row_view_cache,
-                    stacked_cache)
+from ..fork import (Branch, ForkingCache, join_view_caches, row_nbytes, row_view_cache, stacked_cache,
+                    take_cache_rows, width_buckets)
 from ..tasks.prompting import build_prompt_ids
 from .engine import Engine, _sync
-from .signals import CertificateTrace
+from .signals import CertificateTrace, add_rows
 
 
 def forkable(engine: Engine) -> bool:
@@ -54,12 +57,13 @@ def _limit(record, spec) -> int:
 
 def _fold(traces, cache, steps, positions) -> None:
     """Fold a forward's certificates into the traces of the rows at ``positions`` (None: no certificate)."""
+    rows = [(pos, trace) for pos, trace in zip(positions, traces) if trace is not None]
+    if not rows:
+        return
+    tails = [layer.row_tail.tolist() for layer in cache.layers]
     for step in steps:
-        for pos, trace in zip(positions, traces):
-            if trace is None:
-                continue
-            layers = [i for i in step.variance if bool(cache.layers[i].row_tail[pos])]
-            trace.add(step, row=pos, layers=layers)
+        add_rows([trace for _, trace in rows], step, [pos for pos, _ in rows],
+                 [{i for i in step.variance if tails[i][pos]} for pos, _ in rows])
 
 
 def _forward_rows(model, cache, tokens: list[int], rows: int, device) -> torch.Tensor:
@@ -101,34 +105,39 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
     _sync(device)
     t_shared = time.perf_counter() - t0
 
-    stream = [i for i, c in enumerate(conds) if c == "streaming"]
-    rest = [i for i, c in enumerate(conds) if c != "streaming"]
-    order = stream + rest  # batch row -> run index
     record_certs = any(t is not None for t in traces)
-    # one stack for every row, with room for the feeds; each group's forward runs on a view of its rows
-    batch = stacked_cache([branches[i].layers if i in branches else shared.layers for i in order], record_certs,
-                          room=max(len(question), 1))
+    sources = {i: branches[i].layers if i in branches else shared.layers for i in range(len(engines))}
     peak = {i: b.peak_nbytes for i, b in branches.items()}
-    del shared, branches  # the forks live on in the stack
-    views, logits, prefill_seconds, kept_fraction = [], [], {}, {}
-    start = 0
-    for members, feed in ((stream, question), (rest, ids[-1:])):
-        if not members:
-            continue
-        t = time.perf_counter()
-        view = row_view_cache(batch, start, start + len(members))
-        out = _forward_rows(model, view, feed, len(members), device)
-        _sync(device)
-        dt = time.perf_counter() - t
-        _fold([traces[i] for i in members], view, view.pop_steps(), range(len(members)))
-        for pos, i in enumerate(members):
-            prefill_seconds[i] = t_shared / len(engines) + dt / len(members)
-            kept_fraction[i] = [float(layer.kept[pos].float().mean()) / layer.seen for layer in view.layers]
-        views.append(view)
-        logits.append(out)
-        start += len(members)
-    join_view_caches(batch, views)
-    logits = torch.cat(logits, 0)
+    del shared, branches  # the forks live on in the stacks
+    # decode batches: every row in one, unless padding short rows to a long one (the full cache)
+    # costs more than a further forward (kvcert.fork.width_buckets)
+    widths = [sum(layer.length for layer in sources[i]) for i in range(len(engines))]
+    batches, prefill_seconds, kept_fraction = [], {}, {}
+    for bucket in width_buckets(widths):
+        stream = [i for i in bucket if conds[i] == "streaming"]
+        rest = [i for i in bucket if conds[i] != "streaming"]
+        order = stream + rest  # batch row -> run index
+        # one stack for the bucket, with room for the feeds; each group's forward runs on a view of its rows
+        batch = stacked_cache([sources[i] for i in order], record_certs, room=max(len(question), 1))
+        views, logits, start = [], [], 0
+        for members, feed in ((stream, question), (rest, ids[-1:])):
+            if not members:
+                continue
+            t = time.perf_counter()
+            view = row_view_cache(batch, start, start + len(members))
+            out = _forward_rows(model, view, feed, len(members), device)
+            _sync(device)
+            dt = time.perf_counter() - t
+            _fold([traces[i] for i in members], view, view.pop_steps(), range(len(members)))
+            for pos, i in enumerate(members):
+                prefill_seconds[i] = t_shared / len(engines) + dt / len(members)
+                kept_fraction[i] = [float(layer.kept[pos].float().mean()) / layer.seen for layer in view.layers]
+            views.append(view)
+            logits.append(out)
+            start += len(members)
+        join_view_caches(batch, views)
+        batches.append([batch, order, torch.cat(logits, 0)])
+    del sources
 
     eos = e0.eos
     limits = [_limit(record, s) for s in specs]
@@ -136,43 +145,44 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
     logprobs: list[list[float]] = [[] for _ in engines]
     decode_seconds = [0.0] * len(engines)
     records: dict[int, dict] = {}
-    active = order  # batch row -> run index
-    t = time.perf_counter()
-    while True:
-        lp = torch.log_softmax(logits.float(), dim=-1)
-        best = lp.argmax(-1)
-        picked = lp.gather(-1, best.unsqueeze(-1)).squeeze(-1)
-        best, picked = best.tolist(), picked.tolist()
-        finished = []
-        for pos, i in enumerate(active):
-            tokens[i].append(best[pos])
-            logprobs[i].append(picked[pos])
-            if best[pos] in eos or len(tokens[i]) == limits[i]:
-                finished.append(pos)
-        for pos in finished:
-            i = active[pos]
-            final = sum(row_nbytes(layer, pos) for layer in batch.layers)
-            sketch = sum(layer.row_sketch_bytes[pos] for layer in batch.layers)
-            records[i] = engines[i].record(
-                record, specs[i], ids, question_start, tokens[i], logprobs[i],
-                traces[i] or CertificateTrace(specs[i].certificate.delta, specs[i].certificate.aggregations,
-                                              engines[i].num_layers, roundoff),
-                kept_fraction[i], prefill_seconds=prefill_seconds[i], decode_seconds=decode_seconds[i],
-                kv_bytes_peak=max(peak.get(i, 0), final), kv_bytes_final=final, sketch_bytes=sketch, started=started,
-            )
-        if finished:
-            keep = [pos for pos in range(len(active)) if pos not in finished]
-            if not keep:
-                break
-            cache_select_rows(batch, keep)
-            active = [active[pos] for pos in keep]
-        step_tokens = [tokens[i][-1] for i in active]
-        x = torch.tensor(step_tokens, dtype=torch.long, device=device).unsqueeze(-1)
-        logits = model(input_ids=x, cache=batch, use_cache=True, logits_to_keep=1).logits[:, -1]
-        _fold([traces[i] for i in active], batch, batch.pop_steps(), range(len(active)))
-        _sync(device)
-        now = time.perf_counter()
-        for i in active:
-            decode_seconds[i] += (now - t) / len(active)
-        t = now
+    while batches:
+        for entry in list(batches):
+            cache, active, step_logits = entry
+            t = time.perf_counter()
+            lp = torch.log_softmax(step_logits.float(), dim=-1)
+            best = lp.argmax(-1)
+            picked = lp.gather(-1, best.unsqueeze(-1)).squeeze(-1)
+            best, picked = best.tolist(), picked.tolist()
+            finished = []
+            for pos, i in enumerate(active):
+                tokens[i].append(best[pos])
+                logprobs[i].append(picked[pos])
+                if best[pos] in eos or len(tokens[i]) == limits[i]:
+                    finished.append(pos)
+            for pos in finished:
+                i = active[pos]
+                final = sum(row_nbytes(layer, pos) for layer in cache.layers)
+                sketch = sum(layer.row_sketch_bytes[pos] for layer in cache.layers)
+                records[i] = engines[i].record(
+                    record, specs[i], ids, question_start, tokens[i], logprobs[i],
+                    traces[i] or CertificateTrace(specs[i].certificate.delta, specs[i].certificate.aggregations,
+                                                  engines[i].num_layers, roundoff),
+                    kept_fraction[i], prefill_seconds=prefill_seconds[i], decode_seconds=decode_seconds[i],
+                    kv_bytes_peak=max(peak.get(i, 0), final), kv_bytes_final=final, sketch_bytes=sketch,
+                    started=started,
+                )
+            if finished:
+                keep = [pos for pos in range(len(active)) if pos not in finished]
+                if not keep:
+                    batches.remove(entry)
+                    continue
+                cache = entry[0] = take_cache_rows(cache, keep)
+                active = entry[1] = [active[pos] for pos in keep]
+            x = torch.tensor([tokens[i][-1] for i in active], dtype=torch.long, device=device).unsqueeze(-1)
+            entry[2] = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            _fold([traces[i] for i in active], cache, cache.pop_steps(), range(len(active)))
+            _sync(device)
+            dt = time.perf_counter() - t
+            for i in active:
+                decode_seconds[i] += dt / len(active)
     return [records[i] for i in range(len(engines))]

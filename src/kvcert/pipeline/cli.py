@@ -41,7 +41,7 @@ def plan_command(args) -> int:
         cells[s.cell] = cells.get(s.cell, 0) + s.generations
     for cell, n in cells.items():
         print(f"  cell {cell:<10} {n:>8} generations")
-    hours = gpu_hours(plan, exp.get("seconds_per_generation", {}))
+    hours = gpu_hours(plan, exp.get("seconds_per_generation", {}), exp.get("fork_speedup"))
     print(f"generations={plan.generations} jobs={plan.jobs} gpu_hours={hours:.1f}")
     return 0
 
