@@ -19,7 +19,6 @@ import textwrap
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvcert.attention import hajek_attention
 from kvcert.cache import CompactLayer
@@ -32,29 +31,12 @@ from kvcert.generation.spec import GenerationSpec
 from kvcert.models import ModelSpec, load_model
 from kvcert.tasks import generate as generate_task
 from kvcert.tasks.records import write_jsonl
-from kvcert.training.tokenizer import build_tokenizer
 
 TIMING = ("prefill_seconds", "decode_seconds", "started_utc")
 RTOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return build_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer):
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    path = tmp_path_factory.mktemp("model")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+from test_generation import model_dir, tokenizer  # noqa: E402,F401 - the random-init Llama and its tokenizer
 
 
 def job(condition="aware", sampler="poisson", budget=0.25, model=None, max_new_tokens=6):
@@ -210,3 +192,18 @@ def test_shard_forked_and_batch1_agree(model_dir, tokenizer, tmp_path):
     forked = read_records(run_specs(configs, records, tmp_path / "forked.jsonl", progress=False))
     batch1 = read_records(run_specs(configs, records, tmp_path / "batch1.jsonl", progress=False, forked=False))
     assert_same(batch1, forked)
+
+
+def test_plan_counts_forkable_runs_at_the_measured_speedup():
+    from kvcert.pipeline.plan import Run, Shard, gpu_hours, shard_seconds
+
+    main = Shard("main", "m", "t", 512, 0, 0, 10, (Run("full", "full", 1.0),) + tuple(
+        Run("aware", "x", b) for b in (0.25, 0.5)))
+    chunked = Shard("multiturn", "m", "t", 512, 0, 0, 10, (Run("full", "full", 1.0), Run("streaming", "x", 0.1,
+                                                                                           chunk_tokens=64)))
+    per = {"m": {512: 2.0}}
+    assert shard_seconds(main, per) == 2.0 * 10 * 3  # nothing measured: batch-1 cost
+    assert shard_seconds(main, per, {"m": {512: 4.0}}) == 2.0 * 10 * 3 / 4.0
+    assert shard_seconds(chunked, per, {"m": {"512": 4.0}}) == 2.0 * 10 * (1 + 1)  # a lone forkable run shares nothing
+    plan = type("P", (), {"shards": [main, chunked]})()
+    assert gpu_hours(plan, per, {"m": {512: 4.0}}) == (15.0 + 40.0) / 3600.0

@@ -7,7 +7,7 @@ batch-1 path (:meth:`Engine.run <kvcert.generation.engine.Engine.run>`, 13 prefi
 prefill, one batched decode), side by side in one process, medians of interleaved
 repeats per example. Workloads: the shipped embedded model on needle prompts of 512 and
 2,048 tokens, and a random-init model of the embedded model's shape (positions up to
-16k) with the embedded tokenizer at 8,192 tokens. Both paths' records are compared:
+32k) with the embedded tokenizer at 8,192 tokens. Both paths' records are compared:
 greedy tokens (the share of records whose tokens are identical), the certificate radii
 (largest relative difference over every step and aggregation) and each record's
 certificate signal (the mean step radius a gate thresholds; largest relative difference).
@@ -38,7 +38,7 @@ def grid_specs(model_name: str, model_path: str, seed: int = 0) -> list:
 
 
 def random_model(tokenizer, seed: int = 0):
-    """A random-init Llama of the embedded model's shape, with positions up to 16k."""
+    """A random-init Llama of the embedded model's shape, with positions up to 32k."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -47,7 +47,7 @@ def random_model(tokenizer, seed: int = 0):
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=16384,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=32768,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,
     )
@@ -112,10 +112,10 @@ def run(args) -> int:
 
     torch.set_grad_enabled(False)
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(ModelSpec(name="embedded", path="embedded"))
+    model, tokenizer = load_model(ModelSpec(name="embedded", path="embedded", device=args.device))
     workloads = [(length, "embedded", model) for length in args.lengths]
     if args.long:
-        workloads.append((args.long, "random-init", random_model(tokenizer)))
+        workloads.append((args.long, "random-init", random_model(tokenizer).to(next(model.parameters()).device)))
     print(f"13 runs per example (full + aware/streaming x snapkv top-k/Poisson x {BUDGETS}), fp32, "
           f"{args.threads} thread(s); old = one prefill and decode per run, new = one prefill, forks, one batched decode")
     print(f"{'model':>12} {'tokens':>7} {'examples':>9} {'old s':>8} {'new s':>8} {'speedup':>8} {'tokens same':>12} "
@@ -146,4 +146,5 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=31, help="needle data seed (outside the pre-registered seeds)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: the bars' setting)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda (kernels/gpu_check.sh runs it on the GPU)")
     p.set_defaults(func=run)
