@@ -116,7 +116,7 @@ def shard_runtime(wildcards):
     """Minutes: the plan's cost model of this shard (kvcert.pipeline.plan.shard_minutes)."""
     shard = PLAN.shard(wildcards.model, wildcards.cell, wildcards.task, int(wildcards.length),
                        int(wildcards.index))
-    return shard_minutes(shard, EXP_CFG.get("seconds_per_generation", {}))
+    return shard_minutes(shard, EXP_CFG.get("seconds_per_generation", {}), EXP_CFG.get("fork_speedup"))
 
 
 def model_path_flag(wildcards):

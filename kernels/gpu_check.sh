@@ -2,9 +2,11 @@
 # One-shot GPU check of the fused certified decode kernel (issue 5; see kernels/NOTES.md):
 #   1. the kernel tests, compiled on the GPU (TRITON_INTERPRET unset);
 #   2. the benchmark (`kvcert bench kernel`: the same code as `python -m kvcert_kernels.bench`);
-#   3. a short sweep of launch parameters (block size, warps, stages, splits); QUICK=1 skips it.
+#   3. the forked generation path against the batch-1 one (`kvcert bench generate` on the GPU:
+#      one prefill per example, its 13 runs decoded together; issue 16), into generate.txt;
+#   4. a short sweep of launch parameters (block size, warps, stages, splits); QUICK=1 skips it.
 # Usage: kernels/gpu_check.sh OUTDIR      (PYTHON=... to choose the interpreter)
-# Writes OUTDIR/env.txt, tests.txt, bench.txt, bench.json, tune.txt, tune.json.
+# Writes OUTDIR/env.txt, tests.txt, bench.txt, bench.json, generate.txt, tune.txt, tune.json.
 # Installs nothing: if kvcert / kvcert_kernels are not importable it tries an editable
 # install without dependencies or build isolation, else puts src/ and a kernels/ alias on
 # PYTHONPATH. Exit status 0 only if the tests pass and the benchmark ran. The step timeouts
@@ -50,9 +52,13 @@ echo "== benchmark"
 timeout 220 "$PY" -m kvcert_kernels.bench --output "$out/bench.json" 2>&1 | tee "$out/bench.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
+echo "== forked generation vs batch-1 (kvcert bench generate, on the GPU)"
+timeout 60 "$PY" -m kvcert.cli bench generate --device cuda --threads 4 --examples 2 --repeats 1 --long 16384 2>&1 \
+    | tee "$out/generate.txt"
+
 if [ -z "${QUICK:-}" ]; then
     echo "== launch-parameter sweep"
-    timeout 150 "$PY" -m kvcert_kernels.bench --batch 1 --retained 4096 --tune --output "$out/tune.json" 2>&1 \
+    timeout 90 "$PY" -m kvcert_kernels.bench --batch 1 --retained 4096 --tune --output "$out/tune.json" 2>&1 \
         | tee "$out/tune.txt"
 fi
 exit "$status"

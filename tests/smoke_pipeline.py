@@ -1,8 +1,9 @@
 """A reduced smoke experiment for the pipeline's fault and cluster tests (not a test module).
 
-One frozen pre-registration per test session with a small grid (needle, 512 tokens, 4
+One frozen pre-registration per test session with a small grid (needle, 512 tokens, 16
 examples, aware and streaming, budget 0.25, snapkv-topk and snapkv-poisson, plus the
-full cache: 20 generations in two shards of 10), run through the real Snakefile with
+full cache: 80 generations in two shards of 40 — a shard writes an example's 5 records
+at once, so a shard needs several examples for a kill to land inside it), run through the real Snakefile with
 ``--config retrain_model=true train_recipe=tiny``: the embedded model is the ``tiny``
 recipe trained by the rule ``train_model`` of the reference run (seconds), and every
 other run starts from a copy of that model (copied before the run, so Snakemake sees
@@ -31,17 +32,17 @@ experiment: smoke
 models: [embedded]
 lengths: [512]
 tasks:
-  needle: {examples: 4, seed: 1000}
+  needle: {examples: 16, seed: 1000}
 conditions: [aware, streaming]
 budgets: [0.25]
 methods: [snapkv-topk, snapkv-poisson]
 seeds: [0]
-generations_per_shard: 10
+generations_per_shard: 40
 """
 OUT = f"results/{EXPERIMENT}"
 SHARD_DIR = f"{OUT}/generations/embedded/main/needle/512"
 SHARDS = (f"{SHARD_DIR}/shard000.jsonl", f"{SHARD_DIR}/shard001.jsonl")
-SHARD_SIZE = 10
+SHARD_SIZE = 40  # 8 examples x 5 runs: a forked shard is written an example (5 lines) at a time
 MANIFEST = f"{OUT}/manifests/embedded/needle/512.jsonl"
 VERIFIED = f"{OUT}/prereg/verified.json"
 MODEL = f"{OUT}/model/embedded"

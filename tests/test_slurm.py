@@ -190,10 +190,11 @@ def test_smoke_experiment_on_slurm_equals_local_run(cluster, ref, tmp_path):
     from kvcert.pipeline.plan import build_plan, load_grid, shard_minutes
 
     plan = build_plan("smoke", load_grid(prereg, "grids/smoke.yaml"))
-    seconds = yaml.safe_load((REPO / "configs" / "experiment" / "smoke.yaml").read_text())["seconds_per_generation"]
+    experiment = yaml.safe_load((REPO / "configs" / "experiment" / "smoke.yaml").read_text())
+    seconds, fork = experiment["seconds_per_generation"], experiment.get("fork_speedup")
     limits = sacct_fields(run_id, cluster, "Timelimit,ReqTRES")
     for index in ("000", "001"):
-        minutes = shard_minutes(plan.shard("embedded", "main", "needle", 512, int(index)), seconds)
+        minutes = shard_minutes(plan.shard("embedded", "main", "needle", 512, int(index)), seconds, fork)
         for timelimit, tres in limits[shard.format(index)]:
             assert timelimit == f"{minutes // 60:02d}:{minutes % 60:02d}:00" and "gpu" not in tres
 

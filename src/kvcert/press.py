@@ -92,15 +92,20 @@ class EvictionPress:
         )
 
     def compress_layer(
-        self, layer: CompactLayer, obs: LayerObservation, start: int = 0, end: int | None = None, round_index: int = 0
+        self, layer: CompactLayer, obs: LayerObservation, start: int = 0, end: int | None = None, round_index: int = 0,
+        scores: torch.Tensor | None = None, potential: torch.Tensor | None = None,
     ) -> None:
-        """Score the layer, allocate, sample the slots [start, end) and compact the layer."""
+        """Score the layer, allocate, sample the slots [start, end) and compact the layer.
+
+        ``scores`` (``self.scorer(obs)``) and ``potential`` (:meth:`potential`) may be given
+        already computed: the variants forked from one prefill (:mod:`kvcert.fork`) share them.
+        """
         end = layer.length if end is None else end
         n = end - start
         if n <= 0:
             return
         design = self.segment_design(start, end, layer.length)
-        scores = self.scorer(obs)[..., start:end]
+        scores = (self.scorer(obs) if scores is None else scores)[..., start:end]
         if isinstance(self.budget, int):
             budget = min(self.budget, n)
         elif self.rounding == "floor":  # a token count, so that every allocation floors alike
@@ -110,7 +115,9 @@ class EvictionPress:
         counts = self._allocate(scores, budget, obs.layer_idx, obs.num_layers, design)
         counts = counts.clamp(min=min(n, design.sinks + design.window), max=n)  # never below the certainty set
         sample = sample_retention(scores, counts, self.sampler, self.generator(obs.layer_idx, round_index), design)
-        layer.compact(sample, start, end, potential=self.potential(obs, start, end) if self.randomized else None)
+        if self.randomized and potential is None:
+            potential = self.potential(obs, start, end)
+        layer.compact(sample, start, end, potential=potential if self.randomized else None)
 
     @staticmethod
     def potential(obs: LayerObservation, start: int, end: int) -> torch.Tensor:

@@ -161,6 +161,15 @@ class Engine:
         _sync(self.device)
         t2 = time.perf_counter()
 
+        return self.record(record, spec, ids, question_start, tokens, logprobs, trace, kept_fraction,
+                           prefill_seconds=t1 - t0, decode_seconds=t2 - t1, kv_bytes_peak=cache.peak_nbytes,
+                           kv_bytes_final=cache.nbytes(), sketch_bytes=cache.sketch_nbytes(), started=started)
+
+    def record(self, record, spec: GenerationSpec, ids: list[int], question_start: int, tokens: list[int],
+               logprobs: list[float], trace: CertificateTrace, kept_fraction: list[float], *,
+               prefill_seconds: float, decode_seconds: float, kv_bytes_peak: int, kv_bytes_final: int,
+               sketch_bytes: int, started: str) -> dict:
+        """The JSON-ready generation record of one run (shared by the batch-1 and the forked path)."""
         answer_tokens = [t for t in tokens if t not in self.eos]
         # the raw decoded answer, as LongBench's pred.py writes it: the benchmarks' own
         # post-processing (first line, ...) happens in their scorers, and nothing else
@@ -191,12 +200,12 @@ class Engine:
             "certificate_status": certificate_status(m, certificate, kept_fraction),
             "certificate_robust": trace.robust_record(),
             "kept_fraction": kept_fraction,
-            "prefill_seconds": t1 - t0,
-            "decode_seconds": t2 - t1,
+            "prefill_seconds": prefill_seconds,
+            "decode_seconds": decode_seconds,
             "decode_steps": len(tokens),
-            "kv_bytes_peak": cache.peak_nbytes,
-            "kv_bytes_final": cache.nbytes(),
-            "sketch_bytes": cache.sketch_nbytes(),
+            "kv_bytes_peak": kv_bytes_peak,
+            "kv_bytes_final": kv_bytes_final,
+            "sketch_bytes": sketch_bytes,
             "metadata": dict(record.metadata),
             "started_utc": started,
             **self.provenance,

@@ -3,7 +3,12 @@
 Everything that can be wrong with the inputs — the configs, the model path, the
 records file — is checked before the first generation, each in one line. A shard may
 hold several runs (the full cache and the compressed settings of the same examples);
-they share one loaded model.
+they share one loaded model. By default the runs of one example are *forked* from one
+prefill and decoded together when there are two or more (:mod:`kvcert.generation.forked`); chunked streaming runs,
+and every run with ``forked=False``, take the batch-1 path. An example interrupted half
+written is recomputed whole (every forkable run of it, so the batch — hence every
+record's rounding — is the one an uninterrupted run has) and only its missing records
+are written: no duplicate, no gap, the same records.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from ..models import load_model, resolve_model_path
 from ..tasks.records import read_jsonl
 from .engine import Engine
 from ..provenance import config_hash, provenance
+from .forked import forkable, run_forked
 from .shards import ShardWriter, read_records, record_key
 from .spec import GenerationSpec
 
@@ -44,6 +50,7 @@ def run_specs(
     prereg_hash: str | None = None,
     model_and_tokenizer=None,
     progress: bool = True,
+    forked: bool = True,
 ) -> Path:
     """Generate every record under every config into the shard ``out_path`` (resumable)."""
     specs = [GenerationSpec.from_dict(c) for c in configs]
@@ -75,10 +82,19 @@ def run_specs(
         todo = [(r, s) for r in records for s in specs if not writer.is_done(expected_key(r.id, s))]
         if todo:
             model, tokenizer = model_and_tokenizer or load_model(specs[0].model)
-            engines = {id(s): Engine(model, tokenizer, s, provenance(s.to_dict(), prereg_hash)) for s in specs}
-            bar = tqdm(todo, desc=out_path.name, unit="gen", disable=not progress, file=sys.stderr)
-            for record, spec in bar:
-                writer.write(engines[id(spec)].run(record))
+            engines = [Engine(model, tokenizer, s, provenance(s.to_dict(), prereg_hash)) for s in specs]
+            bar = tqdm(total=len(todo), desc=out_path.name, unit="gen", disable=not progress, file=sys.stderr)
+            for record in records:
+                missing = [e for e in engines if not writer.is_done(expected_key(record.id, e.spec))]
+                if not missing:
+                    continue
+                batch = [e for e in engines if forkable(e)] if forked else []
+                batch = batch if len(batch) > 1 else []  # one run alone shares nothing
+                results = dict(zip(map(id, batch), run_forked(batch, record))) if any(e in batch for e in missing) else {}
+                for e in missing:
+                    writer.write(results[id(e)] if id(e) in results else e.run(record))
+                    bar.update(1)
+            bar.close()
     finally:
         writer.close()
     return writer.finalize(keys)

@@ -47,6 +47,24 @@ class _Block:
                     per_layer[a][layer_idx] = float(aggregate(radius[row], a, (0,)))
             self.first_step_layers = per_layer
 
+    @staticmethod
+    def add_many(blocks: list["_Block"], radius: torch.Tensor, any_radius: torch.Tensor, norm: torch.Tensor | None,
+                 layers: list[int]) -> None:
+        """:meth:`add` for several blocks at once: radius, any_radius, norm [rows, layers, Hq], a row per block."""
+        relative = radius / norm.clamp(min=1e-12) if norm is not None else torch.full_like(radius, float("nan"))
+        for a in blocks[0].aggregations:
+            for series, values in ((lambda b: b.steps, radius), (lambda b: b.anytime, any_radius),
+                                   (lambda b: b.relative, relative)):
+                for block, value in zip(blocks, aggregate(values, a, (1, 2)).tolist()):
+                    series(block)[a].append(value)
+        for row, block in enumerate(blocks):
+            if block.first_step_layers is None:
+                per_layer = {a: [0.0] * block.num_layers for a in block.aggregations}
+                for a in block.aggregations:
+                    for layer_idx, value in zip(layers, aggregate(radius[row], a, (1,)).tolist()):
+                        per_layer[a][layer_idx] = value
+                block.first_step_layers = per_layer
+
     def record(self, delta: float, variance_mean: list[float]) -> dict:
         return {
             "delta": delta,
@@ -74,13 +92,17 @@ class CertificateTrace:
     def steps(self) -> dict[str, list[float]]:
         return self.plugin.steps
 
-    def add(self, step: StepCertificates) -> None:
-        """Fold in one forward's certificates (the last query of the forward)."""
-        if not step.variance:
+    def add(self, step: StepCertificates, row: int = 0, layers=None) -> None:
+        """Fold in one forward's certificates (the last query of the forward) of batch ``row``.
+
+        ``layers``: the layers that certify this row (those where it has a sampled tail; a
+        batch of forks records every layer where *some* row has one); default: all recorded.
+        """
+        layers = sorted(step.variance) if layers is None else [i for i in sorted(step.variance) if i in layers]
+        if not layers:
             return
         t = len(self.variance_mean) + 1
-        layers = sorted(step.variance)
-        stack = lambda d: torch.stack([d[i][0, :, -1] for i in layers]).double()  # noqa: E731 - [layers, Hq]
+        stack = lambda d: torch.stack([d[i][row, :, -1] for i in layers]).double()  # noqa: E731 - [layers, Hq]
         var, rng = stack(step.variance), stack(step.range_term)
         norm = stack(step.output_norm) if step.output_norm else None
         shadow = all(i in step.shadow_sum for i in layers)
@@ -99,6 +121,37 @@ class CertificateTrace:
         """The robust certificate's field (same layout; ``variance_mean_steps`` is the plug-in's V̂, which
         ε_R shares: the shadow adds Σ t_j to the radius, not to the variance)."""
         return self.robust.record(self.delta, self.variance_mean) if self.variance_mean else None
+
+
+def add_rows(traces: list[CertificateTrace], step: StepCertificates, rows: list[int], layers: list) -> None:
+    """Fold one batched forward's certificates into one trace per batch row, as
+    ``trace.add(step, row, row_layers)`` does for each, with one tensor pass per group of
+    rows that share the trace step, δ, aggregations and certifying layers."""
+    groups: dict[tuple, list] = {}
+    for trace, row, allowed in zip(traces, rows, layers):
+        mine = tuple(i for i in sorted(step.variance) if i in allowed)
+        if mine:
+            key = (len(trace.variance_mean), trace.delta, trace.aggregations, trace.roundoff, mine)
+            groups.setdefault(key, []).append((trace, row))
+    for (done, delta, _, roundoff, mine), members in groups.items():
+        if len(members) == 1:
+            members[0][0].add(step, members[0][1], mine)
+            continue
+        idx = torch.tensor([row for _, row in members])
+        stack = lambda d: torch.stack([d[i][idx, :, -1] for i in mine], 1).double()  # noqa: E731 - [rows, layers, Hq]
+        var, rng = stack(step.variance), stack(step.range_term)
+        norm = stack(step.output_norm) if step.output_norm else None
+        shadow = all(i in step.shadow_sum for i in mine)
+        sv = stack(step.shadow_sum) if shadow else torch.zeros_like(var)
+        t, layers_ = done + 1, list(mine)
+        traces_ = [trace for trace, _ in members]
+        _Block.add_many([tr.plugin for tr in traces_], bernstein_radius(var, rng, delta),
+                        anytime_radius(var, rng, delta, t), norm, layers_)
+        floor = None if norm is None else roundoff * norm
+        _Block.add_many([tr.robust for tr in traces_], robust_radius(var, rng, sv, delta, floor=floor),
+                        robust_radius(var, rng, sv, delta, t, floor=floor), norm, layers_)
+        for tr, vm in zip(traces_, var.mean(dim=(1, 2)).tolist()):
+            tr.variance_mean.append(vm)
 
 
 def confidence(logprobs: list[float]) -> dict[str, float | None]:

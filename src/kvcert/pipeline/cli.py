@@ -41,7 +41,7 @@ def plan_command(args) -> int:
         cells[s.cell] = cells.get(s.cell, 0) + s.generations
     for cell, n in cells.items():
         print(f"  cell {cell:<10} {n:>8} generations")
-    hours = gpu_hours(plan, exp.get("seconds_per_generation", {}))
+    hours = gpu_hours(plan, exp.get("seconds_per_generation", {}), exp.get("fork_speedup"))
     print(f"generations={plan.generations} jobs={plan.jobs} gpu_hours={hours:.1f}")
     return 0
 
@@ -98,7 +98,8 @@ def shard_command(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    run_specs(configs, records, args.out, prereg_hash=prereg_hash, progress=not args.quiet)
+    run_specs(configs, records, args.out, prereg_hash=prereg_hash, progress=not args.quiet,
+              forked=getattr(args, "forked", True))
     print(f"{args.out}: {shard.generations} generations")
     return 0
 
@@ -153,4 +154,6 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", required=True)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--batch-1", dest="forked", action="store_false",
+                   help="run every generation alone (the reference path) instead of forking each example's prefill")
     p.set_defaults(func=shard_command)

@@ -183,10 +183,30 @@ def seconds_per(seconds_per_generation: dict, model: str, length: int) -> float:
     return float(per)
 
 
-def gpu_hours(plan: Plan, seconds_per_generation: dict) -> float:
-    """Expected device hours from per-generation estimates {model: {length: seconds}}."""
-    return sum(seconds_per(seconds_per_generation, s.model, s.length) * s.generations
-               for s in plan.shards) / 3600.0
+def fork_factor(fork_speedup: dict | None, model: str, length: int) -> float:
+    """Cost of one forkable generation on the forked path (:mod:`kvcert.generation.forked`: one
+    prefill per example, its runs decoded as one batch) relative to the batch-1 path: the
+    inverse of the speedup measured on main-grid-shaped work (``kvcert bench generate``, or
+    ``kernels/gpu_check.sh`` on a GPU) for ``model`` at ``length``; 1.0 where none was measured."""
+    table = (fork_speedup or {}).get(model, {})
+    speedup = table.get(length, table.get(str(length)))
+    return 1.0 if not speedup else 1.0 / float(speedup)
+
+
+def shard_seconds(shard: Shard, seconds_per_generation: dict, fork_speedup: dict | None = None) -> float:
+    """Expected seconds of one shard: ``seconds_per_generation`` (a batch-1 generation) per run and
+    example, forkable runs (all but chunked streaming, when two or more) at :func:`fork_factor` of it."""
+    per = seconds_per(seconds_per_generation, shard.model, shard.length)
+    forkable = sum(r.chunk_tokens is None for r in shard.runs)
+    factor = fork_factor(fork_speedup, shard.model, shard.length) if forkable > 1 else 1.0
+    runs = len(shard.runs) - forkable + forkable * factor if forkable > 1 else len(shard.runs)
+    return per * (shard.stop - shard.start) * runs
+
+
+def gpu_hours(plan: Plan, seconds_per_generation: dict, fork_speedup: dict | None = None) -> float:
+    """Expected device hours from per-generation estimates {model: {length: seconds}} and the forked
+    path's measured speedups {model: {length: ratio}} (:func:`shard_seconds`)."""
+    return sum(shard_seconds(s, seconds_per_generation, fork_speedup) for s in plan.shards) / 3600.0
 
 
 #: a shard's time limit: this many times its expected time, plus the start-up (model load)
@@ -194,9 +214,9 @@ RUNTIME_SAFETY = 3.0
 RUNTIME_STARTUP_MIN = 10
 
 
-def shard_minutes(shard: Shard, seconds_per_generation: dict) -> int:
+def shard_minutes(shard: Shard, seconds_per_generation: dict, fork_speedup: dict | None = None) -> int:
     """The time limit (minutes) of one shard job, from the plan's cost model: expected
     generation time × :data:`RUNTIME_SAFETY` + :data:`RUNTIME_STARTUP_MIN`, in whole
     5-minute steps (a short, honest limit lets the scheduler backfill the job)."""
-    expected = seconds_per(seconds_per_generation, shard.model, shard.length) * shard.generations / 60.0
+    expected = shard_seconds(shard, seconds_per_generation, fork_speedup) / 60.0
     return int(5 * math.ceil((expected * RUNTIME_SAFETY + RUNTIME_STARTUP_MIN) / 5))
