@@ -170,8 +170,7 @@ class CompactLayer(CacheLayerMixin):
             previous = self.sketch
             if previous is not None and self.centre is not None:
                 previous = previous.recentre(torch.linalg.vector_norm(centre - self.centre.to(centre.dtype), dim=-1))
-            per_token = self._k.shape[-1] * self._k.element_size() + self._v.shape[-1] * self._v.element_size()
-            slots = shadow_count(self.seen, per_token, self._k.shape[-1])
+            slots = shadow_count(self.seen, self.kv_slot_nbytes(), self._k.shape[-1])
             self.sketch = build_sketch(seg_keys, seg_values, evicted, potential, centre, slots, previous)
         self.centre = centre
         self.undecided = self.length - end
@@ -213,12 +212,19 @@ class CompactLayer(CacheLayerMixin):
         """Whether attention must add −log π (a sampled tail, or padding between heads)."""
         return self.has_tail or self.has_padding
 
+    def kv_slot_nbytes(self) -> int:
+        """Bytes of one slot's key and value (one KV head)."""
+        return self._k.shape[-1] * self._k.element_size() + self._v.shape[-1] * self._v.element_size()
+
+    def slot_nbytes(self) -> int:
+        """Bytes of one slot (one KV head): key, value, and log π, 1 − π, ‖v − c‖ in fp32."""
+        return self.kv_slot_nbytes() + 12
+
     def nbytes(self) -> int:
         """Bytes of the slots in use: keys, values, log π, 1 − π and ‖v − c‖ (padding included), and the sketch."""
         if not self.is_initialized:
             return 0
-        per_slot = self._k.shape[-1] * self._k.element_size() + self._v.shape[-1] * self._v.element_size() + 12
-        return self._k.shape[0] * self._k.shape[1] * self.length * per_slot + self.sketch_nbytes()
+        return self._k.shape[0] * self._k.shape[1] * self.length * self.slot_nbytes() + self.sketch_nbytes()
 
     def sketch_nbytes(self) -> int:
         """Bytes of the eviction sketch (0 without one)."""
@@ -228,8 +234,7 @@ class CompactLayer(CacheLayerMixin):
         """Bytes of keys and values alone in the slots in use."""
         if not self.is_initialized:
             return 0
-        per_slot = self._k.shape[-1] * self._k.element_size() + self._v.shape[-1] * self._v.element_size()
-        return self._k.shape[0] * self._k.shape[1] * self.length * per_slot
+        return self._k.shape[0] * self._k.shape[1] * self.length * self.kv_slot_nbytes()
 
 
 @dataclass

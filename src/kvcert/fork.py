@@ -100,8 +100,7 @@ class ForkingCache(CertifiedCache):
         num_layers = getattr(module.config, "num_hidden_layers", len(self.layers))
         obs = LayerObservation(query=query, key=layer.keys, value=layer.values, log_pi=None, scaling=scaling,
                                layer_idx=layer_idx, num_layers=num_layers)
-        per_slot = layer._k.shape[1] * (layer._k.shape[-1] * layer._k.element_size()
-                                        + layer._v.shape[-1] * layer._v.element_size() + 12)
+        per_slot = layer._k.shape[1] * layer.slot_nbytes()  # all KV heads
         shared: dict = {}  # scores and sketch potentials, once per (scorer, prefix)
         for branch in self.branches:
             press, view = branch.press, _slice_obs(obs, branch.end)
@@ -296,8 +295,7 @@ def take_rows(layer: CompactLayer, rows: list[int], repack: float = 0.75) -> Com
 def row_nbytes(layer: CompactLayer, row: int) -> int:
     """The bytes a batch-1 run's layer holding only ``row`` would report (:meth:`CompactLayer.nbytes`):
     its own padded length (its longest KV head) and its own sketch."""
-    per_slot = layer._k.shape[-1] * layer._k.element_size() + layer._v.shape[-1] * layer._v.element_size() + 12
-    return layer._k.shape[1] * int(layer.kept[row].max()) * per_slot + layer.row_sketch_bytes[row]
+    return layer._k.shape[1] * int(layer.kept[row].max()) * layer.slot_nbytes() + layer.row_sketch_bytes[row]
 
 
 def _cache(layers: list[CompactLayer], record_certificates: bool) -> CertifiedCache:
