@@ -10,7 +10,7 @@ import pytest
 
 from kvcert.analysis.claims import evaluate_claim
 from kvcert.analysis.load import load_claims_file, score_shards
-from kvcert.analysis.synthetic import frozen_copy, make_record, replay_frame, write_shard
+from kvcert.testing import frozen_copy, make_record, replay_frame, write_shard
 
 PREREG = Path(__file__).resolve().parents[1] / "preregistration"
 

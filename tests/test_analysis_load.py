@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvcert.analysis.load import RecordRefused, load_shards, score_shards, scored
-from kvcert.analysis.synthetic import certificate_block, frozen_copy, make_record, write_shard
+from kvcert.testing import certificate_block, frozen_copy, make_record, write_shard
 from kvcert.generation.shards import CorruptShardError
 
 PREREG = Path(__file__).resolve().parents[1] / "preregistration"
@@ -159,12 +159,11 @@ def test_certificate_signals(prereg, tmp_path):
     assert df.loc[0, "confidence"] == -0.5 and df.loc[0, "confidence_secondary"] == -1.5
 
 
-def test_recompute_records_are_not_grid(prereg, tmp_path):
+def test_unknown_field_is_refused_naming_it(prereg, tmp_path):
     folder, fr = prereg
-    h = fr.prereg_hash
-    records = [rec("a", h, condition="full"), rec("a", h, condition="full", recompute_of={"method": "snapkv-poisson"})]
-    df, _ = score_shards([write_shard(records, tmp_path / "s.jsonl")], folder)
-    assert df["kind"].tolist() == ["grid", "recompute"] and len(scored(df)) == 1
+    records = [rec("a", fr.prereg_hash, condition="full"), rec("b", fr.prereg_hash, recompute_of={"method": "x"})]
+    with pytest.raises(RecordRefused, match=r"s\.jsonl:2: generation record has unknown field\(s\) 'recompute_of'"):
+        score_shards([write_shard(records, tmp_path / "s.jsonl")], folder)
 
 
 def test_parallel_load_equals_serial(prereg, tmp_path):

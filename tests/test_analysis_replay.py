@@ -220,7 +220,7 @@ def test_replay_entry_point(setup, tmp_path):
     from unittest.mock import patch
 
     from kvcert.analysis.load import read_table
-    from kvcert.analysis.synthetic import frozen_copy
+    from kvcert.testing import frozen_copy
     from kvcert.tasks import write_jsonl
 
     model, tok, records, _ = setup

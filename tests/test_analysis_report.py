@@ -17,7 +17,7 @@ import torch
 
 from kvcert.analysis.load import RecordRefused, write_table
 from kvcert.analysis.steps import claims_step, report_step, score_step, write_json
-from kvcert.analysis.synthetic import frozen_copy, multiturn_records, paper_records, replay_frame, write_shard
+from kvcert.testing import frozen_copy, multiturn_records, paper_records, replay_frame, write_shard
 from kvcert.impossibility import impossibility_demo
 from kvcert.scorers.base import LayerObservation
 

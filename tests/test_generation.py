@@ -122,17 +122,6 @@ def test_deterministic_method_has_no_certificate_and_runs_repeat(loaded, records
     assert b["tokens"] == c["tokens"] and b["certificate"] == c["certificate"]  # same seed, same sample
 
 
-def test_recompute_and_escalation(loaded, records):
-    eng = engine(loaded, condition="streaming")
-    full = engine(loaded, condition="full").run(records[0])
-    again = eng.recompute(records[0])
-    assert again["tokens"] == full["tokens"] and again["recompute_of"]["condition"] == "streaming"
-    esc = eng.escalate(records[0], [0.25, 0.5, 1.0], threshold=-1.0)  # never satisfied: climbs to the top
-    assert [p["budget"] for p in esc["escalation"]] == [0.25, 0.5, 1.0] and esc["budget"] == 1.0
-    esc = eng.escalate(records[0], [0.25, 0.5], threshold=1e9)
-    assert len(esc["escalation"]) == 1
-
-
 def test_chunked_streaming_decides_each_token_once(loaded, records):
     out = engine(loaded, condition="streaming", budget=0.25, chunk_tokens=64).run(records[1])
     assert out["certificate"] is not None

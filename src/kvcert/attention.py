@@ -32,14 +32,16 @@ from .sketch import EvictionSketch, sketch_terms
 
 @dataclass
 class AttentionResult:
-    """Output [B, Hq, Q, D]; with a certificate also V̂ and b̂_c [B, Hq, Q] (fp32), and with a
-    sketch the shadow terms Σ_j t_j and max_j t_j [B, Hq, Q]."""
+    """Output [B, Hq, Q, D]; with a certificate also V̂ and b̂_c [B, Hq, Q] (fp32), with a
+    sketch the shadow terms Σ_j t_j and max_j t_j [B, Hq, Q], and when asked the entropy of
+    each query's attention weights [B, Hq, Q] (fp32, nats; see :func:`hajek_attention`)."""
 
     output: torch.Tensor
     variance: torch.Tensor | None = None
     range_term: torch.Tensor | None = None
     shadow_sum: torch.Tensor | None = None
     shadow_range: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
 
 def squared_deviation(value: torch.Tensor, centre: torch.Tensor | None) -> torch.Tensor:
@@ -111,6 +113,7 @@ def hajek_attention(
     one_minus: torch.Tensor | None = None,
     dev: torch.Tensor | None = None,
     sketch: EvictionSketch | None = None,
+    entropy: bool = False,
 ) -> AttentionResult:
     """Grouped Hájek attention (and optionally V̂, b̂_c); see the module docstring for layouts.
 
@@ -122,14 +125,20 @@ def hajek_attention(
     CUDA device runs the fused Triton kernel instead (:func:`use_decode_kernel`); it
     recomputes ‖v_i − c‖ from the values, so ``sq_dev`` is not read there. ``sketch``
     (with ``certificate``): the eviction sketch of this layer; its shadow terms are returned
-    too (:func:`kvcert.sketch.sketch_terms`).
+    too (:func:`kvcert.sketch.sketch_terms`). ``entropy``: also return the Shannon entropy of
+    the attention weights each query uses, H = −Σ_j p_j log p_j with p = softmax(s − log π)
+    over the keys it sees (padding excluded) — the H2O-style cache-side signal of issue 18 —
+    computed in the same pass as H = log l − Σ_j e^{z_j − m} (z_j − m) / l (z = s − log π,
+    m = max_j z_j, l = Σ_j e^{z_j − m}).
     """
     use_sketch = certificate and sketch is not None
     if use_decode_kernel(query, key, value, extra_mask):
         res = _decode_kernel()(
             query, key, value, log_pi, centre if certificate else None, scaling, certificate=certificate,
-            sketch=sketch if use_sketch else None,
+            sketch=sketch if use_sketch else None, **({"entropy": True} if entropy else {}),
         )
+        if entropy:
+            return AttentionResult(res[0], *res[2:-1], entropy=res[-1])
         return AttentionResult(res[0], *res[2:])
     b, hq, n_q, d = query.shape
     hkv, length, dv = key.shape[1], key.shape[2], value.shape[-1]
@@ -150,7 +159,7 @@ def hajek_attention(
         centre32 = (
             torch.zeros(b, hkv, dv, device=key.device, dtype=acc_dtype) if centre is None else centre.to(acc_dtype)
         ).unsqueeze(-2)
-    outs, variances, ranges, shadow_v, shadow_r = [], [], [], [], []
+    outs, variances, ranges, shadow_v, shadow_r, entropies = [], [], [], [], [], []
     for q0 in range(0, n_q, query_block):
         q1 = min(n_q, q0 + query_block)
         nq = q1 - q0
@@ -172,8 +181,14 @@ def hajek_attention(
             allowed = _causal_allowed(nq, q0, n_q, length, key.device).repeat(group, 1)
             logits.masked_fill_(~allowed, float("-inf"))
         m = logits.amax(-1, keepdim=True)
-        p = logits.sub_(m).exp_()  # in place: the logits are not needed again
+        logits.sub_(m)
+        # z − m, with masked keys (−inf) at a finite floor so that e^{z−m}(z−m) is 0 there, not NaN
+        shifted = logits.clamp(min=-1e30) if entropy else None
+        p = logits.exp_()  # in place: the logits are not needed again
         l = p.sum(-1, keepdim=True)
+        if entropy:
+            h = torch.log(l) - (p * shifted).sum(-1, keepdim=True) / l
+            entropies.append(h.squeeze(-1).reshape(b, hkv, group, nq).to(torch.float32))
         if certificate:
             wp = p * one_minus  # (1 − π_i) p_i
             m0 = wp.amax(-1)
@@ -202,14 +217,15 @@ def hajek_attention(
             out = torch.matmul(p.to(value.dtype), value).to(acc_dtype).div_(l)
         outs.append(out.to(query.dtype).reshape(b, hkv, group, nq, dv))
     output = torch.cat(outs, dim=3).reshape(b, hq, n_q, dv)
+    ent = torch.cat(entropies, dim=3).reshape(b, hq, n_q) if entropy else None
     if not certificate:
-        return AttentionResult(output)
+        return AttentionResult(output, entropy=ent)
     variance = torch.cat(variances, dim=3).reshape(b, hq, n_q)
     range_term = torch.cat(ranges, dim=3).reshape(b, hq, n_q)
     if not use_sketch:
-        return AttentionResult(output, variance, range_term)
+        return AttentionResult(output, variance, range_term, entropy=ent)
     return AttentionResult(output, variance, range_term, torch.cat(shadow_v, dim=3).reshape(b, hq, n_q),
-                           torch.cat(shadow_r, dim=3).reshape(b, hq, n_q))
+                           torch.cat(shadow_r, dim=3).reshape(b, hq, n_q), entropy=ent)
 
 
 def causal_sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:

@@ -42,6 +42,21 @@ from .scorers.base import LayerObservation
 from .sketch import EvictionSketch, build_sketch, shadow_count
 
 
+@dataclass
+class ScoreMass:
+    """The scorer's importance mass of the tokens a layer's compactions decided, per (row, KV head),
+    summed over rounds (float64 [B, Hkv]): in all, evicted, and the expected evicted mass
+    Σ(1 − π_i) s_i (None for a deterministic sampler). Read by the evicted-score-mass signal."""
+
+    total: torch.Tensor
+    evicted: torch.Tensor
+    expected: torch.Tensor | None = None
+
+    def add(self, other: "ScoreMass") -> "ScoreMass":
+        expected = None if self.expected is None or other.expected is None else self.expected + other.expected
+        return ScoreMass(self.total + other.total, self.evicted + other.evicted, expected)
+
+
 class CompactLayer(CacheLayerMixin):
     """One layer's compacted cache: keys/values [B, Hkv, stored, D] plus log π and ‖v−c‖²."""
 
@@ -65,6 +80,7 @@ class CompactLayer(CacheLayerMixin):
         self.compactions = 0
         self.undecided = 0  # trailing slots appended since the last compaction (π = 1, not yet decided)
         self.sketch: EvictionSketch | None = None
+        self.score_mass: ScoreMass | None = None  # what compaction evicted of the scorer's importance
         self._k = self._v = self._lp = self._om = self._dev = None
 
     # --- storage -------------------------------------------------------------------
@@ -240,13 +256,15 @@ class CompactLayer(CacheLayerMixin):
 @dataclass
 class StepCertificates:
     """Certificates of one forward: per layer with a sampled tail, V̂, b̂_c and ‖ô‖ [B, Hq, Q], and the
-    robust certificate's shadow terms Σ t_j, max t_j (zero for a layer without a sketch)."""
+    robust certificate's shadow terms Σ t_j, max t_j (zero for a layer without a sketch); per
+    compressed layer (with ``record_entropy``) the entropy of the attention weights [B, Hq, Q]."""
 
     variance: dict[int, torch.Tensor] = field(default_factory=dict)
     range_term: dict[int, torch.Tensor] = field(default_factory=dict)
     output_norm: dict[int, torch.Tensor] = field(default_factory=dict)
     shadow_sum: dict[int, torch.Tensor] = field(default_factory=dict)
     shadow_range: dict[int, torch.Tensor] = field(default_factory=dict)
+    entropy: dict[int, torch.Tensor] = field(default_factory=dict)
     num_queries: int = 0
 
 
@@ -259,15 +277,19 @@ class CertifiedCache(Cache):
         tail (in ``step_log``, one :class:`StepCertificates` per forward).
     capture_layers: layer indices whose attention inputs are kept after each forward
         (``captured[layer]``, a :class:`~kvcert.scorers.base.LayerObservation`).
+    record_entropy: record the entropy of the attention weights of every forward over a
+        compressed layer (the comparison signal of issue 18), in the same ``step_log``.
     """
 
-    def __init__(self, press=None, record_certificates: bool = True, capture_layers=(), reserve: int = 64):
+    def __init__(self, press=None, record_certificates: bool = True, capture_layers=(), reserve: int = 64,
+                 record_entropy: bool = False):
         super().__init__(layer_class_to_replicate=lambda: CompactLayer(reserve=reserve))
         self._armed = press
         self._keep_recent: int | None = None
         self._armed_fired = False
         self.press_rounds = 0
         self.record_certificates = record_certificates
+        self.record_entropy = record_entropy
         self.capture_layers = set(capture_layers)
         self.captured: dict[int, LayerObservation] = {}
         self.step_log: list[StepCertificates] = []
@@ -295,7 +317,7 @@ class CertifiedCache(Cache):
         self._current = StepCertificates()
 
     def end_forward(self) -> None:
-        if self._current is not None and self._current.variance:
+        if self._current is not None and (self._current.variance or self._current.entropy):
             self.step_log.append(self._current)
         self._current = None
         if self._armed is not None and self._armed_fired:
@@ -317,6 +339,11 @@ class CertifiedCache(Cache):
         self._current.shadow_sum[layer_idx] = zero if shadow_sum is None else shadow_sum.detach()
         self._current.shadow_range[layer_idx] = zero if shadow_range is None else shadow_range.detach()
         self._current.num_queries = variance.shape[-1]
+
+    def record_entropy_of(self, layer_idx: int, entropy: torch.Tensor) -> None:
+        if self._current is None:
+            self._current = StepCertificates()
+        self._current.entropy[layer_idx] = entropy.detach()
 
     def after_attention(self, module, query: torch.Tensor, scaling: float) -> None:
         """Called by the attention function once a layer's attention is computed."""

@@ -298,21 +298,24 @@ def row_nbytes(layer: CompactLayer, row: int) -> int:
     return layer._k.shape[1] * int(layer.kept[row].max()) * layer.slot_nbytes() + layer.row_sketch_bytes[row]
 
 
-def _cache(layers: list[CompactLayer], record_certificates: bool) -> CertifiedCache:
-    cache = CertifiedCache(record_certificates=record_certificates)
+def _cache(layers: list[CompactLayer], record_certificates: bool, record_entropy: bool = False) -> CertifiedCache:
+    cache = CertifiedCache(record_certificates=record_certificates, record_entropy=record_entropy)
     cache.layers.extend(layers)
     cache.layer_class_to_replicate = None
     return cache
 
 
-def stacked_cache(layer_lists: list[list[CompactLayer]], record_certificates: bool, room: int = 0) -> CertifiedCache:
+def stacked_cache(layer_lists: list[list[CompactLayer]], record_certificates: bool, room: int = 0,
+                  record_entropy: bool = False) -> CertifiedCache:
     """A :class:`CertifiedCache` whose rows are the given caches' layers (one list per cache), stacked."""
-    return _cache([stack_layers(list(per_layer), room) for per_layer in zip(*layer_lists)], record_certificates)
+    return _cache([stack_layers(list(per_layer), room) for per_layer in zip(*layer_lists)], record_certificates,
+                  record_entropy)
 
 
 def row_view_cache(cache: CertifiedCache, start: int, stop: int) -> CertifiedCache:
     """Rows [start, stop) of a stacked cache as a cache of their own (:func:`row_view`)."""
-    return _cache([row_view(layer, start, stop) for layer in cache.layers], cache.record_certificates)
+    return _cache([row_view(layer, start, stop) for layer in cache.layers], cache.record_certificates,
+                  cache.record_entropy)
 
 
 def join_view_caches(cache: CertifiedCache, views: list[CertifiedCache]) -> None:
@@ -322,7 +325,7 @@ def join_view_caches(cache: CertifiedCache, views: list[CertifiedCache]) -> None
 
 def take_cache_rows(cache: CertifiedCache, rows: list[int]) -> CertifiedCache:
     """A new cache of batch ``rows`` of a stacked cache (:func:`take_rows`)."""
-    return _cache([take_rows(layer, rows) for layer in cache.layers], cache.record_certificates)
+    return _cache([take_rows(layer, rows) for layer in cache.layers], cache.record_certificates, cache.record_entropy)
 
 
 #: what one more batched forward costs, in row × slot products of attention it saves (CPU-measured

@@ -62,8 +62,10 @@ def kvcert_attention_forward(
     n_q, length = query.shape[2], key.shape[2]
     biased = layer is not None and layer.needs_bias
     certify = biased and layer.has_tail and cache.record_certificates
+    # the attention entropy over the retained tokens (issue 18): every forward over a compressed layer
+    entropy = layer is not None and cache.record_entropy and layer.compactions > 0
     extra = attention_mask if isinstance(attention_mask, torch.Tensor) else None
-    if not biased and extra is None and n_q in (1, length):
+    if not biased and not entropy and extra is None and n_q in (1, length):
         output = causal_sdpa(query, key, value, scaling) if n_q > 1 else plain_sdpa(query, key, value, scaling)
     else:
         res = hajek_attention(
@@ -77,8 +79,11 @@ def kvcert_attention_forward(
             centre=layer.centre if certify else None,
             extra_mask=extra,
             sketch=layer.sketch if certify else None,
+            entropy=entropy,
         )
         output = res.output
+        if entropy and res.entropy is not None:
+            cache.record_entropy_of(module.layer_idx, res.entropy)
         if certify:
             norm = torch.linalg.vector_norm(output.float(), dim=-1)
             cache.record(module.layer_idx, res.variance, res.range_term, norm, res.shadow_sum, res.shadow_range)

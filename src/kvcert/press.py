@@ -25,9 +25,9 @@ from numbers import Real
 import torch
 
 from .allocation import get_allocation
-from .cache import CompactLayer
+from .cache import CompactLayer, ScoreMass
 from .checks import ROUNDINGS, kept_budget, resolve_budget
-from .design import DEFAULT_DESIGN, SAMPLERS, RetentionDesign, sample_retention
+from .design import DEFAULT_DESIGN, SAMPLERS, RetentionDesign, inclusion_probabilities, sample_retention
 from .scorers import Scorer, get_scorer
 from .scorers.base import LayerObservation
 from .sketch import POTENTIAL_WINDOW, sketch_potential
@@ -117,7 +117,24 @@ class EvictionPress:
         sample = sample_retention(scores, counts, self.sampler, self.generator(obs.layer_idx, round_index), design)
         if self.randomized and potential is None:
             potential = self.potential(obs, start, end)
+        mass = self.score_mass(scores, counts, sample, torch.isfinite(layer.log_pi[..., start:end]), design)
         layer.compact(sample, start, end, potential=potential if self.randomized else None)
+        layer.score_mass = mass if layer.score_mass is None else layer.score_mass.add(mass)
+
+    def score_mass(self, scores: torch.Tensor, counts: torch.Tensor, sample, valid: torch.Tensor,
+                   design: RetentionDesign) -> ScoreMass:
+        """The decided slots' importance mass per (row, KV head): in all, evicted by ``sample``, and
+        for a randomized sampler the expected evicted mass Σ(1 − π_i) s_i, with π the design's
+        inclusion probabilities (:func:`~kvcert.design.inclusion_probabilities`; for priority
+        sampling, whose inclusion probabilities have no closed form, those of the Poisson design
+        at the same budget). Padding slots (``valid`` False) carry no mass."""
+        s = torch.where(valid, scores.to(torch.float64), 0.0)
+        evicted = torch.where(sample.kept_mask(), 0.0, s).sum(-1)
+        expected = None
+        if self.randomized:
+            pi = inclusion_probabilities(scores, counts, design)
+            expected = (s * (1.0 - pi)).sum(-1)
+        return ScoreMass(s.sum(-1), evicted, expected)
 
     @staticmethod
     def potential(obs: LayerObservation, start: int, end: int) -> torch.Tensor:

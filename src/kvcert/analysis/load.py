@@ -3,8 +3,8 @@
 Reads shards with :func:`kvcert.generation.shards.read_records` (a corrupt line stops
 the analysis naming path:line) and refuses, in one line each:
 
-* a record missing a required field (``REQUIRED_FIELDS``; the message names the field,
-  the file and the line);
+* a record that is not a :class:`~kvcert.generation.record.GenerationRecord` (a field
+  missing or unknown; the message names the field, the file and the line);
 * a record whose ``prereg_hash`` differs from the verified freeze (the message names the
   file and both hashes): records of another pre-registration are never scored against
   this one (DESIGN.md §3);
@@ -37,8 +37,11 @@ Derived columns (``analysis_plan`` of ``claims.yaml``):
   ``induced`` (compressed wrong, full cache right), ``inherent`` (both wrong),
   ``unknown`` (no full-cache run) or ``full`` (the full-cache run itself).
 * ``unit`` — the bootstrap unit ``model|task|target_tokens|example_id``.
-* ``kind`` — ``grid``, ``recompute`` (a record with ``recompute_of``) or ``escalation``
-  (a record with ``escalation``): only grid records enter the claims.
+* ``sig_<name>`` — the comparison signals (``comparison_signals``, issue 18), raw values
+  (their failure orientation is the plan's): ``sig_output_entropy``, ``sig_top2_margin``,
+  ``sig_attention_entropy`` (per-step series reduced with ``over_steps``),
+  ``sig_evicted_mass`` and ``sig_evicted_mass_expected`` (``evicted_mass.<kind>.<aggregation>``);
+  NaN where a record has none (the full cache; a deterministic sampler's expectation).
 """
 
 from __future__ import annotations
@@ -56,17 +59,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..generation.record import GenerationRecord
 from ..generation.shards import ShardSealError, check_seal, read_records
 from ..prereg import Freeze, verify
 from ..provenance import check_prereg_hash
-
-REQUIRED_FIELDS: tuple[str, ...] = (
-    "example_id", "task", "target_tokens", "prompt_tokens", "question_tokens", "model", "condition", "method",
-    "scorer", "sampler", "allocation", "budget", "seed", "answer", "tokens", "token_logprobs", "mean_logprob",
-    "min_logprob", "answers", "score", "certificate", "certificate_robust", "kept_fraction", "prefill_seconds",
-    "decode_seconds", "decode_steps", "kv_bytes_peak", "kv_bytes_final", "sketch_bytes", "metadata", "started_utc", "config_hash", "prereg_hash",
-    "git_commit", "kvcert_version",
-)
 
 GENERATION_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "condition", "method", "budget", "seed")
 FULL_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "seed")
@@ -107,16 +103,49 @@ class SignalSpec:
         if certificate is None:
             return 0.0 if exact else math.nan
         steps = certificate[self.field][self.aggregation]
-        vals = [float(v) for v in steps if v is not None and math.isfinite(float(v))]
-        if not vals:
-            return math.nan
-        if self.over_steps == "mean":
-            return sum(vals) / len(vals)
-        if self.over_steps == "max":
-            return max(vals)
-        if self.over_steps == "min":
-            return min(vals)
-        return vals[-1] if self.over_steps == "last" else vals[0]
+        return reduce_steps(steps, self.over_steps)
+
+
+def reduce_steps(values, over_steps: str) -> float:
+    """A per-step series reduced to one number (``mean``, ``max``, ``min``, ``last``, ``first``);
+    NaN for an empty or missing series (non-finite steps skipped)."""
+    vals = [float(v) for v in (values or []) if v is not None and math.isfinite(float(v))]
+    if not vals:
+        return math.nan
+    if over_steps == "mean":
+        return sum(vals) / len(vals)
+    if over_steps == "max":
+        return max(vals)
+    if over_steps == "min":
+        return min(vals)
+    return vals[-1] if over_steps == "last" else vals[0]
+
+
+@dataclass(frozen=True)
+class ComparisonSpec:
+    """How a record's comparison signals become numbers (``analysis_plan.comparison_signals``)."""
+
+    over_steps: str = "mean"
+    aggregation: str = "mean"
+
+    @classmethod
+    def from_dict(cls, d: Mapping | None) -> "ComparisonSpec":
+        d = d or {}
+        spec = cls(str(d.get("over_steps", "mean")), str(d.get("aggregation", "mean")))
+        if spec.over_steps not in OVER_STEPS:
+            raise ValueError(f"comparison_signals.over_steps: must be one of {OVER_STEPS}, got {spec.over_steps!r}")
+        return spec
+
+    def columns(self, record: Mapping) -> dict[str, float]:
+        mass = record["evicted_mass"] or {}
+        part = lambda kind: _float((mass.get(kind) or {}).get(self.aggregation))  # noqa: E731
+        return {
+            "sig_output_entropy": reduce_steps(record["output_entropy_steps"], self.over_steps),
+            "sig_top2_margin": reduce_steps(record["top2_margin_steps"], self.over_steps),
+            "sig_attention_entropy": reduce_steps(record["attention_entropy_steps"], self.over_steps),
+            "sig_evicted_mass": part("realised"),
+            "sig_evicted_mass_expected": part("expected"),
+        }
 
 
 @dataclass(frozen=True)
@@ -129,6 +158,7 @@ class ScoringPlan:
     gate: SignalSpec
     confidence_primary: str = "mean_logprob"
     confidence_secondary: str = "min_logprob"
+    comparison: ComparisonSpec = ComparisonSpec()
 
     @classmethod
     def from_plan(cls, plan: Mapping) -> "ScoringPlan":
@@ -141,6 +171,7 @@ class ScoringPlan:
             gate=SignalSpec.from_dict(plan["multiturn_gate"]),
             confidence_primary=str(conf.get("primary", "mean_logprob")),
             confidence_secondary=str(conf.get("secondary", "min_logprob")),
+            comparison=ComparisonSpec.from_dict(plan.get("comparison_signals")),
         )
 
     def pass_mark(self, task: str) -> float:
@@ -191,7 +222,6 @@ def flatten(record: Mapping, plan: ScoringPlan) -> dict:
     meta = record.get("metadata") or {}
     kept = record.get("kept_fraction") or []
     exact = all(float(f) >= 1.0 for f in kept)  # nothing evicted: a null certificate means zero error
-    kind = "recompute" if record.get("recompute_of") else "escalation" if record.get("escalation") else "grid"
     return {
         "model": str(record["model"]),
         "task": str(record["task"]),
@@ -204,7 +234,6 @@ def flatten(record: Mapping, plan: ScoringPlan) -> dict:
         "allocation": record.get("allocation"),
         "budget": float(record["budget"]),
         "seed": int(record["seed"]),
-        "kind": kind,
         "score": _float(score),
         "correct": correct,
         "confidence": _float(record.get(plan.confidence_primary)),
@@ -212,6 +241,7 @@ def flatten(record: Mapping, plan: ScoringPlan) -> dict:
         "cert_signal": plan.certificate.value(cert, randomized, exact),
         "cert_signal_robust": plan.certificate.value(record.get("certificate_robust"), randomized, exact),
         "gate_signal": plan.gate.value(cert, randomized, exact),
+        **plan.comparison.columns(record),
         "uncertified": bool(randomized and cert is None and not exact),
         "turn_distance": _float(meta.get("turn_distance")),
         "depth": _float(meta.get("depth")),
@@ -232,12 +262,11 @@ def flatten(record: Mapping, plan: ScoringPlan) -> dict:
 
 def check_record(record: Mapping, where: str, prereg_hash: str) -> None:
     """Raise :class:`RecordRefused` for a missing required field or a foreign pre-registration hash."""
-    for name in REQUIRED_FIELDS:
-        if name not in record:
-            raise RecordRefused(
-                f"{where}: generation record lacks the required field {name!r}; it was not written by this "
-                "kvcert's generation engine (regenerate the shard)"
-            )
+    try:
+        GenerationRecord.from_dict(record)
+    except (TypeError, ValueError) as exc:
+        raise RecordRefused(f"{where}: {exc}; it was not written by this kvcert's generation engine "
+                            "(regenerate the shard)") from None
     if record["prereg_hash"] is None:
         raise RecordRefused(
             f"{where}: a one-off record (kvcert run or kvcert generate without --prereg-hash), made outside "
@@ -254,7 +283,7 @@ def _load_one(args: tuple[str, ScoringPlan, str, int | None]) -> dict[str, list]
     and hold the number of records the plan expects (``expected``, when known)."""
     path, plan, prereg_hash, expected = args
     shard = Path(path)
-    cols: dict[str, list] = {c: [] for c in _COLUMNS}
+    cols: dict[str, list] = {c: [] for c in SCORE_COLUMNS}
     records = read_records(shard)
     try:
         check_seal(shard, len(records), expected)
@@ -269,7 +298,7 @@ def _load_one(args: tuple[str, ScoringPlan, str, int | None]) -> dict[str, list]
             raise RecordRefused(f"{where}: malformed generation record ({type(exc).__name__}: {exc})") from None
         row["shard"] = str(shard)
         row["line"] = number
-        for c in _COLUMNS:
+        for c in SCORE_COLUMNS:
             cols[c].append(row[c])
     return cols
 
@@ -283,22 +312,24 @@ def load_shards(paths: Iterable[str | Path], plan: ScoringPlan, freeze: Freeze, 
     record stops the whole load with its message.
     """
     tasks = [(str(p), plan, freeze.prereg_hash, (expected or {}).get(str(p))) for p in paths]
-    cols: dict[str, list] = {c: [] for c in _COLUMNS}
+    cols: dict[str, list] = {c: [] for c in SCORE_COLUMNS}
     if jobs > 1 and len(tasks) >= 2 * jobs:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             parts = list(pool.map(_load_one, tasks, chunksize=max(1, len(tasks) // (4 * jobs))))
     else:
         parts = [_load_one(t) for t in tasks]
     for part in parts:
-        for c in _COLUMNS:
+        for c in SCORE_COLUMNS:
             cols[c].extend(part[c])
-    return derive(pd.DataFrame(cols, columns=_COLUMNS), freeze)
+    return derive(pd.DataFrame(cols, columns=SCORE_COLUMNS), freeze)
 
 
-_COLUMNS = [
+#: the scores table's columns (one row per record: derived values, not the record's fields)
+SCORE_COLUMNS = [
     "model", "task", "target_tokens", "example_id", "condition", "method", "scorer", "sampler", "allocation", "budget",
-    "seed", "kind", "score", "correct", "confidence", "confidence_secondary", "cert_signal", "gate_signal",
-    "cert_signal_robust", "uncertified", "turn_distance", "depth", "dataset", "prompt_tokens", "decode_steps", "kept_fraction", "kv_bytes_peak",
+    "seed", "score", "correct", "confidence", "confidence_secondary", "cert_signal", "gate_signal",
+    "cert_signal_robust", "sig_output_entropy", "sig_top2_margin", "sig_attention_entropy", "sig_evicted_mass",
+    "sig_evicted_mass_expected", "uncertified", "turn_distance", "depth", "dataset", "prompt_tokens", "decode_steps", "kept_fraction", "kv_bytes_peak",
     "prefill_seconds", "decode_seconds", "started_utc", "config_hash", "prereg_hash", "git_commit", "kvcert_version",
     "shard", "line",
 ]
@@ -316,15 +347,14 @@ def derive(df: pd.DataFrame, freeze: Freeze) -> pd.DataFrame:
         df["model"].astype(str) + "|" + df["task"].astype(str) + "|" + df["target_tokens"].astype(str) + "|"
         + df["example_id"].astype(str)
     )
-    grid = df["kind"].eq("grid")
-    dup = df[grid].duplicated(list(GENERATION_KEY), keep=False)
+    dup = df.duplicated(list(GENERATION_KEY), keep=False)
     if dup.any():
-        rows = df[grid][dup].sort_values(list(GENERATION_KEY)).head(2)
+        rows = df[dup].sort_values(list(GENERATION_KEY)).head(2)
         where = ", ".join(f"{r.shard}:{r.line}" for r in rows.itertuples())
         raise RecordRefused(
             f"{where}: the same generation ({', '.join(GENERATION_KEY)}) appears twice; remove the duplicate shard"
         )
-    scored = grid & ~df["pre_freeze"]
+    scored = ~df["pre_freeze"]
     full = df[scored & df["condition"].eq("full")][list(FULL_KEY) + ["correct"]].rename(columns={"correct": "full_correct"})
     df = df.merge(full, on=list(FULL_KEY), how="left")
     is_full = df["condition"].eq("full")
@@ -339,7 +369,7 @@ def derive(df: pd.DataFrame, freeze: Freeze) -> pd.DataFrame:
 
 def scored(df: pd.DataFrame) -> pd.DataFrame:
     """The rows the claims use: grid generations after the freeze with a score."""
-    return df[df["kind"].eq("grid") & ~df["pre_freeze"] & df["correct"].notna()]
+    return df[~df["pre_freeze"] & df["correct"].notna()]
 
 
 # --- Parquet with provenance --------------------------------------------------------------

@@ -271,9 +271,7 @@ def provenance_section(doc: Document, claims_doc: Mapping, scores: pd.DataFrame 
             n = int(scores["uncertified"].sum())
             lines.append(f"uncertified randomized runs: {n} (tokens evicted with no random tail, e.g. sinks + window "
                          "above a short prompt's budget: no certificate, signals missing, never zero)")
-        kinds = scores["kind"].value_counts().to_dict()
-        lines.append(f"records: {len(scores)} ({', '.join(f'{k}: {v}' for k, v in kinds.items())}); "
-                     f"only grid records after the freeze are scored")
+        lines.append(f"records: {len(scores)}; only records made after the freeze are scored")
     for rp in replay_prov:
         lines.append(f"replay: model {rp.get('model')}, {rp.get('examples')} examples, budgets {rp.get('budgets')}, "
                      f"{rp.get('draws')} draws, {rp.get('later_queries')} later queries, layers {rp.get('layers')}, "

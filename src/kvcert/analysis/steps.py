@@ -264,7 +264,7 @@ def run_summary(df) -> dict:
     """Generation counts, full-cache accuracy {task: {length: accuracy}} and wall time of the runs."""
     if df is None or df.empty:
         return {"generations": {"total": 0, "by_cell": {}}, "full_cache_accuracy": {}, "wall_time_seconds": None}
-    grid = df[df["kind"] == "grid"]
+    grid = df
     by_cell = grid.groupby(["condition", "method", "budget"]).size()
     cells = {f"{c}/{m}/{b:g}": int(n) for (c, m, b), n in by_cell.items()}
     full = grid[grid["condition"] == "full"]

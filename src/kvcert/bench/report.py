@@ -1,7 +1,7 @@
 """``kvcert bench report``: scoring, claims and the report from paper-scale records.
 
 Simulates the paper's main grid — 4 models × 2 lengths × 710 examples × 13 runs =
-73,840 generation records (:func:`kvcert.analysis.synthetic.paper_records`, the
+73,840 generation records (:func:`kvcert.testing.paper_records`, the
 engine's record schema with 24 decode steps and 28 layers of certificate trace) plus
 a multi-turn cell, writes them as shards of 150 records under a frozen copy of the
 pre-registration, optionally with a synthetic replay table, then times the three
@@ -27,7 +27,7 @@ PAPER_TASKS = {"longbench_qasper": 150, "longbench_multifieldqa_en": 150, "longb
 def run(args) -> int:
     from kvcert.analysis.load import write_table
     from kvcert.analysis.steps import claims_step, report_step, score_step
-    from kvcert.analysis.synthetic import frozen_copy, multiturn_records, paper_records, replay_frame, write_shard
+    from kvcert.testing import frozen_copy, multiturn_records, paper_records, replay_frame, write_shard
 
     source = Path(args.prereg)
     if not (source / "claims.yaml").exists():

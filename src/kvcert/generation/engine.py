@@ -36,8 +36,9 @@ from ..press import EvictionPress
 from ..scorers import get_scorer
 from ..tasks.scoring import score_record
 from ..tasks.prompting import build_prompt_ids
-from .signals import CertificateTrace, confidence
-from .spec import GenerationSpec, MethodSpec
+from .record import PROVENANCE_FIELDS, GenerationRecord
+from .signals import CertificateTrace, StepSignals, attention_entropy, confidence, evicted_mass, next_token_signals
+from .spec import GenerationSpec
 
 
 def example_seed(seed: int, example_id: str) -> int:
@@ -81,7 +82,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.spec = spec
-        self.provenance = dict(provenance or {})
+        self.provenance = {key: None for key in PROVENANCE_FIELDS} | dict(provenance or {})
         self.device = next(model.parameters()).device
         self.eos = eos_ids(model, tokenizer)
         self.num_layers = model.config.get_text_config().num_hidden_layers
@@ -135,7 +136,7 @@ class Engine:
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         ids, question_start = build_prompt_ids(self.tokenizer, record)
         limit = int(record.metadata.get("max_new_tokens") or max_new_tokens or spec.max_new_tokens)
-        cache = CertifiedCache(record_certificates=spec.method.randomized)
+        cache = CertifiedCache(record_certificates=spec.method.randomized, record_entropy=not spec.method.is_full)
         press = self.press(record.id, spec.budget)
         trace = CertificateTrace(spec.certificate.delta, spec.certificate.aggregations, self.num_layers,
                                  unit_roundoff(next(self.model.parameters()).dtype))
@@ -146,29 +147,33 @@ class Engine:
         _sync(self.device)
         t1 = time.perf_counter()
         kept_fraction = cache.kept_fraction()
+        mass = evicted_mass(cache.layers, spec.certificate.aggregations)
         tokens: list[int] = []
         logprobs: list[float] = []
+        signals = StepSignals(attention=not spec.method.is_full)
         for step in range(limit):
             for s in cache.pop_steps():
                 trace.add(s)
+                signals.add_attention(attention_entropy(s))
             lp = torch.log_softmax(logits.float(), dim=-1)
             tok = int(lp.argmax())
             tokens.append(tok)
             logprobs.append(float(lp[tok]))
+            signals.add_next_token(*next_token_signals(lp))
             if tok in self.eos or step == limit - 1:
                 break
             logits = self._forward([tok], cache)
         _sync(self.device)
         t2 = time.perf_counter()
 
-        return self.record(record, spec, ids, question_start, tokens, logprobs, trace, kept_fraction,
+        return self.record(record, spec, ids, question_start, tokens, logprobs, trace, kept_fraction, signals, mass,
                            prefill_seconds=t1 - t0, decode_seconds=t2 - t1, kv_bytes_peak=cache.peak_nbytes,
                            kv_bytes_final=cache.nbytes(), sketch_bytes=cache.sketch_nbytes(), started=started)
 
     def record(self, record, spec: GenerationSpec, ids: list[int], question_start: int, tokens: list[int],
-               logprobs: list[float], trace: CertificateTrace, kept_fraction: list[float], *,
-               prefill_seconds: float, decode_seconds: float, kv_bytes_peak: int, kv_bytes_final: int,
-               sketch_bytes: int, started: str) -> dict:
+               logprobs: list[float], trace: CertificateTrace, kept_fraction: list[float], signals: StepSignals,
+               evicted: dict | None, *, prefill_seconds: float, decode_seconds: float, kv_bytes_peak: int,
+               kv_bytes_final: int, sketch_bytes: int, started: str) -> dict:
         """The JSON-ready generation record of one run (shared by the batch-1 and the forked path)."""
         answer_tokens = [t for t in tokens if t not in self.eos]
         # the raw decoded answer, as LongBench's pred.py writes it: the benchmarks' own
@@ -176,64 +181,19 @@ class Engine:
         answer = self.tokenizer.decode(answer_tokens, skip_special_tokens=True)
         value = score_record(record, answer) if record.answers else None
         m = spec.method
-        return {
-            "example_id": record.id,
-            "task": record.task,
-            "target_tokens": record.metadata.get("target_tokens"),
-            "prompt_tokens": len(ids),
-            "question_tokens": len(ids) - question_start,
-            "model": spec.model.name,
-            "condition": spec.condition,
-            "method": m.name,
-            "scorer": m.scorer,
-            "sampler": m.sampler,
-            "allocation": None if m.is_full else m.allocation,
-            "budget": float(spec.budget),
-            "seed": spec.seed,
-            "answer": answer,
-            "tokens": tokens,
-            "token_logprobs": logprobs,
-            **confidence(logprobs),
-            "answers": list(record.answers),
-            "score": value,
-            "certificate": (certificate := trace.to_record()),
-            "certificate_status": certificate_status(m, certificate, kept_fraction),
-            "certificate_robust": trace.robust_record(),
-            "kept_fraction": kept_fraction,
-            "prefill_seconds": prefill_seconds,
-            "decode_seconds": decode_seconds,
-            "decode_steps": len(tokens),
-            "kv_bytes_peak": kv_bytes_peak,
-            "kv_bytes_final": kv_bytes_final,
-            "sketch_bytes": sketch_bytes,
-            "metadata": dict(record.metadata),
-            "started_utc": started,
-            **self.provenance,
-        }
-
-    def recompute(self, record) -> dict:
-        """Regenerate with the full cache from the record's token ids (what a gate triggers)."""
-        full_spec = replace(self.spec, condition="full", budget=1.0, method=MethodSpec(), chunk_tokens=None)
-        full = Engine(self.model, self.tokenizer, full_spec, self.provenance)
-        out = full.run(record)
-        out["recompute_of"] = {"method": self.spec.method.name, "condition": self.spec.condition,
-                               "budget": float(self.spec.budget)}
-        return out
-
-    def escalate(self, record, budgets: list[float], threshold: float, aggregation: str = "mean") -> dict:
-        """Budget escalation: rerun at the next larger budget while the certificate exceeds ``threshold``.
-
-        The certificate of a run is the mean over decode steps of the per-step radius
-        aggregated with ``aggregation``. Returns the last run, with the escalation path.
-        """
-        path = []
-        out = None
-        for b in sorted(budgets):
-            out = self.run(record, budget=b)
-            cert = out["certificate"]
-            value = None if cert is None else sum(cert["steps"][aggregation]) / len(cert["steps"][aggregation])
-            path.append({"budget": b, "certificate": value})
-            if value is None or value <= threshold:
-                break
-        out["escalation"] = path
-        return out
+        certificate = trace.to_record()
+        return GenerationRecord(
+            example_id=record.id, task=record.task, target_tokens=record.metadata.get("target_tokens"),
+            prompt_tokens=len(ids), question_tokens=len(ids) - question_start, model=spec.model.name,
+            condition=spec.condition, method=m.name, scorer=m.scorer, sampler=m.sampler,
+            allocation=None if m.is_full else m.allocation, budget=float(spec.budget), seed=spec.seed,
+            answer=answer, tokens=tokens, token_logprobs=logprobs, **confidence(logprobs),
+            answers=list(record.answers), score=value,
+            certificate=certificate, certificate_status=certificate_status(m, certificate, kept_fraction),
+            certificate_robust=trace.robust_record(), kept_fraction=kept_fraction,
+            output_entropy_steps=signals.output_entropy, top2_margin_steps=signals.top2_margin,
+            attention_entropy_steps=signals.attention_entropy, evicted_mass=evicted,
+            prefill_seconds=prefill_seconds, decode_seconds=decode_seconds, decode_steps=len(tokens),
+            kv_bytes_peak=kv_bytes_peak, kv_bytes_final=kv_bytes_final, sketch_bytes=sketch_bytes,
+            metadata=dict(record.metadata), started_utc=started, **self.provenance,
+        ).to_dict()

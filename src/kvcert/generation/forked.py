@@ -43,7 +43,7 @@ from ..fork import (Branch, ForkingCache, join_view_caches, row_nbytes, row_view
                     take_cache_rows, width_buckets)
 from ..tasks.prompting import build_prompt_ids
 from .engine import Engine, _sync
-from .signals import CertificateTrace, add_rows
+from .signals import CertificateTrace, StepSignals, add_rows, attention_entropy, evicted_mass, next_token_signals
 
 
 def forkable(engine: Engine) -> bool:
@@ -55,8 +55,13 @@ def _limit(record, spec) -> int:
     return int(record.metadata.get("max_new_tokens") or spec.max_new_tokens)
 
 
-def _fold(traces, cache, steps, positions) -> None:
-    """Fold a forward's certificates into the traces of the rows at ``positions`` (None: no certificate)."""
+def _fold(traces, signals, cache, steps, positions) -> None:
+    """Fold a forward's certificates and attention entropies into the traces and step signals of the
+    rows at ``positions`` (a trace None: no certificate)."""
+    for step in steps:
+        entropy = attention_entropy(step)
+        for pos, sig in zip(positions, signals):
+            sig.add_attention(entropy, pos)
     rows = [(pos, trace) for pos, trace in zip(positions, traces) if trace is not None]
     if not rows:
         return
@@ -107,6 +112,8 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
 
     record_certs = any(t is not None for t in traces)
     sources = {i: branches[i].layers if i in branches else shared.layers for i in range(len(engines))}
+    mass = {i: evicted_mass(sources[i], s.certificate.aggregations) for i, s in enumerate(specs)}
+    signals = [StepSignals(attention=not s.method.is_full) for s in specs]
     peak = {i: b.peak_nbytes for i, b in branches.items()}
     del shared, branches  # the forks live on in the stacks
     # decode batches: every row in one, unless padding short rows to a long one (the full cache)
@@ -118,7 +125,8 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
         rest = [i for i in bucket if conds[i] != "streaming"]
         order = stream + rest  # batch row -> run index
         # one stack for the bucket, with room for the feeds; each group's forward runs on a view of its rows
-        batch = stacked_cache([sources[i] for i in order], record_certs, room=max(len(question), 1))
+        batch = stacked_cache([sources[i] for i in order], record_certs, room=max(len(question), 1),
+                              record_entropy=any(not specs[i].method.is_full for i in order))
         views, logits, start = [], [], 0
         for members, feed in ((stream, question), (rest, ids[-1:])):
             if not members:
@@ -128,7 +136,8 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
             out = _forward_rows(model, view, feed, len(members), device)
             _sync(device)
             dt = time.perf_counter() - t
-            _fold([traces[i] for i in members], view, view.pop_steps(), range(len(members)))
+            _fold([traces[i] for i in members], [signals[i] for i in members], view, view.pop_steps(),
+                  range(len(members)))
             for pos, i in enumerate(members):
                 prefill_seconds[i] = t_shared / len(engines) + dt / len(members)
                 kept_fraction[i] = [float(layer.kept[pos].float().mean()) / layer.seen for layer in view.layers]
@@ -153,10 +162,12 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
             best = lp.argmax(-1)
             picked = lp.gather(-1, best.unsqueeze(-1)).squeeze(-1)
             best, picked = best.tolist(), picked.tolist()
+            entropy, margin = next_token_signals(lp)
             finished = []
             for pos, i in enumerate(active):
                 tokens[i].append(best[pos])
                 logprobs[i].append(picked[pos])
+                signals[i].add_next_token(entropy[pos : pos + 1], margin[pos : pos + 1])
                 if best[pos] in eos or len(tokens[i]) == limits[i]:
                     finished.append(pos)
             for pos in finished:
@@ -167,7 +178,8 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
                     record, specs[i], ids, question_start, tokens[i], logprobs[i],
                     traces[i] or CertificateTrace(specs[i].certificate.delta, specs[i].certificate.aggregations,
                                                   engines[i].num_layers, roundoff),
-                    kept_fraction[i], prefill_seconds=prefill_seconds[i], decode_seconds=decode_seconds[i],
+                    kept_fraction[i], signals[i], mass[i], prefill_seconds=prefill_seconds[i],
+                    decode_seconds=decode_seconds[i],
                     kv_bytes_peak=max(peak.get(i, 0), final), kv_bytes_final=final, sketch_bytes=sketch,
                     started=started,
                 )
@@ -180,7 +192,8 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
                 active = entry[1] = [active[pos] for pos in keep]
             x = torch.tensor([tokens[i][-1] for i in active], dtype=torch.long, device=device).unsqueeze(-1)
             entry[2] = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-            _fold([traces[i] for i in active], cache, cache.pop_steps(), range(len(active)))
+            _fold([traces[i] for i in active], [signals[i] for i in active], cache, cache.pop_steps(),
+                  range(len(active)))
             _sync(device)
             dt = time.perf_counter() - t
             for i in active:

@@ -1,4 +1,6 @@
-"""Per-generation signals: the certificate per decode step, confidence, kept fractions.
+"""Per-generation signals: the certificate per decode step, confidence, kept fractions, and
+the comparison signals of issue 18 (next-token entropy and top-2 margin, attention entropy
+over the retained tokens, evicted-score mass).
 
 The certificate of one step is the radius ε_δ = sqrt(2 V̂ L) + (2/3) b̂ L of every
 (layer, query head) at the query that predicts the next token, aggregated over layers
@@ -21,6 +23,7 @@ import torch
 
 from ..cache import StepCertificates
 from ..certificate import aggregate, anytime_radius, bernstein_radius, robust_radius
+from .record import certificate_field, evicted_mass_field
 
 
 class _Block:
@@ -66,14 +69,7 @@ class _Block:
                 block.first_step_layers = per_layer
 
     def record(self, delta: float, variance_mean: list[float]) -> dict:
-        return {
-            "delta": delta,
-            "steps": self.steps,
-            "anytime_steps": self.anytime,
-            "relative_steps": self.relative,
-            "variance_mean_steps": variance_mean,
-            "first_step_layers": self.first_step_layers,
-        }
+        return certificate_field(delta, self.steps, self.anytime, self.relative, variance_mean, self.first_step_layers)
 
 
 class CertificateTrace:
@@ -152,6 +148,62 @@ def add_rows(traces: list[CertificateTrace], step: StepCertificates, rows: list[
                         robust_radius(var, rng, sv, delta, t, floor=floor), norm, layers_)
         for tr, vm in zip(traces_, var.mean(dim=(1, 2)).tolist()):
             tr.variance_mean.append(vm)
+
+
+class StepSignals:
+    """The per-step comparison signals of one generation (issue 18), one value per decode step:
+    next-token entropy and top-2 margin, and (for a compressed cache) the attention entropy."""
+
+    def __init__(self, attention: bool):
+        self.output_entropy: list[float] = []
+        self.top2_margin: list[float] = []
+        self.attention_entropy: list[float] | None = [] if attention else None
+
+    def add_next_token(self, entropy: list[float], margin: list[float]) -> None:
+        self.output_entropy.append(entropy[0])
+        self.top2_margin.append(margin[0])
+
+    def add_attention(self, values: list[float] | None, row: int = 0) -> None:
+        if values is not None and self.attention_entropy is not None:
+            self.attention_entropy.append(values[row])
+
+
+def next_token_signals(logprobs: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per row of next-token log-probabilities [..., V]: the distribution's entropy
+    H = −Σ_v p_v log p_v (nats) and its top-2 margin p_(1) − p_(2) (issue 18's output-side signals)."""
+    lp = logprobs.double()
+    p = lp.exp()
+    entropy = -torch.where(p > 0, p * lp, 0.0).sum(-1)
+    top = p.topk(min(2, p.shape[-1]), dim=-1).values
+    margin = top[..., 0] - (top[..., 1] if top.shape[-1] > 1 else 0.0)
+    return entropy.reshape(-1).tolist(), margin.reshape(-1).tolist()
+
+
+def attention_entropy(step: StepCertificates) -> list[float] | None:
+    """The mean over compressed layers and query heads of the attention entropy at the forward's
+    last query (the one predicting the next token), per batch row; None without any."""
+    if not step.entropy:
+        return None
+    stacked = torch.stack([step.entropy[i][:, :, -1] for i in sorted(step.entropy)]).double()  # [layers, B, Hq]
+    return stacked.mean(dim=(0, 2)).tolist()
+
+
+def evicted_mass(layers, aggregations: tuple[str, ...], row: int = 0) -> dict | None:
+    """The record's ``evicted_mass`` field from the layers' :class:`~kvcert.cache.ScoreMass` of batch
+    ``row``: per (layer, KV head) the evicted share of the scorer's importance mass (0 where the
+    mass is 0), aggregated over layers × KV heads with each aggregation; realised, and expected
+    (Σ(1 − π) s / Σ s) for the randomized samplers. None when nothing was compressed (the full cache)."""
+    masses = [layer.score_mass for layer in layers if getattr(layer, "score_mass", None) is not None]
+    if not masses:
+        return None
+    total = torch.stack([m.total[row] for m in masses])  # [layers, Hkv]
+    share = lambda x: torch.where(total > 0, x / total.clamp(min=1e-300), 0.0)  # noqa: E731
+    realised = share(torch.stack([m.evicted[row] for m in masses]))
+    fold = lambda x: {a: float(aggregate(x, a, (0, 1))) for a in aggregations}  # noqa: E731
+    expected = None
+    if all(m.expected is not None for m in masses):
+        expected = fold(share(torch.stack([m.expected[row] for m in masses])))
+    return evicted_mass_field(fold(realised), expected)
 
 
 def confidence(logprobs: list[float]) -> dict[str, float | None]:

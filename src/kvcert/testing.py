@@ -1,12 +1,15 @@
-"""Synthetic generation records: the engine's record schema with planted effects.
+"""Test fixtures: synthetic generation records and replay tables with planted effects.
 
 Used by the known-answer tests (records built so a claim's verdict is known) and by
-``kvcert bench report`` (paper-shaped records at paper scale). Nothing here is a
-result: every number is drawn from the stated generative model.
+``kvcert bench report`` (paper-shaped records at paper scale); no pipeline stage imports
+it. Nothing here is a result: every number is drawn from the stated generative model.
 
-:func:`make_record` builds one record with every field the engine writes
-(:data:`kvcert.analysis.load.REQUIRED_FIELDS`); its certificate trace is constant over
-decode steps, so every aggregation of it equals ``signal`` (the robust certificate's, 1.25 × ``signal``).
+:func:`make_record` builds one :class:`~kvcert.generation.record.GenerationRecord`
+(the type the engine builds, so a fixture has exactly its fields); its certificate trace
+is constant over decode steps, so every aggregation of it equals ``signal`` (the robust
+certificate's, 1.25 × ``signal``). The comparison signals (issue 18) are constant over
+steps too: ``signals`` maps ``output_entropy``, ``top2_margin``, ``attention_entropy``,
+``evicted_mass``, ``evicted_mass_expected`` to the value every step / aggregation takes.
 
 :func:`paper_records` simulates the paper's main grid — models × lengths × tasks ×
 examples × 13 runs (the full cache, and {aware, streaming} × {12.5, 25, 50} % ×
@@ -27,6 +30,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .generation.record import GenerationRecord, certificate_field, evicted_mass_field
+
 AGGREGATIONS = ("max", "mean", "rms")
 GRID_BUDGETS = (0.125, 0.25, 0.5)
 GRID_CONDITIONS = ("aware", "streaming")
@@ -36,14 +41,16 @@ GRID_SAMPLERS = ("topk", "poisson")
 def certificate_block(signal: float, steps: int, layers: int, delta: float = 0.1) -> dict:
     """A certificate trace whose every step and aggregation equals ``signal`` (relative and absolute)."""
     per_step = [float(signal)] * steps
-    return {
-        "delta": delta,
-        "steps": {a: list(per_step) for a in AGGREGATIONS},
-        "anytime_steps": {a: [float(signal) * (1.0 + 0.1 * math.log1p(t)) for t in range(steps)] for a in AGGREGATIONS},
-        "relative_steps": {a: list(per_step) for a in AGGREGATIONS},
-        "variance_mean_steps": [float(signal) ** 2 / 10.0] * steps,
-        "first_step_layers": {a: [float(signal)] * layers for a in AGGREGATIONS},
-    }
+    return certificate_field(
+        delta, {a: list(per_step) for a in AGGREGATIONS},
+        {a: [float(signal) * (1.0 + 0.1 * math.log1p(t)) for t in range(steps)] for a in AGGREGATIONS},
+        {a: list(per_step) for a in AGGREGATIONS}, [float(signal) ** 2 / 10.0] * steps,
+        {a: [float(signal)] * layers for a in AGGREGATIONS},
+    )
+
+
+DEFAULT_SIGNALS = {"output_entropy": 0.5, "top2_margin": 0.5, "attention_entropy": 2.0, "evicted_mass": 0.3,
+                   "evicted_mass_expected": 0.3}
 
 
 def make_record(
@@ -51,9 +58,9 @@ def make_record(
     sampler: str | None = "poisson", budget: float = 0.25, seed: int = 0, score: float | None = 1.0,
     signal: float | None = None, mean_logprob: float | None = -0.5, prereg_hash: str = "h",
     started_utc: str = "2030-01-01T00:00:00+00:00", turn_distance: int | None = None, decode_steps: int = 4,
-    layers: int = 4, **extra,
+    layers: int = 4, signals: dict | None = None, **extra,
 ) -> dict:
-    """One generation record (``condition="full"`` gives the full-cache run)."""
+    """One generation record (``condition="full"`` gives the full-cache run); ``extra`` replaces fields."""
     full = condition == "full"
     if full:
         sampler, budget = None, 1.0
@@ -66,18 +73,24 @@ def make_record(
     metadata = {"target_tokens": target_tokens, "depth": 50}
     if turn_distance is not None:
         metadata["turn_distance"] = turn_distance
-    record = {
-        "example_id": example_id, "task": task, "target_tokens": target_tokens, "prompt_tokens": target_tokens,
-        "question_tokens": 20, "model": model, "condition": condition, "method": method,
-        "scorer": None if full else "snapkv", "sampler": sampler, "allocation": None if full else "uniform",
-        "budget": float(budget), "seed": seed, "answer": "x", "tokens": tokens,
-        "token_logprobs": [lp] * decode_steps, "mean_logprob": mean_logprob,
-        "min_logprob": None if mean_logprob is None else lp - 1.0, "answers": ["x"], "score": score,
-        "certificate": cert, "certificate_robust": robust, "kept_fraction": [float(budget)] * layers, "prefill_seconds": 0.01,
-        "decode_seconds": 0.01, "decode_steps": decode_steps, "kv_bytes_peak": 1000, "kv_bytes_final": 500, "sketch_bytes": 10,
-        "metadata": metadata, "started_utc": started_utc, "config_hash": "c0ffee", "prereg_hash": prereg_hash,
-        "git_commit": "0" * 40, "kvcert_version": "0.1.0",
-    }
+    sig = {**DEFAULT_SIGNALS, **(signals or {})}
+    mass = None if full else evicted_mass_field({a: sig["evicted_mass"] for a in AGGREGATIONS},
+                                                 {a: sig["evicted_mass_expected"] for a in AGGREGATIONS}
+                                                 if randomized else None)
+    record = GenerationRecord(
+        example_id=example_id, task=task, target_tokens=target_tokens, prompt_tokens=target_tokens,
+        question_tokens=20, model=model, condition=condition, method=method, scorer=None if full else "snapkv",
+        sampler=sampler, allocation=None if full else "uniform", budget=float(budget), seed=seed, answer="x",
+        tokens=tokens, token_logprobs=[lp] * decode_steps, mean_logprob=mean_logprob,
+        min_logprob=None if mean_logprob is None else lp - 1.0, answers=["x"], score=score,
+        certificate=cert, certificate_status=("certified" if cert is not None else None) if randomized else None,
+        certificate_robust=robust, kept_fraction=[float(budget)] * layers,
+        output_entropy_steps=[sig["output_entropy"]] * decode_steps, top2_margin_steps=[sig["top2_margin"]] * decode_steps,
+        attention_entropy_steps=None if full else [sig["attention_entropy"]] * decode_steps, evicted_mass=mass,
+        prefill_seconds=0.01, decode_seconds=0.01, decode_steps=decode_steps, kv_bytes_peak=1000, kv_bytes_final=500,
+        sketch_bytes=10, metadata=metadata, started_utc=started_utc, config_hash="c0ffee", prereg_hash=prereg_hash,
+        git_commit="0" * 40, kvcert_version="0.1.0",
+    ).to_dict()
     record.update(extra)
     return record
 
@@ -138,7 +151,7 @@ def multiturn_records(
 
 def frozen_copy(source: str | Path, dest: str | Path):
     """Copy a pre-registration (claims.yaml, grids/) to ``dest`` and freeze the copy; returns the freeze."""
-    from ..prereg import freeze
+    from .prereg import freeze
 
     source, dest = Path(source), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -150,7 +163,7 @@ def frozen_copy(source: str | Path, dest: str | Path):
 
 def write_shard(records, path: str | Path) -> Path:
     """Write records as a finished, sealed JSONL shard (one object per line)."""
-    from ..generation.shards import write_seal
+    from .generation.shards import write_seal
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,7 +189,7 @@ def replay_frame(
     """
     import pandas as pd
 
-    from .replay_stats import REPLAY_COLUMNS
+    from .analysis.replay_stats import REPLAY_COLUMNS
 
     rng = np.random.default_rng(seed)
     steps = later + 1

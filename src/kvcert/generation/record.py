@@ -1,0 +1,131 @@
+"""The generation record: one frozen type, defined once.
+
+:class:`GenerationRecord` is what one generation leaves behind. The engine builds it
+(:meth:`Engine.record <kvcert.generation.engine.Engine.record>`, shared by the batch-1
+and the forked path), the shards serialise it (:meth:`GenerationRecord.to_dict`, one
+JSON object per line), the analysis validates it (:meth:`GenerationRecord.from_dict`:
+every field present, no unknown field) and the test fixtures construct it
+(:mod:`kvcert.testing`). A new field goes here and nowhere else.
+
+Fields, in groups:
+
+* identity — the generation key (``model, task, target_tokens, example_id, condition,
+  method, budget, seed``) and the method's parts (scorer, sampler, allocation);
+* output — the raw decoded answer, its greedy tokens and their log-probabilities, the
+  task's reference answers and score;
+* certificates — the paper's plug-in certificate and the robust one
+  (:func:`certificate_field` is their layout), what the certificate field means
+  (``certificate_status``), the kept fraction per layer;
+* comparison signals (issue 18; definitions in ``claims.yaml``'s
+  ``analysis_plan.comparison_signals``) — per decode step the next-token distribution's
+  entropy and top-2 margin, the attention entropy over the retained tokens, and the
+  share of the scorer's importance mass that compression evicted;
+* cost — prefill and decode seconds, decode steps, KV bytes (peak, final), sketch bytes;
+* provenance — task metadata, UTC start, config hash, pre-registration hash, git commit,
+  kvcert version.
+
+Torch-free: the analysis imports it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+
+def certificate_field(delta: float, steps: dict, anytime_steps: dict, relative_steps: dict,
+                      variance_mean_steps: list, first_step_layers: dict | None) -> dict:
+    """The layout of a record's ``certificate`` / ``certificate_robust`` field: per aggregation
+    ("max", "mean", "rms") the radius of every decode step (``steps``), its anytime variant,
+    its relative variant (ε / ‖ô‖), the mean V̂ per step, and the first certified step per layer."""
+    return {
+        "delta": delta,
+        "steps": steps,
+        "anytime_steps": anytime_steps,
+        "relative_steps": relative_steps,
+        "variance_mean_steps": variance_mean_steps,
+        "first_step_layers": first_step_layers,
+    }
+
+
+def evicted_mass_field(realised: dict, expected: dict | None) -> dict:
+    """The layout of a record's ``evicted_mass`` field: per aggregation over (layer, KV head),
+    the realised share of the scorer's importance mass that compression removed, and (for the
+    randomized samplers) its expectation Σ(1 − π)·s / Σ s."""
+    return {"realised": realised, "expected": expected}
+
+
+#: the provenance group (:func:`kvcert.provenance.provenance` stamps them; None where a caller gave none)
+PROVENANCE_FIELDS = ("config_hash", "prereg_hash", "git_commit", "kvcert_version")
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """One generation (see the module docstring for the groups of fields)."""
+
+    # identity
+    example_id: str
+    task: str
+    target_tokens: int | None
+    prompt_tokens: int
+    question_tokens: int
+    model: str
+    condition: str
+    method: str
+    scorer: str | None
+    sampler: str | None
+    allocation: str | None
+    budget: float
+    seed: int
+    # output
+    answer: str
+    tokens: list
+    token_logprobs: list
+    mean_logprob: float | None
+    min_logprob: float | None
+    answers: list
+    score: float | None
+    # certificates
+    certificate: dict | None
+    certificate_status: str | None
+    certificate_robust: dict | None
+    kept_fraction: list
+    # comparison signals (issue 18)
+    output_entropy_steps: list
+    top2_margin_steps: list
+    attention_entropy_steps: list | None
+    evicted_mass: dict | None
+    # cost
+    prefill_seconds: float
+    decode_seconds: float
+    decode_steps: int
+    kv_bytes_peak: int
+    kv_bytes_final: int
+    sketch_bytes: int
+    # provenance
+    metadata: dict
+    started_utc: str
+    config_hash: str | None
+    prereg_hash: str | None
+    git_commit: str | None
+    kvcert_version: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready record (what a shard line holds)."""
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "GenerationRecord":
+        """The record of a shard line; ValueError naming the first missing or unknown field."""
+        names = cls.field_names()
+        for name in names:
+            if name not in data:
+                raise ValueError(f"generation record lacks the required field {name!r}")
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"generation record has unknown field(s) {', '.join(map(repr, unknown))}")
+        return cls(**{name: data[name] for name in names})
