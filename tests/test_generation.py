@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvcert import enable_certified_attention
 from kvcert.generation.engine import Engine
+from kvcert.generation.record import GenerationRecord
 from kvcert.generation.runner import run_job
 from kvcert.generation.shards import CorruptShardError, ShardWriter, read_records, record_key
 from kvcert.generation.spec import GenerationSpec
@@ -65,18 +66,12 @@ def engine(loaded, **kw):
     return Engine(model, tok, GenerationSpec.from_dict(job(**kw)), {"config_hash": "x", "prereg_hash": "p", "git_commit": "g"})
 
 
-RECORD_FIELDS = {
-    "example_id", "task", "model", "condition", "method", "budget", "seed", "answer", "tokens", "token_logprobs",
-    "mean_logprob", "min_logprob", "score", "certificate", "certificate_robust", "kept_fraction", "prefill_seconds",
-    "decode_seconds", "kv_bytes_peak", "kv_bytes_final", "sketch_bytes", "started_utc", "config_hash", "prereg_hash",
-    "git_commit", "metadata", "certificate_status",
-}
-
-
 def test_full_cache_record_and_greedy_equivalence(loaded, records):
     model, tok = loaded
     out = engine(loaded, condition="full").run(records[0])
-    assert RECORD_FIELDS <= set(out)
+    assert GenerationRecord.from_dict(out).to_dict() == out  # exactly the record type's fields
+    assert out["attention_entropy_steps"] is None and out["evicted_mass"] is None  # nothing compressed
+    assert len(out["output_entropy_steps"]) == len(out["top2_margin_steps"]) == out["decode_steps"]
     assert out["certificate"] is None and out["kept_fraction"] == [1.0, 1.0]
     from kvcert.tasks.prompting import build_prompt_ids
 

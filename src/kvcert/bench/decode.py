@@ -7,8 +7,11 @@ over key-norm importance, certainty set of sinks + window + top slice). The cach
 are filled directly with random keys and values (decode cost does not depend on their
 content), so no long prefill is needed. Also measured: the certificate's share of
 decode time (the same compacted cache decoded with and without recording it).
-Side by side in one process; medians of interleaved repeats.
-Last line: ``kv_bytes_ratio_25=<ratio> decode_time_ratio_25=<ratio>`` (25 % vs full, 16k).
+Also the comparison signals' cost (issue 18: next-token entropy and top-2 margin, attention
+entropy over the retained tokens): the 25 % caches of the Poisson and the top-k sampler
+decoded with and without them (worst over lengths). Side by side in one process; medians
+of interleaved repeats. Last line: ``kv_bytes_ratio_25=<ratio> decode_time_ratio_25=<ratio>
+signals_overhead_poisson=<ratio> signals_overhead_topk=<ratio>`` (25 % vs full, 16k).
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ def bench_model(seed: int = 0):
     return enable_certified_attention(model)
 
 
-def filled_cache(model, length: int, budget: float | None, seed: int, record: bool = True):
-    """A cache holding ``length`` random tokens per layer, compacted to ``budget`` (None = full)."""
+def filled_cache(model, length: int, budget: float | None, seed: int, record: bool = True, sampler: str = "poisson",
+                 entropy: bool = False):
+    """A cache holding ``length`` random tokens per layer, compacted to ``budget`` (None = full) by
+    ``sampler``; ``entropy``: record the attention entropy (the comparison signal of issue 18)."""
     import torch
 
     from ..cache import CertifiedCache
@@ -47,8 +52,8 @@ def filled_cache(model, length: int, budget: float | None, seed: int, record: bo
     cfg = model.config
     gen = torch.Generator().manual_seed(seed)
     heads, dim = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    cache = CertifiedCache(record_certificates=record)
-    press = None if budget is None else EvictionPress(scorer="knorm", budget=budget, sampler="poisson", seed=seed)
+    cache = CertifiedCache(record_certificates=record, record_entropy=entropy)
+    press = None if budget is None else EvictionPress(scorer="knorm", budget=budget, sampler=sampler, seed=seed)
     for layer_idx in range(cfg.num_hidden_layers):
         keys = torch.randn(1, heads, length, dim, generator=gen)
         values = torch.randn(1, heads, length, dim, generator=gen)
@@ -61,14 +66,25 @@ def filled_cache(model, length: int, budget: float | None, seed: int, record: bo
     return cache
 
 
-def decode_steps(model, cache, steps: int, token: int = 7):
-    """Decode ``steps`` tokens, then drop them again so every repeat sees the same cache."""
+def decode_steps(model, cache, steps: int, token: int = 7, signals: bool = False):
+    """Decode ``steps`` tokens, then drop them again so every repeat sees the same cache.
+
+    ``signals``: also compute what the engine records per step beside the certificate (issue
+    18): the next-token distribution's entropy and top-2 margin, and the attention entropy
+    the cache recorded (a cache made with ``entropy=True``), folded as the engine folds them."""
     import torch
+
+    from ..generation.signals import StepSignals, attention_entropy, next_token_signals
 
     x = torch.tensor([[token]])
     lengths = [(layer.length, layer.seen, layer.kept.clone(), layer.undecided) for layer in cache.layers]
+    folded = StepSignals(attention=True)
     for _ in range(steps):
-        model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+        logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+        if signals:
+            folded.add_next_token(*next_token_signals(torch.log_softmax(logits.float(), dim=-1)))
+            for step in cache.pop_steps():
+                folded.add_attention(attention_entropy(step))
     for layer, (length, seen, kept, undecided) in zip(cache.layers, lengths):
         layer.length, layer.seen, layer.kept, layer.undecided = length, seen, kept, undecided
         layer._refresh_views()
@@ -83,7 +99,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     model = bench_model()
     steps = args.steps
-    results = {}
+    results, signal_ratio = {}, {}
     print("decode over a compacted cache: 4 layers, 8 query / 8 KV heads, head dim 64, fp32, batch 1")
     print(f"{'context':>8} {'budget':>7} {'ms/token':>9} {'time ratio':>11} {'KV MiB':>8} {'bytes ratio':>12} {'cert share':>11}")
     for length in args.lengths:
@@ -93,6 +109,12 @@ def run(args) -> int:
         plain25 = filled_cache(model, length, 0.25, 0, record=False)
         contenders = {name: (lambda c=c: decode_steps(model, c, steps)) for name, c in caches.items()}
         contenders["plain25"] = lambda: decode_steps(model, plain25, steps)
+        # the comparison signals' cost (issue 18): the same 25 % caches decoded with and without them
+        for sampler in ("poisson", "topk"):
+            bare = caches[0.25] if sampler == "poisson" else filled_cache(model, length, 0.25, 0, sampler=sampler)
+            signed = filled_cache(model, length, 0.25, 0, sampler=sampler, entropy=True)
+            contenders[f"bare_{sampler}"] = lambda c=bare: decode_steps(model, c, steps)
+            contenders[f"signals_{sampler}"] = lambda c=signed: decode_steps(model, c, steps, signals=True)
         med = interleaved_medians(contenders, repeats=args.repeats)
         full_t, full_b = med["full"] / steps, caches["full"].kv_nbytes()
         for name in ("full", *BUDGETS):
@@ -102,9 +124,16 @@ def run(args) -> int:
             label = "100%" if name == "full" else f"{name:.1%}"
             print(f"{length:>8} {label:>7} {t * 1e3:>9.2f} {t / full_t:>11.2f} {nbytes / 2**20:>8.1f} {nbytes / full_b:>12.3f} {share:>11}")
             results[(length, name)] = (t / full_t, nbytes / full_b)
+        for sampler in ("poisson", "topk"):
+            ratio = med[f"signals_{sampler}"] / med[f"bare_{sampler}"]
+            print(f"{length:>8} {'25.0%':>7} comparison signals on {sampler} decode: "
+                  f"{med[f'signals_{sampler}'] / steps * 1e3:.2f} vs {med[f'bare_{sampler}'] / steps * 1e3:.2f} ms/token "
+                  f"(ratio {ratio:.3f})")
+            signal_ratio[sampler] = max(signal_ratio.get(sampler, 0.0), ratio)
     longest = max(args.lengths)
     time_ratio, bytes_ratio = results[(longest, 0.25)]
-    print(f"kv_bytes_ratio_25={bytes_ratio:.3f} decode_time_ratio_25={time_ratio:.3f}")
+    print(f"kv_bytes_ratio_25={bytes_ratio:.3f} decode_time_ratio_25={time_ratio:.3f} "
+          f"signals_overhead_poisson={signal_ratio['poisson']:.3f} signals_overhead_topk={signal_ratio['topk']:.3f}")
     return 0
 
 

@@ -171,7 +171,7 @@ class StepSignals:
 def next_token_signals(logprobs: torch.Tensor) -> tuple[list[float], list[float]]:
     """Per row of next-token log-probabilities [..., V]: the distribution's entropy
     H = −Σ_v p_v log p_v (nats) and its top-2 margin p_(1) − p_(2) (issue 18's output-side signals)."""
-    lp = logprobs.double()
+    lp = logprobs.float()
     p = lp.exp()
     entropy = -torch.where(p > 0, p * lp, 0.0).sum(-1)
     top = p.topk(min(2, p.shape[-1]), dim=-1).values

@@ -1,0 +1,137 @@
+"""The comparison signals every generation record carries (issue 18), against references.
+
+* attention entropy over the retained tokens (torch path of :func:`hajek_attention`) against
+  a float64 softmax over the same keys, with −log π offsets, padding (+inf) and causal queries;
+* next-token entropy and top-2 margin against their definitions on known distributions;
+* evicted-score mass: top-k's realised share against a direct count, the Poisson design's
+  expectation Σ(1 − π)s/Σs against the mean realised share over independent draws (a
+  Monte-Carlo check whose tolerance follows from the number of draws);
+* the engine's records: one value per decode step, None for the full cache, the same per
+  seed, and an attention entropy no larger than log(kept tokens).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kvcert.attention import hajek_attention
+from kvcert.cache import CompactLayer
+from kvcert.design import inclusion_probabilities
+from kvcert.generation.signals import evicted_mass, next_token_signals
+from kvcert.press import EvictionPress
+from kvcert.scorers.base import LayerObservation
+
+from test_generation import engine, loaded, model_dir, records, tokenizer  # noqa: F401 - fixtures
+
+
+def reference_entropy(q, k, log_pi, scaling, causal):
+    """Float64 entropy of softmax(q·k·scaling − log π) per (batch, query head, query)."""
+    b, hq, n_q, d = q.shape
+    hkv, length = k.shape[1], k.shape[2]
+    group = hq // hkv
+    z = torch.einsum("bhgqd,bhld->bhgql", q.double().reshape(b, hkv, group, n_q, d), k.double()) * scaling
+    z = z - log_pi.double()[:, :, None, None, :]
+    if causal:
+        last = length - n_q + torch.arange(n_q)
+        z = z.masked_fill(torch.arange(length)[None, :] > last[:, None], float("-inf"))
+    p = torch.softmax(z, -1)
+    return -torch.where(p > 0, p * torch.log(p), 0.0).sum(-1).reshape(b, hq, n_q)
+
+
+@pytest.mark.parametrize("causal,certificate", [(False, False), (True, False), (False, True), (True, True)])
+def test_attention_entropy_matches_float64(causal, certificate):
+    gen = torch.Generator().manual_seed(3)
+    b, hq, hkv, n_q, length, d = 2, 6, 3, 4, 50, 16
+    q, k, v = (torch.randn(*shape, generator=gen) for shape in ((b, hq, n_q, d), (b, hkv, length, d), (b, hkv, length, d)))
+    log_pi = torch.where(torch.rand(b, hkv, length, generator=gen) < 0.5, 0.0, -2.0 * torch.rand(b, hkv, length, generator=gen))
+    log_pi[0, 1, 10:20] = float("inf")  # padding inside a head's row: excluded
+    res = hajek_attention(q, k, v, log_pi, 0.3, causal=causal, certificate=certificate, entropy=True, query_block=3)
+    ref = reference_entropy(q, k, log_pi, 0.3, causal)
+    assert res.entropy.dtype == torch.float32 and res.entropy.shape == (b, hq, n_q)
+    # fp32 logits: the entropy's error is a few ulps of its terms (|z| ≤ ~10 here)
+    assert torch.allclose(res.entropy.double(), ref, rtol=1e-5, atol=1e-5)
+    plain = hajek_attention(q, k, v, log_pi, 0.3, causal=causal, certificate=certificate)
+    assert plain.entropy is None and torch.equal(plain.output, res.output)  # asking for it changes nothing else
+
+
+def test_next_token_signals_on_known_distributions():
+    v = 1000
+    uniform = torch.log_softmax(torch.zeros(v), -1)
+    onehot = torch.log_softmax(torch.tensor([0.0] * (v - 1) + [200.0]), -1)
+    two = torch.log(torch.tensor([0.7, 0.2, 0.1]))
+    ent, margin = next_token_signals(torch.stack([uniform[:3] * 0 + math.log(1 / 3), two]))
+    assert ent[0] == pytest.approx(math.log(3), abs=1e-6) and margin[0] == pytest.approx(0.0, abs=1e-7)
+    h = -(0.7 * math.log(0.7) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1))
+    assert ent[1] == pytest.approx(h, abs=1e-6) and margin[1] == pytest.approx(0.5, abs=1e-6)
+    (e_u,), (m_u,) = next_token_signals(uniform)
+    (e_o,), (m_o,) = next_token_signals(onehot)
+    assert e_u == pytest.approx(math.log(v), abs=1e-4) and m_u == pytest.approx(0.0, abs=1e-6)
+    assert e_o == pytest.approx(0.0, abs=1e-6) and m_o == pytest.approx(1.0, abs=1e-6)
+
+
+def layer_and_obs(length=200, hkv=2, d=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    layer = CompactLayer()
+    k, v = torch.randn(1, hkv, length, d, generator=gen), torch.randn(1, hkv, length, d, generator=gen)
+    layer.update(k, v)
+    obs = LayerObservation(query=torch.randn(1, 2 * hkv, 8, d, generator=gen), key=layer.keys, value=layer.values,
+                           log_pi=None, scaling=d**-0.5, layer_idx=0, num_layers=1)
+    return layer, obs
+
+
+def test_topk_evicted_mass_is_the_evicted_share_of_the_scores():
+    layer, obs = layer_and_obs()
+    press = EvictionPress(scorer="snapkv", budget=0.25, sampler="topk")
+    scores = press.scorer(obs).double()
+    kept_before = layer.keys.clone()
+    press.compress_layer(layer, obs)
+    mass = evicted_mass([layer], ("max", "mean"))
+    # the kept keys are rows of the original keys: their scores' share is what was kept
+    shares = []
+    for h in range(kept_before.shape[1]):
+        kept = (layer.keys[0, h, : int(layer.kept[0, h])].unsqueeze(1) == kept_before[0, h].unsqueeze(0)).all(-1).any(0)
+        shares.append(float(scores[0, h][~kept].sum() / scores[0, h].sum()))
+    assert mass["realised"]["mean"] == pytest.approx(sum(shares) / len(shares), rel=1e-9)
+    assert mass["realised"]["max"] == pytest.approx(max(shares), rel=1e-9)
+    assert mass["expected"] is None
+
+
+def test_poisson_expected_evicted_mass_is_the_mean_realised_share():
+    draws = 400
+    realised = []
+    for seed in range(draws):
+        layer, obs = layer_and_obs()
+        press = EvictionPress(scorer="snapkv", budget=0.25, sampler="poisson", seed=seed)
+        press.compress_layer(layer, obs)
+        mass = evicted_mass([layer], ("mean",))
+        realised.append(mass["realised"]["mean"])
+        expected = mass["expected"]["mean"]
+    # the expectation is the same for every draw (π depends on the scores only)
+    layer, obs = layer_and_obs()
+    press = EvictionPress(scorer="snapkv", budget=0.25, sampler="poisson")
+    s = press.scorer(obs).double()
+    pi = inclusion_probabilities(press.scorer(obs), torch.full((1, 2), round(0.25 * 200)), press.design)
+    direct = float(((s * (1 - pi)).sum(-1) / s.sum(-1)).mean())
+    assert expected == pytest.approx(direct, rel=1e-9)
+    mean = sum(realised) / draws
+    sd = (sum((r - mean) ** 2 for r in realised) / (draws - 1)) ** 0.5
+    assert abs(mean - expected) <= 4.0 * sd / draws**0.5 + 1e-12  # 4 standard errors
+
+
+@pytest.mark.parametrize("condition,sampler", [("aware", "poisson"), ("streaming", "topk"), ("aware", "priority")])
+def test_engine_records_one_signal_per_step(loaded, records, condition, sampler):
+    out = engine(loaded, condition=condition, sampler=sampler).run(records[0])
+    again = engine(loaded, condition=condition, sampler=sampler).run(records[0])
+    n = out["decode_steps"]
+    assert len(out["output_entropy_steps"]) == len(out["top2_margin_steps"]) == len(out["attention_entropy_steps"]) == n
+    kept = min(out["kept_fraction"]) * out["prompt_tokens"] + out["question_tokens"] + n
+    assert all(0.0 <= h <= math.log(kept) + 1e-6 for h in out["attention_entropy_steps"])
+    assert all(0.0 <= m <= 1.0 for m in out["top2_margin_steps"])
+    mass = out["evicted_mass"]
+    assert 0.0 < mass["realised"]["mean"] < 1.0 and set(mass["realised"]) == {"max", "mean", "rms"}
+    assert (mass["expected"] is None) == (sampler == "topk")
+    for key in ("output_entropy_steps", "top2_margin_steps", "attention_entropy_steps", "evicted_mass"):
+        assert out[key] == again[key]  # same seed, same signals
