@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from kvcert.tasks.locomo import (
     CATEGORY_NAMES, MAX_NEW_TOKENS, NO_INFORMATION, category_means, f1_score, load_locomo,
     locomo_records, multi_answer_f1, normalize_answer, question_prompt, render_conversation,
-    resolve_adversarial_choice, score_locomo, score_record,
+    resolve_adversarial_choice, score_locomo, score_locomo_record,
 )
 from kvcert.tasks.prompting import build_prompt_ids
 
@@ -227,9 +227,9 @@ def test_records(tok):
     assert adversarial.answers == [NO_INFORMATION]
     assert adversarial.metadata["adversarial_answer"] == "a puppy"
     no_info = "(a)" if choices["a"] == NO_INFORMATION else "(b)"
-    assert score_record(adversarial, no_info) == 1.0
-    assert score_record(single, "2022") == 1.0
-    assert score_record(multi, "camping, painting") == 1.0
+    assert score_locomo_record(adversarial, no_info) == 1.0
+    assert score_locomo_record(single, "2022") == 1.0
+    assert score_locomo_record(multi, "camping, painting") == 1.0
 
 
 def test_records_are_seeded_and_filterable(tok):
@@ -256,5 +256,5 @@ def test_generate_and_score_with_a_random_init_model(tok):
                              max_new_tokens=record.metadata["max_new_tokens"])
     new = out[0, len(ids):].tolist()
     assert 0 < len(new) <= MAX_NEW_TOKENS
-    score = score_record(record, tok.decode(new, skip_special_tokens=True))
+    score = score_locomo_record(record, tok.decode(new, skip_special_tokens=True))
     assert 0.0 <= score <= 1.0

@@ -22,7 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from kvcert.tasks import longbench, longbench_metrics
 from kvcert.tasks.longbench import (
     DATASET2MAXLEN, DATASET2METRIC, DATASET2PROMPT, QA_DATASETS, REQUIRED_FIELDS,
-    load_longbench, longbench_records, middle_truncate, score_record, split_template,
+    load_longbench, longbench_records, middle_truncate, score_longbench_record, split_template,
 )
 from kvcert.tasks.longbench_metrics import (
     classification_score, code_sim_score, count_score, normalize_answer, qa_f1_score,
@@ -435,9 +435,9 @@ def test_generate_and_score_with_a_random_init_model(tok):
         new = out[0, len(ids):].tolist()
         assert 0 < len(new) <= 32
         predictions.append(tok.decode(new, skip_special_tokens=True))
-    scores = [score_record(r, p) for r, p in zip(records, predictions)]
+    scores = [score_longbench_record(r, p) for r, p in zip(records, predictions)]
     assert all(0.0 <= s <= 1.0 for s in scores)
     total = score_task("hotpotqa", predictions, [r.answers for r in records])
     assert total == round(100 * sum(scores) / len(scores), 2)
     # a perfect answer scores 1 through the same path
-    assert score_record(records[0], "lamp 0") == 1.0
+    assert score_longbench_record(records[0], "lamp 0") == 1.0

@@ -290,7 +290,7 @@ def test_score_dispatch_and_correctness():
     assert score("multiturn", "48", ["4821"]) == 0.0
     assert metrics.is_correct("needle", "x 1234567", ["1234567"])
     assert not metrics.is_correct("needle", "1234567", ["1234567", "9"])
-    with pytest.raises(KeyError, match="no scorer"):
+    with pytest.raises(KeyError, match="no answer metric"):
         score("nonexistent", "a", ["a"])
 
 
@@ -306,7 +306,7 @@ def test_registry_is_extensible(tok):
         assert score("toy", "it", ["it"]) == 1.0
     finally:
         TASKS.pop("toy")
-        metrics.SCORERS.pop("toy")
+        metrics.ANSWER_METRICS.pop("toy")
 
 
 # ---------------------------------------------------------------- records

@@ -144,10 +144,10 @@ def _options_of(task, length):
 
 
 def test_retrieval_probe_reproduces_the_models_attention(tok):
-    from kvcert.training.model import ModelSpec, build_model
+    from kvcert.training.model import ArchitectureSpec, build_model
     from kvcert.training.train import RetrievalProbe
 
-    spec = ModelSpec(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+    spec = ArchitectureSpec(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                      intermediate_size=64)
     model = build_model(spec, tok, seed=1)
     model.config._attn_implementation = "eager"
@@ -166,10 +166,10 @@ def test_retrieval_probe_reproduces_the_models_attention(tok):
 def test_head_output_is_what_the_head_writes_when_it_attends_to_one_token(tok):
     """At query 0 a causal head can only attend to position 0, so its real output there
     (the o_proj input slice, projected) must equal ``head_output`` at position 0."""
-    from kvcert.training.model import ModelSpec, build_model
+    from kvcert.training.model import ArchitectureSpec, build_model
     from kvcert.training.train import RetrievalProbe
 
-    spec = ModelSpec(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+    spec = ArchitectureSpec(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                      intermediate_size=64)
     model = build_model(spec, tok, seed=2)
     attention = model.model.layers[1].self_attn

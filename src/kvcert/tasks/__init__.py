@@ -2,7 +2,7 @@
 their scorers, and the rendering of a record into prompt token ids.
 
 ``TASKS`` maps a task name to a :class:`Task`: its ``generate(tokenizer, n_examples,
-target_tokens, seed, **options) -> list[TaskRecord]`` and its scorer. The synthetic
+target_tokens, seed, **options) -> list[TaskRecord]`` and its answer metric. The synthetic
 tasks (``needle``, ``lookalike``, ``multikey``, ``multiturn``) serve both the embedded model and the
 real models; further tasks (LongBench, LoCoMo loaders) register with
 :func:`register_task`.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from kvcert.tasks import lookalike, metrics, multikey, multiturn, needle
-from kvcert.tasks.metrics import SCORERS, Scorer, is_correct, register_scorer, score
+from kvcert.tasks.metrics import ANSWER_METRICS, AnswerMetric, is_correct, register_metric, score
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import RecordError, TaskRecord, read_jsonl, write_jsonl
 
@@ -23,24 +23,24 @@ Generator = Callable[..., list[TaskRecord]]
 
 @dataclass(frozen=True)
 class Task:
-    """A task name with its record generator (or loader) and its scorer."""
+    """A task name with its record generator (or loader) and its answer metric."""
 
     name: str
     generate: Generator
-    scorer: Scorer
+    metric: AnswerMetric
 
     def score(self, prediction: str, answers: list[str]) -> float:
-        return float(self.scorer(prediction, answers))
+        return float(self.metric(prediction, answers))
 
 
 TASKS: dict[str, Task] = {}
 
 
-def register_task(name: str, generate: Generator, scorer: Scorer) -> Task:
-    """Add a task to ``TASKS`` and its scorer to :data:`kvcert.tasks.metrics.SCORERS`."""
-    task = Task(name, generate, scorer)
+def register_task(name: str, generate: Generator, metric: AnswerMetric) -> Task:
+    """Add a task to ``TASKS`` and its answer metric to :data:`kvcert.tasks.metrics.ANSWER_METRICS`."""
+    task = Task(name, generate, metric)
     TASKS[name] = task
-    register_scorer(name, scorer)
+    register_metric(name, metric)
     return task
 
 
@@ -66,7 +66,7 @@ register_task("lookalike", lookalike.generate, metrics.string_match_all)
 SYNTHETIC_TASKS: tuple[str, ...] = ("needle", "multikey", "multiturn", "lookalike")
 
 __all__ = [
-    "RecordError", "SCORERS", "SYNTHETIC_TASKS", "TASKS", "Task", "TaskRecord",
+    "RecordError", "ANSWER_METRICS", "SYNTHETIC_TASKS", "TASKS", "Task", "TaskRecord",
     "build_prompt_ids", "generate", "get_task", "is_correct", "read_jsonl",
     "register_task", "score", "write_jsonl",
 ]

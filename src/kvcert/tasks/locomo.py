@@ -80,7 +80,7 @@ __all__ = [
     "CATEGORY_NAMES", "MAX_NEW_TOKENS", "NO_INFORMATION", "TASK", "category_means",
     "clean_prediction", "f1_score", "load_locomo", "locomo_records", "multi_answer_f1", "normalize_answer",
     "question_prompt", "render_conversation", "resolve_adversarial_choice", "score_locomo",
-    "score_record",
+    "score_locomo_record",
 ]
 
 TASK = "locomo"
@@ -357,7 +357,7 @@ def score_locomo(category: int, prediction: str, answer: Any,
     return f1_score(prediction, answer)
 
 
-def score_record(record: TaskRecord, prediction: str) -> float:
+def score_locomo_record(record: TaskRecord, prediction: str) -> float:
     """:func:`score_locomo` of a record built by :func:`locomo_records` (the raw reply)."""
     metadata = record.metadata
     return score_locomo(metadata["category"], prediction, record.answers[0], metadata.get("choices"))

@@ -36,7 +36,7 @@ lsht, none for lcc and repobench-p; the record's ``separator`` holds them, so
 ``pred.py`` applies no chat template at all to trec, triviaqa, samsum, lsht, lcc and
 repobench-p (``NO_CHAT_TEMPLATE_DATASETS``); kvcert renders every prompt through the
 model's chat template, so on those six its scores are not comparable with published
-ones. The raw prediction is scored (:func:`score_record`): ``eval.py`` strips nothing,
+ones. The raw prediction is scored (:func:`score_longbench_record`): ``eval.py`` strips nothing,
 so neither does kvcert (a leading space or a trailing newline changes the score).
 """
 
@@ -55,7 +55,7 @@ from kvcert.tasks.records import TaskRecord
 __all__ = [
     "DATASET2MAXLEN", "DATASET2METRIC", "DATASET2PROMPT", "NO_CHAT_TEMPLATE_DATASETS",
     "QA_DATASETS", "REQUIRED_FIELDS", "TASK_PREFIX", "load_longbench", "longbench_records",
-    "middle_truncate", "score_record", "split_template", "task_name",
+    "middle_truncate", "score_longbench_record", "split_template", "task_name",
 ]
 
 #: the official prompt templates (``config/dataset2prompt.json``), all 21 datasets.
@@ -416,7 +416,7 @@ def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: A
     return records
 
 
-def score_record(record: TaskRecord, prediction: str) -> float:
+def score_longbench_record(record: TaskRecord, prediction: str) -> float:
     """The LongBench score in [0, 1] of the raw ``prediction`` for one record (what
     ``eval.py`` scores: nothing stripped; the first-line cut of trec, triviaqa, samsum
     and lsht happens inside :func:`~kvcert.tasks.longbench_metrics.score_sample`)."""

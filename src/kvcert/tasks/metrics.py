@@ -6,7 +6,7 @@
   normalised tokens that occur in the normalised prediction.
 - :func:`normalize_answer` — LongBench's normalisation: lower-case, drop punctuation,
   drop the articles a/an/the, collapse whitespace (in that order).
-- :func:`score` — dispatch by task name (``SCORERS``).
+- :func:`score` — dispatch by task name (``ANSWER_METRICS``).
 
 All scores lie in [0, 1]. A prediction counts as *correct* when its score is at least
 :data:`CORRECT_THRESHOLD` (= 1): every reference found (needle) or every token of one
@@ -58,15 +58,15 @@ def recall(prediction: str, answers: list[str]) -> float:
     return best
 
 
-Scorer = Callable[[str, list[str]], float]
+AnswerMetric = Callable[[str, list[str]], float]
 
 
 def unscored(prediction: str, answers: list[str]) -> float:
     """Free text without gold answers (``kvcert.generate_answer``): no score (NaN)."""
     return float("nan")
 
-#: task name -> scorer; loaders that add tasks register their scorer here.
-SCORERS: dict[str, Scorer] = {
+#: task name -> answer metric; loaders that add tasks register their metric here.
+ANSWER_METRICS: dict[str, AnswerMetric] = {
     "needle": string_match_all,
     "lookalike": string_match_all,
     "multikey": recall,
@@ -75,20 +75,20 @@ SCORERS: dict[str, Scorer] = {
 }
 
 
-def register_scorer(task_name: str, scorer: Scorer) -> None:
-    """Add (or replace) the scorer of a task."""
-    SCORERS[task_name] = scorer
+def register_metric(task_name: str, scorer: AnswerMetric) -> None:
+    """Add (or replace) the answer metric of a task."""
+    ANSWER_METRICS[task_name] = scorer
 
 
 def score(task_name: str, prediction: str, answers: list[str]) -> float:
-    """Score ``prediction`` with the scorer of ``task_name``; a float in [0, 1]."""
+    """Score ``prediction`` with the answer metric of ``task_name``; a float in [0, 1]."""
     try:
-        scorer = SCORERS[task_name]
+        metric = ANSWER_METRICS[task_name]
     except KeyError:
         raise KeyError(
-            f"no scorer for task {task_name!r}; known: {', '.join(sorted(SCORERS))}"
+            f"no answer metric for task {task_name!r}; known: {', '.join(sorted(ANSWER_METRICS))}"
         ) from None
-    return float(scorer(prediction, answers))
+    return float(metric(prediction, answers))
 
 
 def is_correct(task_name: str, prediction: str, answers: list[str]) -> bool:

@@ -14,11 +14,11 @@ from .records import TaskRecord
 def score_record(record: TaskRecord, prediction: str) -> float:
     """The record's task score of ``prediction``."""
     if record.task.startswith("longbench_"):
-        from .longbench import score_record as longbench_score
+        from .longbench import score_longbench_record as longbench_score
 
         return float(longbench_score(record, prediction))
     if record.task == "locomo":
-        from .locomo import score_record as locomo_score
+        from .locomo import score_locomo_record as locomo_score
 
         return float(locomo_score(record, prediction))
     return float(score_answer(record.task, prediction, record.answers))

@@ -135,13 +135,13 @@ def evaluate_compressed(
     from kvcert.generation.engine import Engine
     from kvcert.generation.spec import GenerationSpec, MethodSpec
     from kvcert.integration import enable_certified_attention
-    from kvcert.models import ModelSpec as LoadSpec
+    from kvcert.models import ModelSpec
 
     tasks, lengths = list(tasks), list(lengths)
     previous = model.config._attn_implementation
     enable_certified_attention(model)
     spec = GenerationSpec(
-        model=LoadSpec(name="embedded"),
+        model=ModelSpec(name="embedded"),
         method=MethodSpec(name=f"{scorer}-{sampler}", scorer=scorer, sampler=sampler),
         condition=condition, budget=budget, seed=seed, max_new_tokens=MAX_NEW_TOKENS,
     )
@@ -196,7 +196,7 @@ def evaluate_regime(
     from kvcert.generation.engine import Engine
     from kvcert.generation.spec import GenerationSpec, MethodSpec
     from kvcert.integration import enable_certified_attention
-    from kvcert.models import ModelSpec as LoadSpec
+    from kvcert.models import ModelSpec
 
     tasks, lengths, cells, samplers = list(tasks), list(lengths), list(cells), list(samplers)
     previous = model.config._attn_implementation
@@ -204,12 +204,12 @@ def evaluate_regime(
     model.eval()
     enable_certified_attention(model)
     engines = {"full": Engine(model, tokenizer, GenerationSpec(
-        model=LoadSpec(name="embedded"), method=MethodSpec(), condition="full", budget=1.0,
+        model=ModelSpec(name="embedded"), method=MethodSpec(), condition="full", budget=1.0,
         seed=0, max_new_tokens=MAX_NEW_TOKENS))}
     for condition, budget in cells:
         for sampler in samplers:
             engines[(condition, budget, sampler)] = Engine(model, tokenizer, GenerationSpec(
-                model=LoadSpec(name="embedded"),
+                model=ModelSpec(name="embedded"),
                 method=MethodSpec(name=f"{scorer}-{sampler}", scorer=scorer, sampler=sampler),
                 condition=condition, budget=budget, seed=0, max_new_tokens=MAX_NEW_TOKENS))
     full: dict[str, dict[str, float]] = {}

@@ -15,7 +15,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ArchitectureSpec:
     hidden_size: int = 128
     num_layers: int = 4
     num_heads: int = 4
@@ -29,7 +29,7 @@ class ModelSpec:
         return asdict(self)
 
 
-def model_config(spec: ModelSpec, tokenizer: Any) -> LlamaConfig:
+def model_config(spec: ArchitectureSpec, tokenizer: Any) -> LlamaConfig:
     if spec.num_kv_heads >= spec.num_heads or spec.num_heads % spec.num_kv_heads:
         raise ValueError("the embedded model uses grouped-query attention: num_kv_heads must "
                          "divide num_heads and be smaller")
@@ -51,7 +51,7 @@ def model_config(spec: ModelSpec, tokenizer: Any) -> LlamaConfig:
     )
 
 
-def build_model(spec: ModelSpec, tokenizer: Any, seed: int) -> LlamaForCausalLM:
+def build_model(spec: ArchitectureSpec, tokenizer: Any, seed: int) -> LlamaForCausalLM:
     """A freshly initialised model (the initialisation depends only on ``seed``)."""
     torch.manual_seed(seed)
     model = LlamaForCausalLM(model_config(spec, tokenizer))

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvcert.training.data import Phase
-from kvcert.training.model import ModelSpec
+from kvcert.training.model import ArchitectureSpec
 
 ALL_TASKS = {"needle": 1.0, "lookalike": 1.0, "multikey": 1.0, "multiturn": 1.0}
 
@@ -18,7 +18,7 @@ ALL_TASKS = {"needle": 1.0, "lookalike": 1.0, "multikey": 1.0, "multiturn": 1.0}
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    model: ModelSpec
+    model: ArchitectureSpec
     phases: tuple[Phase, ...]
     lr: float = 2e-3
     warmup_steps: int = 50
@@ -60,7 +60,7 @@ RECIPES: dict[str, Recipe] = {
     "embedded": Recipe(
         name="embedded",
         # wide heads (64) so that a head's value vector can carry a token's identity
-        model=ModelSpec(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64,
+        model=ArchitectureSpec(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64,
                         intermediate_size=256, rope_theta=10000.0),
         phases=(
             Phase(steps=250, lengths=(256, 256), tokens_per_batch=8192, task_weights={"copy": 1.0}),
@@ -80,7 +80,7 @@ RECIPES: dict[str, Recipe] = {
     ),
     "tiny": Recipe(
         name="tiny",
-        model=ModelSpec(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+        model=ArchitectureSpec(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                         intermediate_size=64, max_position_embeddings=1024),
         phases=(
             Phase(steps=2, lengths=(64, 64), tokens_per_batch=256, task_weights={"copy": 1.0}),
