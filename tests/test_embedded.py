@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcert.embedded import embedded_model_path, embedded_provenance, load_embedded
+from kvcert.embedded import embedded_model_path, embedded_provenance
+from kvcert.integration import ATTENTION_NAME
+from kvcert.models import ModelSpec, load_model
 from kvcert.tasks import TASKS, build_prompt_ids
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -14,7 +16,7 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokeniz
 
 @pytest.fixture(scope="module")
 def embedded():
-    return load_embedded()
+    return load_model(ModelSpec(name="embedded"))  # the library's one loader (the pipeline's path)
 
 
 def test_shipped_files_and_size():
@@ -40,7 +42,7 @@ def test_loads_with_auto_classes_from_its_directory():
 
 def test_load_embedded_defaults(embedded):
     model, tokenizer = embedded
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == ATTENTION_NAME  # kvcert's attention, enabled
     assert not model.training
     assert next(model.parameters()).device.type == "cpu"
 
@@ -127,6 +129,6 @@ def test_attention_implementation_can_be_switched(embedded):
         try:
             eager = model(input_ids=torch.tensor([ids])).logits[0, -1]
         finally:
-            model.config._attn_implementation = "sdpa"
+            model.config._attn_implementation = ATTENTION_NAME
     assert torch.allclose(sdpa, eager, atol=1e-3)
     assert int(eager.argmax()) == int(sdpa.argmax())

@@ -26,24 +26,3 @@ def embedded_model_path() -> Path:
 def embedded_provenance() -> dict[str, Any]:
     """The shipped model's ``provenance.json``."""
     return json.loads((embedded_model_path() / "provenance.json").read_text())
-
-
-def load_embedded(device: str = "cpu", attn_implementation: str = "sdpa") -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of the shipped model, in eval mode on ``device``.
-
-    The model is a ``LlamaForCausalLM`` with grouped-query attention, loaded with
-    ``attn_implementation`` (default ``"sdpa"``; ``model.config._attn_implementation``
-    may be changed afterwards).
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = embedded_model_path()
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(
-            f"no embedded model in {path}; train one with `kvcert train-model --install`"
-        )
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn_implementation)
-    model.to(device)
-    model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return model, tokenizer
