@@ -14,16 +14,15 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from kvcert.pipeline.check import preflight, profile_from_argv
-from kvcert.pipeline.config import check_pipeline_config
+from kvcert.pipeline.config import check_pipeline_config, experiment_grid
 from kvcert.pipeline.digest import config_digest, job_config_files
 from kvcert.prereg import PreregError, verify
-from kvcert.pipeline.plan import build_plan, load_grid, shard_minutes
+from kvcert.pipeline.plan import build_plan, shard_minutes
 
 min_version("8.0")
 
@@ -52,9 +51,12 @@ if config["container"]:
 
 
 EXP = config["experiment"]
-EXP_CFG = yaml.safe_load((CONFIGS / "experiment" / f"{EXP}.yaml").read_text())
+try:
+    EXP_CFG, GRID = experiment_grid(EXP, CONFIGS, config["prereg"])
+except (ValueError, FileNotFoundError) as exc:
+    raise WorkflowError(str(exc)) from None
 PREREG = config["prereg"]
-PLAN = build_plan(EXP, load_grid(PREREG, EXP_CFG["grid"]))
+PLAN = build_plan(EXP, GRID)
 if workflow.is_main_process:  # not again inside each cluster job
     # pre-flight: what would fail on the cluster (missing models, data, placeholders,
     # an edited pre-registration) stops even a dry run, at once, one line per problem
@@ -116,7 +118,7 @@ def shard_runtime(wildcards):
     """Minutes: the plan's cost model of this shard (kvcert.pipeline.plan.shard_minutes)."""
     shard = PLAN.shard(wildcards.model, wildcards.cell, wildcards.task, int(wildcards.length),
                        int(wildcards.index))
-    return shard_minutes(shard, EXP_CFG.get("seconds_per_generation", {}), EXP_CFG.get("fork_speedup"))
+    return shard_minutes(shard, EXP_CFG["seconds_per_generation"], EXP_CFG["fork_speedup"])
 
 
 def model_path_flag(wildcards):
@@ -201,7 +203,7 @@ rule replay:
         common=COMMON,
         model_path=model_path_flag,
         configs=configs_of,
-    threads: EXP_CFG.get("threads_per_job", 1)
+    threads: EXP_CFG["threads_per_job"]
     resources:
         gpu=gpus,
     conda:
@@ -225,7 +227,7 @@ rule generate:
         common=COMMON,
         model_path=model_path_flag,
         configs=configs_of,
-    threads: EXP_CFG.get("threads_per_job", 1)
+    threads: EXP_CFG["threads_per_job"]
     resources:
         gpu=gpus,
         runtime=shard_runtime,

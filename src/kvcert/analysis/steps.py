@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from ..pipeline.config import experiment_grid
 from ..provenance import check_prereg_hash, git_commit
 from ..prereg import verify
 from .claims import evaluate_claims, main_tasks
@@ -61,31 +62,14 @@ def write_json(data: Any, path: str | Path) -> Path:
     return path
 
 
-def load_grid(prereg: str | Path, experiment: str, configs: str | Path | None = None) -> dict:
-    """The experiment's design grid: ``configs/experiment/<name>.yaml``'s ``grid`` entry when that file
-    exists, else ``grids/<name>.yaml``, inside the pre-registration folder."""
-    rel = f"grids/{experiment}.yaml"
-    exp_cfg = Path(configs or "configs") / "experiment" / f"{experiment}.yaml"
-    if exp_cfg.exists():
-        rel = (yaml.safe_load(exp_cfg.read_text()) or {}).get("grid", rel)
-    path = Path(prereg) / rel
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no design grid for experiment {experiment!r}")
-    return yaml.safe_load(path.read_text())
-
-
 # --- score ----------------------------------------------------------------------------------------
 def planned_counts(shards: Sequence[str | Path], experiment: str, prereg: str | Path,
                    configs: str | Path | None = None) -> dict[str, int]:
     """{shard path: the records the experiment's plan puts in it} for the given shard paths
     (matched on the plan's relative shard path); a shard the plan does not know is refused."""
-    import yaml
+    from ..pipeline.plan import build_plan
 
-    from ..pipeline.plan import build_plan, load_grid
-
-    folder = Path(configs or "configs")
-    grid_file = yaml.safe_load((folder / "experiment" / f"{experiment}.yaml").read_text())["grid"]
-    plan = build_plan(experiment, load_grid(prereg, grid_file))
+    plan = build_plan(experiment, experiment_grid(experiment, configs or "configs", prereg)[1])
     counts = {}
     for path in shards:
         match = [s for s in plan.shards if Path(path).as_posix().endswith("/" + s.path)]
@@ -210,7 +194,7 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
     """Evaluate every claim and write ``claims.json``; returns its content."""
     freeze = verified_freeze(prereg, verified_json)
     doc = load_claims_file(prereg)
-    grid = load_grid(prereg, experiment, configs)
+    grid = experiment_grid(experiment, configs or "configs", prereg)[1]
     df, scores_prov = _read_scores(scores, freeze.prereg_hash)
     rp, replay_prov = _read_replays(replay, freeze.prereg_hash)
     t0 = time.perf_counter()

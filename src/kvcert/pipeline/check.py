@@ -142,15 +142,15 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
     """Every problem of ``experiment`` that would stop a run, one line each."""
     from ..prereg import PreregError, verify
     from .compose import compose_config
-    from .plan import build_plan, load_grid
+    from .config import experiment_grid
+    from .plan import build_plan
 
     problems: list[str] = []
     try:
         verify(prereg)
     except PreregError as exc:
         problems.append(f"pre-registration: {exc}")
-    exp = compose_config([f"experiment={experiment}"], configs)["experiment"]
-    plan = build_plan(experiment, load_grid(prereg, exp["grid"]))
+    plan = build_plan(experiment, experiment_grid(experiment, configs, prereg)[1])
     models = sorted({m.model for m in plan.manifests + plan.replays})
     tasks = sorted({m.task for m in plan.manifests + plan.replays})
     for model in models:

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from .compose import analysis_plan, compose_config, configs_dir, generation_config, prereg_dir, run_overrides
-from .plan import build_plan, gpu_hours, load_grid
+from .config import experiment_grid
+from .plan import build_plan, gpu_hours
 
 
 def _folders(args) -> Path:
@@ -23,8 +24,7 @@ def _folders(args) -> Path:
 
 def _experiment(args) -> tuple[dict, object]:
     config_dir = _folders(args)
-    exp = compose_config([f"experiment={args.experiment}"], config_dir)["experiment"]
-    grid = load_grid(args.prereg, exp["grid"])
+    exp, grid = experiment_grid(args.experiment, config_dir, args.prereg)
     return exp, build_plan(args.experiment, grid)
 
 
@@ -41,7 +41,7 @@ def plan_command(args) -> int:
         cells[s.cell] = cells.get(s.cell, 0) + s.generations
     for cell, n in cells.items():
         print(f"  cell {cell:<10} {n:>8} generations")
-    hours = gpu_hours(plan, exp.get("seconds_per_generation", {}), exp.get("fork_speedup"))
+    hours = gpu_hours(plan, exp["seconds_per_generation"], exp["fork_speedup"])
     print(f"generations={plan.generations} jobs={plan.jobs} gpu_hours={hours:.1f}")
     return 0
 

@@ -1,8 +1,11 @@
-"""Validation of the Snakemake configuration, one line per mistake.
+"""Validation of the Snakemake configuration and the one loader of experiment settings.
 
 Snakemake's own schema validation reports a wrong key with a long JSON-schema
-message; this check runs first and says which key is wrong, what it might have meant,
-and which keys exist.
+message; :func:`check_pipeline_config` runs first and says which key is wrong, what it
+might have meant, and which keys exist. :func:`load_experiment` reads
+``configs/experiment/<name>.yaml`` against ``configs/experiment.schema.yaml`` (defaults
+in the schema), for the Snakefile, the CLI and the analysis alike; :func:`experiment_grid`
+adds the pre-registered grid it names.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+import jsonschema
 import yaml
 
 
@@ -17,9 +21,44 @@ class PipelineConfigError(ValueError):
     pass
 
 
+def schema_defaults(data: dict, schema: dict) -> dict:
+    """``data`` with every missing top-level property set to a copy of its schema ``default``."""
+    out = dict(data)
+    for key, prop in schema.get("properties", {}).items():
+        if key not in out and "default" in prop:
+            out[key] = yaml.safe_load(yaml.safe_dump(prop["default"]))  # a copy
+    return out
+
+
+def load_experiment(name: str, configs: str | Path) -> dict:
+    """The settings of experiment ``name`` (``configs/experiment/<name>.yaml``), validated, with defaults."""
+    folder = Path(configs)
+    path = folder / "experiment" / f"{name}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in (folder / "experiment").glob("*.yaml")))
+        raise PipelineConfigError(f"experiment {name!r}: no {path}; choose one of {known}")
+    schema = yaml.safe_load((folder / "experiment.schema.yaml").read_text())
+    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        jsonschema.validate(data, schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
+        raise PipelineConfigError(f"{path}: {where}: {exc.message}") from None
+    return schema_defaults(data, schema)
+
+
+def experiment_grid(name: str, configs: str | Path, prereg: str | Path) -> tuple[dict, dict]:
+    """(settings, design grid) of experiment ``name``: the grid is the pre-registered file it names."""
+    from .plan import load_grid
+
+    exp = load_experiment(name, configs)
+    return exp, load_grid(prereg, exp["grid"])
+
+
 def check_pipeline_config(config: dict, schema_path: str | Path, configs_dir: str | Path) -> dict:
     schema = yaml.safe_load(Path(schema_path).read_text())
     allowed = schema["properties"]
+    config.update({k: v for k, v in schema_defaults(config, schema).items() if k not in config})
     for key, value in config.items():
         if key not in allowed:
             close = difflib.get_close_matches(key, list(allowed), n=1)

@@ -54,12 +54,12 @@ class Sources:
 
 def _grid_needs(experiment: str, configs: Path | None, prereg: Path | None):
     from ..pipeline.compose import compose_config, configs_dir, prereg_dir
-    from ..pipeline.plan import build_plan, load_grid
+    from ..pipeline.config import experiment_grid
+    from ..pipeline.plan import build_plan
 
     configs = configs or configs_dir()
     prereg = prereg or prereg_dir()
-    exp = compose_config([f"experiment={experiment}"], configs)["experiment"]
-    plan = build_plan(experiment, load_grid(prereg, exp["grid"]))
+    plan = build_plan(experiment, experiment_grid(experiment, configs, prereg)[1])
     tasks: dict[str, dict] = {}
     for item in plan.manifests:
         cfg = compose_config([f"experiment={experiment}", f"task={item.task}"], configs)["task"]
