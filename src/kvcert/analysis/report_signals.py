@@ -18,6 +18,9 @@ from .report import Document, fmt
 from .signals import ALL, TASKS
 
 
+BY_HEADER = {"target_tokens": "prompt length"}
+
+
 def auc_text(row: Mapping | None) -> str:
     """'0.637 [0.612, 0.666]', or '–' with the reason when the row has no estimate."""
     if not row:
@@ -91,9 +94,12 @@ def signals_section(doc: Document, block: Mapping | None, fig_dir: Path) -> None
                "signal leaderboard: prediction and attribution AUC per signal and method (diamonds: pooled over "
                "methods) with 90 % bootstrap intervals; dotted line chance, shaded the paper's range")
     by = block.get("by", [])
-    detail = [e for e in joined(block) if not all(e[k] == ALL for k in by)]
+    order = {s: i for i, s in enumerate(block["signals"])}
+    detail = sorted((e for e in joined(block) if not all(e[k] == ALL for k in by)),
+                    key=lambda e: (order[e["signal"]], e["method"], *[e[k] for k in by]))
     doc.heading("By condition and prompt length", 3)
-    doc.table(["signal", "method", *by, "prediction AUC [90 % CI]", "runs (failed / correct)",
+    doc.table(["signal", "method", *[BY_HEADER.get(k, k) for k in by], "prediction AUC [90 % CI]",
+               "runs (failed / correct)",
                "attribution AUC [90 % CI]", "failures (induced / inherent)"],
               [[e["signal"], e["method"], *[e[k] for k in by], auc_text(e["prediction"]), count_text(e["prediction"]),
                 auc_text(e["attribution"]), count_text(e["attribution"])] for e in detail])
