@@ -80,7 +80,7 @@ def test_report_markdown_order_and_provenance(run):
     assert "a.jsonl:2" in md  # the pre-freeze generation is listed
     assert "Generations per cell" in md
     for name in ("accuracy", "induced_failure", "auc_prediction_attribution", "coverage", "tightness",
-                 "recompute_gain", "multiturn_recall"):
+                 "recompute_gain", "multiturn_recall", "signal_leaderboard"):
         assert (run["paths"]["figures"] / f"{name}.png").exists(), name
         assert f"figures/{name}.png" in md
     assert (run["tmp"] / "report" / "failure_labels.csv").exists()
@@ -89,7 +89,9 @@ def test_report_markdown_order_and_provenance(run):
     assert "beyond the paper" in md and "anytime (all steps of a path)" in md
     # figures numbered in order of appearance, a contents list, the miniature banner
     numbers = [int(n) for n in re.findall(r"^\*Fig\. (\d+) — ", md, re.M)]
-    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) == 7
+    # 8: the signal leaderboard joins the seven; the turn-distance figure is left out (every bucket below the minimum)
+    assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) == 8
+    assert "no bucket reaches the pre-registered minimum cell" in md
     assert md.index("Contents: [Claims](#claims)") < md.index("## Claims")
     assert "[Accuracy by setting](#accuracy-by-setting)" in md
     assert md.startswith("# kvcert claim report") and "> **A miniature, not the paper's models.**" in md
@@ -139,7 +141,7 @@ def test_auc_panel_without_an_estimate_says_why(tmp_path):
 
 def test_report_html_is_self_contained(run):
     page = run["paths"]["html"].read_text()
-    assert page.count("data:image/png;base64,") == 7
+    assert page.count("data:image/png;base64,") == 8
     assert "src=\"http" not in page and "<link" not in page and "figures/" not in page.split("<body>")[1].split("<pre>")[0]
     assert '<strong class="' in page
 

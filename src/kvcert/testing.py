@@ -17,7 +17,8 @@ examples × 13 runs (the full cache, and {aware, streaming} × {12.5, 25, 50} % 
 cache with probability ``p_full``; eviction damage grows as the budget shrinks and
 is larger when streaming; a damaged run of an answerable example fails (cache-induced),
 an unanswerable one fails anyway (inherent); the Poisson run's certificate grows with
-the damage, the answer's log-probability falls with failure of either kind.
+the damage, the answer's log-probability falls with failure of either kind; the
+comparison signals follow :func:`comparison_signals` (drawn from a stream of their own).
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ def paper_records(
 ) -> Iterator[dict]:
     """Paper-shaped records (see the module docstring); ``tasks`` maps task name → examples."""
     rng = np.random.default_rng(seed)
+    side = np.random.default_rng([seed, 18])  # the comparison signals' own stream: the other draws stay as they were
     damage_scale = {"aware": 0.6, "streaming": 1.8}
     for model in models:
         for length in lengths:
@@ -121,7 +123,19 @@ def paper_records(
                                 signal = float(0.05 + 0.2 * damage + 0.05 * rng.random()) if sampler == "poisson" else None
                                 lp = float(-0.3 - (0.0 if ok else 1.0) + 0.5 * rng.normal())
                                 yield make_record(eid, condition=cond, sampler=sampler, budget=budget, score=float(ok),
-                                                  signal=signal, mean_logprob=lp, **base)
+                                                  signal=signal, mean_logprob=lp,
+                                                  signals=comparison_signals(side, damage, ok), **base)
+
+
+def comparison_signals(rng: np.random.Generator, damage: float, ok: bool) -> dict:
+    """A compressed run's comparison signals under :func:`paper_records`' latent model: the output entropy
+    and top-2 margin shift weakly with failure of either kind, the attention entropy is noise, the evicted
+    mass (and, for a randomized run, its expectation) grows with the eviction damage."""
+    mass = float(min(1.0, 0.1 + 0.25 * damage + 0.15 * rng.random()))
+    return {"output_entropy": float(1.0 + 0.25 * (not ok) + 0.5 * rng.normal()),
+            "top2_margin": float(np.clip(0.5 - 0.08 * (not ok) + 0.25 * rng.normal(), 0.0, 1.0)),
+            "attention_entropy": float(3.0 + 0.2 * rng.normal()), "evicted_mass": mass,
+            "evicted_mass_expected": float(np.clip(mass * (1.0 + 0.1 * rng.normal()), 0.0, 1.0))}
 
 
 def multiturn_records(

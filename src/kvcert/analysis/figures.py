@@ -12,7 +12,11 @@
   replay draw by query kind, plug-in and robust, with the share of misses (C2, C8);
 * :func:`recompute_figure` — recomputation gain vs recompute rate for certificate,
   confidence and random gating (C7);
-* :func:`multiturn_figure` — multi-turn recall by turn distance.
+* :func:`multiturn_figure` — multi-turn recall by turn distance;
+* :func:`signal_leaderboard_figure` — prediction and attribution AUC of every comparison
+  signal per method, against chance and the paper's ranges (third amendment);
+* :func:`turn_distance_figure` — attribution AUC of the certificate and log-probability
+  per turn-distance bucket and method.
 
 Every function returns the PNG path, or None when it has no data to draw.
 """
@@ -275,6 +279,107 @@ def multiturn_figure(table: pd.DataFrame, path: Path, budget: str = "") -> Path 
     ax.set_xlabel("turn distance (turns between the fact and the question)")
     ax.set_ylabel("recall (% of questions answered)")
     ax.set_title(f"Multi-turn recall (streaming{', budget ' + budget if budget else ''})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+SIGNAL_TASKS = (("prediction", "failure prediction (C4's cells)"),
+                ("attribution", "attribution: induced vs inherent (C6's cells)"))
+
+
+def _band(text: str | None) -> tuple[float, float] | None:
+    """'0.43–0.51' → (0.43, 0.51)."""
+    if not text:
+        return None
+    lo, hi = text.replace("-", "–").split("–")
+    return float(lo), float(hi)
+
+
+def _method_colour(method: str) -> str:
+    return COLORS.get(method, "#333333")
+
+
+def signal_leaderboard_figure(rows: list[Mapping], paper: Mapping, path: Path) -> Path | None:
+    """Dot-and-interval plot of the comparison signals (rows of :func:`kvcert.analysis.report_signals.leaderboard`):
+    one line per signal, a dot per method (pooled over methods in black), prediction and attribution side by
+    side, the chance line at 0.5 and the paper's range as a shaded band."""
+    signals = list(dict.fromkeys(r["signal"] for r in rows))
+    if not signals or all(r[t].get("estimate") is None for r in rows for t, _ in SIGNAL_TASKS):
+        return None
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    offsets = dict(zip(methods, np.linspace(-0.22, 0.22, len(methods)) if len(methods) > 1 else [0.0]))
+    fig, axes = plt.subplots(1, 2, figsize=(12.0, 0.55 * len(signals) + 1.8), sharey=True)
+    y_of = {s: len(signals) - 1 - i for i, s in enumerate(signals)}
+    lows = [r[t]["ci"][0] for r in rows for t, _ in SIGNAL_TASKS if (r[t].get("ci") or [None])[0] is not None]
+    left = min([0.3, *[lo - 0.02 for lo in lows]])
+    for ax, (task, title) in zip(axes, SIGNAL_TASKS):
+        label = "paper's range"
+        for s in signals:
+            band = _band((paper.get(s) or {}).get(task))
+            if band:
+                ax.fill_betweenx([y_of[s] - 0.4, y_of[s] + 0.4], *band, color="#f0b400", alpha=0.3, lw=0, label=label)
+                label = None
+        for m in methods:
+            mine = [r for r in rows if r["method"] == m and r[task].get("estimate") is not None]
+            if not mine:
+                continue
+            est = np.array([r[task]["estimate"] for r in mine], dtype=float)
+            lo = np.array([r[task]["ci"][0] if r[task]["ci"][0] is not None else np.nan for r in mine], dtype=float)
+            hi = np.array([r[task]["ci"][1] if r[task]["ci"][1] is not None else np.nan for r in mine], dtype=float)
+            y = np.array([y_of[r["signal"]] + offsets[m] for r in mine])
+            pooled = "+" in m
+            ax.errorbar(est, y, xerr=np.nan_to_num([est - lo, hi - est]), fmt="D" if pooled else "o", capsize=3,
+                        color="k" if pooled else _method_colour(m), label=m.replace("+", " + ") + (" (pooled)" if pooled else ""))
+        for r in rows:
+            if r[task].get("estimate") is None:
+                ax.text(left + 0.01, y_of[r["signal"]] + offsets[r["method"]], f"{r['method']}: n/a", fontsize=6,
+                        va="center", color="#777777")
+        ax.axvline(0.5, color="k", lw=0.9, ls=":", label="chance (0.5)")
+        ax.set_xlim(left, 1.0)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("ROC AUC (90 % bootstrap interval)")
+        ax.grid(alpha=0.3, axis="x")
+    axes[0].set_yticks(list(y_of.values()), list(y_of))
+    axes[0].set_ylim(-0.6, len(signals) - 0.4)
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return _save(fig, path)
+
+
+def bucket_label(row: Mapping) -> str:
+    """A turn-distance bucket as read: '1–5', '≥ 16' for an open-ended one, 'all'."""
+    if row["bucket"] == "all":
+        return "all"
+    return f"≥ {row['low']}" if int(row["high"]) >= 1000 else f"{row['low']}–{row['high']}"
+
+
+def turn_distance_figure(rows: list[Mapping], path: Path) -> Path | None:
+    """Attribution AUC per turn-distance bucket (``turn_distance`` rows of the comparison signals), one line per
+    signal × method with its interval; None when no bucket has an estimate."""
+    rows = [r for r in rows if r["bucket"] != "all"]
+    if not any(r.get("estimate") is not None for r in rows):
+        return None
+    buckets = list(dict.fromkeys(r["bucket"] for r in rows))
+    labels = {r["bucket"]: bucket_label(r) for r in rows}
+    fig, ax = plt.subplots(figsize=(6.8, 4.0))
+    series = list(dict.fromkeys((r["signal"], r["method"]) for r in rows))
+    width = 0.3 / max(1, len(series) - 1) if len(series) > 1 else 0.0
+    for i, (signal, method) in enumerate(series):
+        mine = {r["bucket"]: r for r in rows if (r["signal"], r["method"]) == (signal, method)}
+        x = np.arange(len(buckets)) + (i - (len(series) - 1) / 2) * width
+        est = np.array([_ci(mine.get(b, {}))[0] for b in buckets], dtype=float)
+        lo = np.array([_ci(mine.get(b, {}))[1] for b in buckets], dtype=float)
+        hi = np.array([_ci(mine.get(b, {}))[2] for b in buckets], dtype=float)
+        colour = COLORS["certificate" if signal == "certificate" else "confidence"]
+        ax.errorbar(x, est, yerr=np.nan_to_num([est - lo, hi - est]), marker="o" if method == "poisson" else "s",
+                    ls="-" if method == "poisson" else "--", color=colour, alpha=1.0 if method == "poisson" else 0.6,
+                    capsize=3, label=f"{signal}, {method}")
+    ax.axhline(0.5, color="k", lw=0.9, ls=":", label="chance (0.5)")
+    ax.set_xticks(np.arange(len(buckets)), [labels[b] for b in buckets])
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("turn distance (turns between the question and its fact)")
+    ax.set_ylabel("attribution AUC (90 % bootstrap interval)")
+    ax.set_title("Attribution by turn distance (multi-turn cell)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)

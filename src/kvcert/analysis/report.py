@@ -7,7 +7,8 @@ budget, (induced failures by budget × condition,
 prediction vs attribution AUC, replay coverage (per step and anytime over whole paths) and
 tightness of the plug-in and the robust certificate, recompute-gain curves,
 multi-turn recall), the replay, impossibility, multi-turn and failure-label tables, the
-per-claim details, and the provenance block (pre-registration hash and freeze time,
+comparison signals (the signal leaderboard, secondary analyses of the third amendment:
+:mod:`kvcert.analysis.report_signals`), the per-claim details, and the provenance block (pre-registration hash and freeze time,
 git commits, config hashes, generations per cell, generations started before the
 freeze — listed, and excluded from scoring). ``failure_labels.csv`` holds the full
 per-cell failure-label table, ``replay_cells.csv`` the coverage of every replay cell.
@@ -430,6 +431,10 @@ def build_report(
                    for _, r in pooled.iterrows()])
     else:
         doc.paragraph("No generations.")
+
+    from .report_signals import signals_section  # it builds on this module's Document
+
+    signals_section(doc, claims_doc.get("comparison_signals"), fig_dir)
 
     doc.heading("Claim details")
     for c in claims:

@@ -207,28 +207,39 @@ class RankIndex:
 class AUCIndex:
     """Weighted ROC AUC of ``scores`` for binary ``labels`` (1 = positive), per resample.
 
-    AUC = Σ_groups P_g (N_below_g + ½ N_g) / (P·N): the probability that a positive
-    outranks a negative, ties counting one half — the area under the trapezoidal ROC
-    curve, as :func:`sklearn.metrics.roc_auc_score` computes it.
+    AUC = Σ_{i positive} w_i (N_<(s_i) + ½ N_=(s_i)) / (P·N), N_< and N_= the weight of the
+    negatives scored below and equal to s_i: the probability that a positive outranks a
+    negative, ties counting one half — the area under the trapezoidal ROC curve, as
+    :func:`sklearn.metrics.roc_auc_score` computes it. The negatives are sorted once; per
+    resample their cumulative weight is read at each positive's two insertion points
+    (every sum is of integer weights, exact in float64).
     """
 
     def __init__(self, scores: np.ndarray, labels: np.ndarray):
-        self.index = RankIndex(scores)
+        scores = np.asarray(scores, dtype=np.float64)
+        if np.isnan(scores).any():
+            raise ValueError("scores: NaN values cannot be ranked; drop them first")
         labels = np.asarray(labels, dtype=np.float64)
         if not np.isin(labels, (0.0, 1.0)).all():
             raise ValueError("labels: must be 0/1")
-        self.labels_sorted = labels[self.index.order]
+        negatives = np.flatnonzero(labels == 0.0)
+        self.neg = negatives[np.argsort(scores[negatives], kind="mergesort")]
+        self.pos = np.flatnonzero(labels == 1.0)
+        sorted_neg = scores[self.neg]
+        self.below = np.searchsorted(sorted_neg, scores[self.pos], side="left")
+        self.at_or_below = np.searchsorted(sorted_neg, scores[self.pos], side="right")
+        self.ties = not np.array_equal(self.below, self.at_or_below)
 
     def __call__(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        ws = w[:, self.index.order]  # one gather into score order
-        pos = ws * self.labels_sorted
-        if not self.index.no_ties:
-            ws = np.add.reduceat(ws, self.index.starts, axis=1)
-            pos = np.add.reduceat(pos, self.index.starts, axis=1)
-        neg = ws - pos
-        p, n = pos.sum(axis=1), neg.sum(axis=1)
-        below_half = np.cumsum(neg, axis=1) - 0.5 * neg  # negatives ranked below, ties counting one half
-        num = np.einsum("ij,ij->i", pos, below_half)
+        cum = np.zeros((w.shape[0], self.neg.size + 1))
+        np.cumsum(w[:, self.neg], axis=1, out=cum[:, 1:])
+        under = cum[:, self.below]
+        if self.ties:
+            under += cum[:, self.at_or_below]
+            under *= 0.5
+        wp = w[:, self.pos]
+        num = np.einsum("ij,ij->i", wp, under)
+        p, n = wp.sum(axis=1), cum[:, -1]
         ok = (p > 0) & (n > 0)
         return np.where(ok, num / np.where(ok, p * n, 1.0), np.nan), ok
 

@@ -8,7 +8,8 @@ these; the report benchmark calls them too.
 * :func:`score_step` — generation shards → one row per generation (Parquet, with the
   freeze it was verified against in the file's metadata).
 * :func:`claims_step` — scores + replay → ``claims.json`` (every claim of
-  ``claims.yaml`` with its tests, intervals, verdict and the paper's outcome).
+  ``claims.yaml`` with its tests, intervals, verdict and the paper's outcome; the
+  comparison signals' AUCs, :mod:`kvcert.analysis.signals`, beside them).
 * :func:`report_step` — claims + scores + replay + impossibility → report.md,
   report.html, figures/*.png.
 
@@ -34,6 +35,7 @@ from ..prereg import verify
 from .claims import evaluate_claims, main_tasks
 from .load import RecordRefused, load_claims_file, read_table, score_shards, verified_freeze, write_table
 from .replay_stats import empty_replay, summarize_replay
+from .signals import evaluate_signals, headline
 
 
 def jsonable(obj: Any) -> Any:
@@ -199,6 +201,7 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
     rp, replay_prov = _read_replays(replay, freeze.prereg_hash)
     t0 = time.perf_counter()
     results = evaluate_claims(doc, df, rp, main_tasks(grid))
+    signals = evaluate_signals(doc, df, grid)
     plan = doc["analysis_plan"]
     content = {
         "experiment": experiment,
@@ -213,6 +216,7 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
         },
         "replay_summary": summarize_replay(rp, float(plan["delta"])) if len(rp) else None,
         "claims": [r.to_dict() for r in results],
+        "comparison_signals": signals,
     }
     write_json(content, out)
     return jsonable(content)
@@ -266,7 +270,8 @@ def run_summary(df) -> dict:
 
 
 def summary(doc: Mapping, df=None) -> dict:
-    """The verdicts beside the paper's, in a few lines (machine-readable), with the run's counts."""
+    """The verdicts beside the paper's, in a few lines (machine-readable), with the run's counts, and each
+    comparison signal's prediction and attribution AUC pooled over the main grid (``signal_auc``)."""
     return {
         "experiment": doc.get("experiment"), "prereg_hash": doc["provenance"]["prereg_hash"],
         "frozen_utc": doc["provenance"].get("frozen_utc"),
@@ -274,4 +279,5 @@ def summary(doc: Mapping, df=None) -> dict:
         "claims": {c["id"]: {"verdict": c["verdict"], "statistic": c["statistic"], "value": c["value"], "ci": c["ci"],
                              "paper_value": c["paper"].get("value"), "paper_verdict": c["paper"].get("verdict")}
                    for c in doc["claims"]},
+        "signal_auc": headline(doc.get("comparison_signals")),
     }

@@ -1,0 +1,125 @@
+"""The report's comparison-signal section (the signal leaderboard; third amendment, issue 18).
+
+Reads the ``comparison_signals`` block of claims.json (:mod:`kvcert.analysis.signals`) and
+adds to a :class:`kvcert.analysis.report.Document`: the leaderboard table — each signal's
+prediction and attribution AUC with its 90 % interval per method and pooled over methods,
+pooled over conditions and lengths, beside the paper's range — and its figure; the same
+AUCs per condition × prompt length; and the attribution AUC by turn distance in the
+multi-turn cell (table and figure). Secondary analyses: no verdict is drawn.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from . import figures
+from .report import Document, fmt
+from .signals import ALL, TASKS
+
+
+BY_HEADER = {"target_tokens": "prompt length"}
+
+
+def auc_text(row: Mapping | None) -> str:
+    """'0.637 [0.612, 0.666]', or '–' with the reason when the row has no estimate."""
+    if not row:
+        return "–"
+    if row.get("estimate") is None:
+        why = "; ".join(row.get("below_minimum") or []) or "one class only"
+        return f"– ({why})"
+    lo, hi = row.get("ci") or [None, None]
+    return f"{fmt(row['estimate'])} [{fmt(lo)}, {fmt(hi)}]"
+
+
+def count_text(row: Mapping | None) -> str:
+    """'960 (472 / 488)': runs (positives / negatives)."""
+    if not row:
+        return "–"
+    return f"{row['generations']} ({row['positives']} / {row['negatives']})"
+
+
+def joined(block: Mapping) -> list[dict]:
+    """One entry per (signal, method, ``by`` values): its prediction and attribution rows side by side."""
+    keys = ["signal", "method", *block.get("by", [])]
+    out: dict[tuple, dict] = {}
+    for task in TASKS:
+        for r in block[task]["rows"]:
+            k = tuple(r.get(c) for c in keys)
+            out.setdefault(k, {**{c: r.get(c) for c in keys}, **{t: {} for t in TASKS}})[task] = r
+    return list(out.values())
+
+
+def leaderboard(block: Mapping) -> list[dict]:
+    """The pooled entries (over conditions and lengths), in the plan's signal order, methods alone then pooled."""
+    by = block.get("by", [])
+    rows = [e for e in joined(block) if all(e[k] == ALL for k in by)]
+    order = {s: i for i, s in enumerate(block["signals"])}
+    return sorted(rows, key=lambda e: (order[e["signal"]], "+" in e["method"]))
+
+
+def _paper(block: Mapping, signal: str, task: str) -> str:
+    return (block.get("paper", {}).get(signal) or {}).get(task) or "–"
+
+
+def signals_section(doc: Document, block: Mapping | None, fig_dir: Path) -> None:
+    doc.heading("Comparison signals (signal leaderboard)")
+    if not block:
+        doc.paragraph("Not computed (no scores, or a pre-registration without `comparison_signals`).")
+        return
+    doc.note("**Secondary analyses, not claims** (third amendment of 2026-12-01, issue 18): no verdict is drawn "
+             "from these AUCs and no threshold was registered for them.")
+    minimum = block.get("minimum") or {}
+    doc.paragraph(
+        "ROC AUC of each signal's failure score (the value where higher means failure, else its negative) for "
+        f"*prediction* — failure among the compressed runs of {block['prediction']['cells']}'s cells (conditions × "
+        "budgets), per method — and *attribution* — cache-induced vs inherent among the failed runs of "
+        f"{block['attribution']['cells']}'s cells. Pooled over conditions and prompt lengths; 90 % bootstrap "
+        "intervals over examples. A row below the pre-registered minimum cell ("
+        + ", ".join(f"{k} {v}" for k, v in minimum.items()) + ") has no estimate. The paper gives one range "
+        "for the entropy/margin family and one for the evicted-score-mass heuristic, both for cache-induced "
+        "failure: they are shown in the attribution column.")
+    board = leaderboard(block)
+    doc.table(["signal", "failure when", "method", "prediction AUC [90 % CI]", "paper (prediction)",
+               "attribution AUC [90 % CI]", "paper (attribution)", "runs (failed / correct)",
+               "failures (induced / inherent)"],
+              [[e["signal"], block["signals"][e["signal"]]["failure"], e["method"], auc_text(e["prediction"]),
+                _paper(block, e["signal"], "prediction"), auc_text(e["attribution"]),
+                _paper(block, e["signal"], "attribution"), count_text(e["prediction"]), count_text(e["attribution"])]
+               for e in board])
+    missing = sorted(set(block["prediction"].get("missing", [])) | set(block["attribution"].get("missing", [])))
+    if missing:
+        doc.paragraph("Cells without runs: " + ", ".join(missing) + ".")
+    doc.figure(figures.signal_leaderboard_figure(board, block.get("paper", {}), fig_dir / "signal_leaderboard.png"),
+               "signal leaderboard: prediction and attribution AUC per signal and method (diamonds: pooled over "
+               "methods) with 90 % bootstrap intervals; dotted line chance, shaded the paper's range")
+    by = block.get("by", [])
+    order = {s: i for i, s in enumerate(block["signals"])}
+    detail = sorted((e for e in joined(block) if not all(e[k] == ALL for k in by)),
+                    key=lambda e: (order[e["signal"]], e["method"], *[e[k] for k in by]))
+    doc.heading("By condition and prompt length", 3)
+    doc.table(["signal", "method", *[BY_HEADER.get(k, k) for k in by], "prediction AUC [90 % CI]",
+               "runs (failed / correct)",
+               "attribution AUC [90 % CI]", "failures (induced / inherent)"],
+              [[e["signal"], e["method"], *[e[k] for k in by], auc_text(e["prediction"]), count_text(e["prediction"]),
+                auc_text(e["attribution"]), count_text(e["attribution"])] for e in detail])
+    turn_distance_section(doc, block.get("turn_distance"), fig_dir)
+
+
+def turn_distance_section(doc: Document, td: Mapping | None, fig_dir: Path) -> None:
+    doc.heading("Attribution by turn distance (multi-turn cell)", 3)
+    if not td or not td["rows"]:
+        doc.paragraph("No multi-turn runs.")
+        return
+    budgets = ", ".join(f"{100 * float(b):g} %" for b in td.get("budgets") or [])
+    doc.paragraph(f"Task `{td['task']}`, {td.get('condition')} at {budgets}: attribution AUC (cache-induced vs "
+                  "inherent among failed runs) per method and per bucket of turns between the question and its fact "
+                  "(inclusive ranges; `all` pools the buckets).")
+    doc.table(["signal", "method", "turn distance", "attribution AUC [90 % CI]", "failures (induced / inherent)"],
+              [[r["signal"], r["method"], figures.bucket_label(r), auc_text(r), count_text(r)] for r in td["rows"]])
+    path = figures.turn_distance_figure(td["rows"], fig_dir / "turn_distance_attribution.png")
+    if path is None:
+        doc.paragraph("*Attribution by turn distance: no bucket reaches the pre-registered minimum cell.*")
+    else:
+        doc.figure(path, "attribution AUC by turn distance: certificate and −log-probability per method, with 90 % "
+                   "bootstrap intervals (dotted: chance)")
