@@ -19,8 +19,8 @@ attention: the group is padded to ``G_PAD`` ≥ 16 rows so that ``tl.dot`` appli
     M1   ← max(α M1, max_i (1 − π_i) p_i ‖v_i − c‖)
 
 and at the end ô = acc/l, lse = (m + log2 l)·ln 2, V̂ = (C − 2 B·(ô − c) + A‖ô − c‖²)/l²
-and b̂_c = (M1 + M0 ‖ô − c‖)/l. With several splits (flash-decoding) each program writes
-its partial state and a second kernel merges them exactly: m = max_j m_j,
+(combined in float64: the terms can nearly cancel) and b̂_c = (M1 + M0 ‖ô − c‖)/l. With
+several splits (flash-decoding) each program writes its partial state and a second kernel merges them exactly: m = max_j m_j,
 ω_j = 2^(m_j − m), first moments (l, acc) weighted by ω_j, second moments (A, B, C) by
 ω_j², the maxima (M0, M1) by ω_j.
 
@@ -107,6 +107,17 @@ def _sketch_epilogue(
         sr = tl.maximum(sr, tl.max(t, 1))
     tl.store(SV + srow, sv, mask=g_ok)
     tl.store(SR + srow, sr, mask=g_ok)
+
+
+@triton.jit
+def _variance(c_i, b_acc, a_i, out_c, l_safe):
+    """V̂ = (C − 2 B·(ô − c) + A‖ô − c‖²)/l², clamped at 0, combined in float64 (as the torch path
+    does): the terms nearly cancel when the r-weighted values sit far from c, and fp32 here would
+    add its rounding, amplified by that cancellation, to the sums' own. [G_PAD] rows: cheap."""
+    oc64 = out_c.to(tl.float64)
+    l64 = l_safe.to(tl.float64)
+    var = c_i.to(tl.float64) - 2.0 * tl.sum(b_acc.to(tl.float64) * oc64, 1) + a_i.to(tl.float64) * tl.sum(oc64 * oc64, 1)
+    return tl.maximum(var / (l64 * l64), 0.0).to(tl.float32)
 
 
 @triton.jit
@@ -259,8 +270,7 @@ def _stage1(
         tl.store(LSE + srow, lse, mask=g_ok)
         if CERT:
             out_c = tl.where(dv_ok[None, :], out - c_vec[None, :], 0.0)
-            var = (c_i - 2.0 * tl.sum(b_acc * out_c, 1) + a_i * tl.sum(out_c * out_c, 1)) / (l_safe * l_safe)
-            var = tl.maximum(var, 0.0)
+            var = _variance(c_i, b_acc, a_i, out_c, l_safe)
             oc = tl.sqrt(tl.sum(out_c * out_c, 1))
             rng = (m1_i + m0_i * oc) / l_safe
             tl.store(VAR + srow, var, mask=g_ok)
@@ -343,8 +353,7 @@ def _merge(
     if CERT:
         c_vec = tl.load(CEN + b * stride_cb + h * stride_ch + offs_dv * stride_cd, mask=dv_ok, other=0.0).to(tl.float32)
         out_c = tl.where(dv_ok[None, :], out - c_vec[None, :], 0.0)
-        var = (c_i - 2.0 * tl.sum(b_acc * out_c, 1) + a_i * tl.sum(out_c * out_c, 1)) / (l_safe * l_safe)
-        var = tl.maximum(var, 0.0)
+        var = _variance(c_i, b_acc, a_i, out_c, l_safe)
         oc = tl.sqrt(tl.sum(out_c * out_c, 1))
         rng = (m1_i + m0_i * oc) / l_safe
         tl.store(VAR + srow, var, mask=g_ok)

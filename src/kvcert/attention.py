@@ -95,6 +95,20 @@ def use_decode_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return _decode_kernel() is not None
 
 
+def _variance(c_term, bv, out, a, l, centre) -> torch.Tensor:
+    """V̂ = (C − 2 B_c·(ô − c) + A‖ô − c‖²)/l², clamped at 0, from the pass's sums (C = Σ r‖v − c‖²,
+    bv = Σ r v, A = Σ r; [rows, 1] and [rows, D]), combined in float64: the terms nearly cancel
+    when the r-weighted values sit far from c, and fp32 here would add its rounding, amplified
+    by that cancellation, to the sums' own."""
+    f64 = torch.float64
+    centre, out, a = centre.to(f64), out.to(f64), a.to(f64)
+    out_c = out - centre
+    b_c = bv.to(f64) - a * centre
+    var = c_term.to(f64) - 2.0 * (b_c * out_c).sum(-1, keepdim=True) + a * out_c.pow(2).sum(-1, keepdim=True)
+    l = l.to(f64)
+    return (var / (l * l)).clamp_(min=0)
+
+
 def hajek_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -185,10 +199,8 @@ def hajek_attention(
             m1 = wpd.amax(-1)
             c_term = torch.matmul(wpd.mul_(p), dev.unsqueeze(-1))  # Σ r_i ‖v_i − c‖²
             out_c = out - centre32
-            b_c = bv - a * centre32
-            var = c_term - 2.0 * (b_c * out_c).sum(-1, keepdim=True) + a * out_c.pow(2).sum(-1, keepdim=True)
-            var = (var / (l * l)).clamp_(min=0).squeeze(-1)
             out_dev = torch.linalg.vector_norm(out_c, dim=-1)
+            var = _variance(c_term, bv, out, a, l, centre32).to(acc_dtype).squeeze(-1)
             rng = (m1 + m0 * out_dev) / l.squeeze(-1)
             variances.append(var.reshape(b, hkv, group, nq))
             ranges.append(rng.reshape(b, hkv, group, nq))
