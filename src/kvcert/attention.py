@@ -40,6 +40,7 @@ class AttentionResult:
     range_term: torch.Tensor | None = None
     shadow_sum: torch.Tensor | None = None
     shadow_range: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
 
 
 def squared_deviation(value: torch.Tensor, centre: torch.Tensor | None) -> torch.Tensor:
@@ -125,6 +126,7 @@ def hajek_attention(
     one_minus: torch.Tensor | None = None,
     dev: torch.Tensor | None = None,
     sketch: EvictionSketch | None = None,
+    entropy: bool = False,
 ) -> AttentionResult:
     """Grouped Hájek attention (and optionally V̂, b̂_c); see the module docstring for layouts.
 
@@ -136,15 +138,18 @@ def hajek_attention(
     CUDA device runs the fused Triton kernel instead (:func:`use_decode_kernel`); it
     recomputes ‖v_i − c‖ from the values, so ``sq_dev`` is not read there. ``sketch``
     (with ``certificate``): the eviction sketch of this layer; its shadow terms are returned
-    too (:func:`kvcert.sketch.sketch_terms`).
+    too (:func:`kvcert.sketch.sketch_terms`). ``entropy``: also the entropy (nats) of each
+    query's attention distribution over the retained keys, ``AttentionResult.entropy``
+    [B, Hq, Q] fp32 (the kernel's, on the kernel path).
     """
     use_sketch = certificate and sketch is not None
     if use_decode_kernel(query, key, value, extra_mask):
         res = _decode_kernel()(
             query, key, value, log_pi, centre if certificate else None, scaling, certificate=certificate,
-            sketch=sketch if use_sketch else None,
+            sketch=sketch if use_sketch else None, entropy=entropy,
         )
-        return AttentionResult(res[0], *res[2:])
+        ent, res = (res[-1], res[:-1]) if entropy else (None, res)  # the kernel appends the entropy last
+        return AttentionResult(res[0], *res[2:], entropy=ent)
     b, hq, n_q, d = query.shape
     hkv, length, dv = key.shape[1], key.shape[2], value.shape[-1]
     if hq % hkv:
