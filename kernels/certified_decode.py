@@ -19,13 +19,22 @@ attention: the group is padded to ``G_PAD`` ≥ 16 rows so that ``tl.dot`` appli
     M1   ← max(α M1, max_i (1 − π_i) p_i ‖v_i − c‖)
 
 and at the end ô = acc/l, lse = (m + log2 l)·ln 2, V̂ = (C − 2 B·(ô − c) + A‖ô − c‖²)/l²
-and b̂_c = (M1 + M0 ‖ô − c‖)/l. With several splits (flash-decoding) each program writes
+(combined in float64: the terms can nearly cancel) and b̂_c = (M1 + M0 ‖ô − c‖)/l. With
+several splits (flash-decoding) each program writes
 its partial state and a second kernel merges them exactly: m = max_j m_j,
 ω_j = 2^(m_j − m), first moments (l, acc) weighted by ω_j, second moments (A, B, C) by
 ω_j², the maxima (M0, M1) by ω_j.
 
 ``CERT=False`` compiles the same kernels without the certificate accumulators (the
 baseline the certificate's overhead is measured against).
+
+``ENTROPY`` adds the attention entropy H = −Σ p̂_i ln p̂_i (p̂_i = p_i / l) from one more
+accumulator, kept relative to the running max like l (E ≤ 0, no cancellation)::
+
+    E ← α (E − (m' − m) l) + Σ p_i (s_i − m')        H = ln 2 · (log₂ l − E / l)
+
+(padding contributes 0; the merge re-centres each split's E_j by (m_j − m) l_j and weights
+it by ω_j, as it does l_j).
 
 With an eviction sketch (``SKETCH``; :mod:`kvcert.sketch`) the finalisation also bounds the
 evicted summands of the r shadow tokens of the KV head (int8 keys k̃ = scale·codes, key
@@ -110,11 +119,31 @@ def _sketch_epilogue(
 
 
 @triton.jit
+def _entropy(l_i, e_i):
+    """H = ln 2 · (log₂ l − Σ p (s − m) / l) in nats, from the base-2 state: two non-negative
+    terms (l ≥ 1, s ≤ m), so nothing cancels; 0 for a head with no valid slot (l = 0)."""
+    nonempty = l_i > 0.0
+    l_safe = tl.where(nonempty, l_i, 1.0)
+    return tl.where(nonempty, (tl.log2(l_safe) - e_i / l_safe) * 0.6931471805599453, 0.0)
+
+
+@triton.jit
+def _variance(c_i, b_acc, a_i, out_c, l_safe):
+    """V̂ = (C − 2 B·(ô − c) + A‖ô − c‖²)/l², clamped at 0, combined in float64 (as the torch path
+    does): the terms nearly cancel when the r-weighted values sit far from c, and fp32 here would
+    add its rounding, amplified by that cancellation, to the sums' own. [G_PAD] rows: cheap."""
+    oc64 = out_c.to(tl.float64)
+    l64 = l_safe.to(tl.float64)
+    var = c_i.to(tl.float64) - 2.0 * tl.sum(b_acc.to(tl.float64) * oc64, 1) + a_i.to(tl.float64) * tl.sum(oc64 * oc64, 1)
+    return tl.maximum(var / (l64 * l64), 0.0).to(tl.float32)
+
+
+@triton.jit
 def _stage1(
     Q, K, V, LP, CEN, LEN,
     OUT, LSE, VAR, RNG,
     P_M, P_L, P_ACC, P_A, P_B, P_C, P_M0, P_M1,
-    SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR,
+    SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, ENT, P_E,
     scale_log2e, seq_len, chunk, n_splits, n_slots,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
@@ -131,6 +160,7 @@ def _stage1(
     CERT: tl.constexpr, HAS_LP: tl.constexpr, HAS_LEN: tl.constexpr, SPLIT: tl.constexpr,
     SKETCH: tl.constexpr, BLOCK_R: tl.constexpr,
     DOT_PREC: tl.constexpr, CERT_PREC: tl.constexpr, INTERP_BF16: tl.constexpr, INTERP_OUT_BF16: tl.constexpr,
+    ENTROPY: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -162,6 +192,8 @@ def _stage1(
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, BLOCK_DV], tl.float32)
+    if ENTROPY:
+        e_i = tl.zeros([G_PAD], tl.float32)  # Σ p_i (s_i − m): ≤ 0, relative to the running max
     if CERT:
         c_vec = tl.load(CEN + b * stride_cb + h * stride_ch + offs_dv * stride_cd, mask=dv_ok, other=0.0).to(tl.float32)
         a_i = tl.zeros([G_PAD], tl.float32)
@@ -205,6 +237,9 @@ def _stage1(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
+        if ENTROPY:  # re-centre on the new max (Σ p (s − m') = α (Σ p (s − m) − (m' − m) l)), padding adds 0
+            shift = (m_safe - tl.where(l_i > 0.0, m_i, m_safe)) * l_i  # no inf · 0 before the first valid slot
+            e_i = (e_i - shift) * alpha + tl.sum(p * tl.where(p > 0.0, s - m_safe[:, None], 0.0), 1)
         l_i = l_i * alpha + tl.sum(p, 1)
         if INTERP_BF16:
             pv = tl.dot(_round_bf16(p), v.to(tl.float32), input_precision="ieee")
@@ -238,6 +273,8 @@ def _stage1(
         vec = row[:, None] * DV + offs_dv[None, :]
         vmask = g_ok[:, None] & dv_ok[None, :]
         tl.store(P_ACC + vec, acc, mask=vmask)
+        if ENTROPY:
+            tl.store(P_E + row, e_i, mask=g_ok)
         if CERT:
             tl.store(P_A + row, a_i, mask=g_ok)
             tl.store(P_B + vec, b_acc, mask=vmask)
@@ -257,10 +294,11 @@ def _stage1(
         srow = b * (HKV * GROUP) + hq
         lse = tl.where(nonempty, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
         tl.store(LSE + srow, lse, mask=g_ok)
+        if ENTROPY:
+            tl.store(ENT + srow, _entropy(l_i, e_i), mask=g_ok)
         if CERT:
             out_c = tl.where(dv_ok[None, :], out - c_vec[None, :], 0.0)
-            var = (c_i - 2.0 * tl.sum(b_acc * out_c, 1) + a_i * tl.sum(out_c * out_c, 1)) / (l_safe * l_safe)
-            var = tl.maximum(var, 0.0)
+            var = _variance(c_i, b_acc, a_i, out_c, l_safe)
             oc = tl.sqrt(tl.sum(out_c * out_c, 1))
             rng = (m1_i + m0_i * oc) / l_safe
             tl.store(VAR + srow, var, mask=g_ok)
@@ -278,7 +316,7 @@ def _stage1(
 def _merge(
     Q, CEN, OUT, LSE, VAR, RNG,
     P_M, P_L, P_ACC, P_A, P_B, P_C, P_M0, P_M1,
-    SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR,
+    SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, ENT, P_E,
     n_splits, scale_log2e, n_slots,
     stride_qb, stride_qh, stride_qd,
     stride_cb, stride_ch, stride_cd,
@@ -289,6 +327,7 @@ def _merge(
     HKV: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     CERT: tl.constexpr, INTERP_OUT_BF16: tl.constexpr,
     SKETCH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    ENTROPY: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     b = (pid_bh // HKV).to(tl.int64)
@@ -307,6 +346,8 @@ def _merge(
 
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, BLOCK_DV], tl.float32)
+    if ENTROPY:
+        e_i = tl.zeros([G_PAD], tl.float32)
     if CERT:
         a_i = tl.zeros([G_PAD], tl.float32)
         b_acc = tl.zeros([G_PAD, BLOCK_DV], tl.float32)
@@ -318,7 +359,11 @@ def _merge(
         vec = row[:, None] * DV + offs_dv[None, :]
         m_j = tl.load(P_M + row, mask=g_ok, other=float("-inf"))
         w = tl.exp2(m_j - m_safe)  # ω_j; 0 for an empty split (m_j = −inf)
-        l_i += w * tl.load(P_L + row, mask=g_ok, other=0.0)
+        l_j = tl.load(P_L + row, mask=g_ok, other=0.0)
+        l_i += w * l_j
+        if ENTROPY:  # the split's Σ p (s − m_j), re-centred on the merged max; an empty split adds 0
+            e_j = tl.load(P_E + row, mask=g_ok, other=0.0) + (tl.where(l_j > 0.0, m_j, m_safe) - m_safe) * l_j
+            e_i += tl.where(l_j > 0.0, w * e_j, 0.0)
         acc += w[:, None] * tl.load(P_ACC + vec, mask=vmask, other=0.0)
         if CERT:
             w2 = w * w
@@ -340,11 +385,12 @@ def _merge(
     srow = b * (HKV * GROUP) + hq
     lse = tl.where(nonempty, (m + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     tl.store(LSE + srow, lse, mask=g_ok)
+    if ENTROPY:
+        tl.store(ENT + srow, _entropy(l_i, e_i), mask=g_ok)
     if CERT:
         c_vec = tl.load(CEN + b * stride_cb + h * stride_ch + offs_dv * stride_cd, mask=dv_ok, other=0.0).to(tl.float32)
         out_c = tl.where(dv_ok[None, :], out - c_vec[None, :], 0.0)
-        var = (c_i - 2.0 * tl.sum(b_acc * out_c, 1) + a_i * tl.sum(out_c * out_c, 1)) / (l_safe * l_safe)
-        var = tl.maximum(var, 0.0)
+        var = _variance(c_i, b_acc, a_i, out_c, l_safe)
         oc = tl.sqrt(tl.sum(out_c * out_c, 1))
         rng = (m1_i + m0_i * oc) / l_safe
         tl.store(VAR + srow, var, mask=g_ok)
@@ -434,6 +480,7 @@ def certified_decode(
     poison: bool = False,
     out: tuple | None = None,
     sketch=None,
+    entropy: bool = False,
 ):
     """Hájek decode attention with its certificate in one pass over the compacted cache.
 
@@ -453,6 +500,11 @@ def certified_decode(
     ``sketch`` (a :class:`kvcert.sketch.EvictionSketch` of the same batch and KV heads, with
     the certificate): the shadow terms are computed too, and two more tensors are returned,
     shadow_sum and shadow_range (fp32, the stat shape).
+
+    ``entropy``: also the Shannon entropy (nats) of the attention distribution each query uses,
+    p_i ∝ exp(s_i − log π_i) over the valid slots (0 for a head with none), fp32, the stat
+    shape, appended as the last returned tensor (with or without the certificate). The
+    other outputs are the same bits either way.
     """
     _check(query, key, value, log_pi, centre, lengths)
     if sketch is not None and not certificate:
@@ -509,10 +561,12 @@ def certified_decode(
             p_a, p_b, p_c, p_m0, p_m1 = ws(rows), ws(rows, dv), ws(rows), ws(rows), ws(rows)
         else:
             p_a = p_b = p_c = p_m0 = p_m1 = p_m
+        p_e = ws(rows) if entropy else p_m
     else:
-        p_m = p_l = p_acc = p_a = p_b = p_c = p_m0 = p_m1 = lse
+        p_m = p_l = p_acc = p_a = p_b = p_c = p_m0 = p_m1 = p_e = lse
+    ent = torch.empty(stat_shape, device=dev, dtype=torch.float32) if entropy else None
     if poison:
-        for t in (output, lse, variance, range_term):
+        for t in (output, lse, variance, range_term, ent):
             if t is not None:
                 t.fill_(float("nan"))
     var_arg = variance if variance is not None else lse
@@ -552,7 +606,7 @@ def certified_decode(
         q3, key, value, lp, centre_t, len_t,
         o3, lse, var_arg, rng_arg,
         p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1,
-        sk_c, sk_s, sk_e, sk_d, sk_n, sv_arg, sr_arg,
+        sk_c, sk_s, sk_e, sk_d, sk_n, sv_arg, sr_arg, ent if entropy else lse, p_e,
         float(scaling) * LOG2E, seq_len, chunk, num_splits, n_slots,
         q3.stride(0), q3.stride(1), q3.stride(2),
         key.stride(0), key.stride(1), key.stride(2), key.stride(3),
@@ -567,24 +621,23 @@ def certified_decode(
         SKETCH=use_sketch and not split, BLOCK_R=SKETCH_BLOCK,
         DOT_PREC=dot_prec, CERT_PREC=cert_prec,
         INTERP_BF16=interp and key.dtype == torch.bfloat16, INTERP_OUT_BF16=interp_out,
-        **launch,
+        ENTROPY=bool(entropy), **launch,
     )
     if split:
         _merge[(bsz * hkv,)](
             q3, centre_t, o3, lse, var_arg, rng_arg,
             p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1,
-            sk_c, sk_s, sk_e, sk_d, sk_n, sv_arg, sr_arg,
+            sk_c, sk_s, sk_e, sk_d, sk_n, sv_arg, sr_arg, ent if entropy else lse, p_e,
             num_splits, float(scaling) * LOG2E, n_slots,
             q3.stride(0), q3.stride(1), q3.stride(2),
             centre_t.stride(0), centre_t.stride(1), centre_t.stride(2),
             o3.stride(0), o3.stride(1), o3.stride(2),
             *sk_strides,
             **consts, DV=dv, BLOCK_DV=block_dv, CERT=bool(certificate), INTERP_OUT_BF16=interp_out,
-            SKETCH=use_sketch, D=d, BLOCK_D=block_d, BLOCK_R=SKETCH_BLOCK,
+            SKETCH=use_sketch, D=d, BLOCK_D=block_d, BLOCK_R=SKETCH_BLOCK, ENTROPY=bool(entropy),
         )
-    if sketch is not None:
-        return output, lse, variance, range_term, shadow_v, shadow_r
-    return output, lse, variance, range_term
+    res = (output, lse, variance, range_term) + ((shadow_v, shadow_r) if sketch is not None else ())
+    return res + (ent,) if entropy else res
 
 
 def decode_bytes(key: torch.Tensor, value: torch.Tensor, log_pi: torch.Tensor | None, lengths=None) -> int:

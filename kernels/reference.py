@@ -110,3 +110,31 @@ def sketch_reference(query: torch.Tensor, sketch, centre: torch.Tensor, scaling:
     sv, sr = sketch_terms(q.unsqueeze(2), sketch, scaling, torch.where(empty, torch.inf, lse).unsqueeze(-1),
                           out_dev.unsqueeze(-1))
     return sv[..., 0], sr[..., 0]
+
+
+def entropy_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    log_pi: torch.Tensor | None,
+    scaling: float,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """H = −Σ p_i ln p_i [B, Hq], float64, p = softmax(q·k_i·scale − log π_i) over the valid slots
+    (finite log π, below ``lengths``); 0 for a head with no valid slot."""
+    q = (query[:, :, 0] if query.ndim == 4 else query).to(torch.float64)
+    bsz, hq, d = q.shape
+    hkv, seq_len = key.shape[1], key.shape[2]
+    k = key.to(torch.float64)
+    lp = torch.zeros(bsz, hkv, seq_len, dtype=torch.float64) if log_pi is None else log_pi.to(torch.float64).cpu()
+    lp = lp.to(k.device)
+    valid = torch.isfinite(lp)
+    if lengths is not None:
+        valid &= torch.arange(seq_len, device=k.device) < lengths.to(k.device).unsqueeze(-1)
+    k = torch.where(valid.unsqueeze(-1), k, 0.0)
+    z = q.reshape(bsz, hkv, hq // hkv, d) @ k.transpose(-1, -2) * scaling - torch.where(valid, lp, 0.0).unsqueeze(-2)
+    z = z.masked_fill(~valid.unsqueeze(-2), -torch.inf)
+    lse = torch.logsumexp(z, dim=-1, keepdim=True)
+    p = torch.exp(z - lse)
+    h = (lse.squeeze(-1) - torch.where(p > 0, p * z, 0.0).sum(-1))
+    empty = ~valid.any(-1, keepdim=True)
+    return torch.where(empty, 0.0, h).reshape(bsz, hq)

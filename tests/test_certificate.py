@@ -53,6 +53,23 @@ def test_one_pass_matches_two_pass_float64(seed):
     assert (ref.range_bound >= ref.range_exact - 1e-12).all()
 
 
+def test_variance_near_zero_is_relatively_accurate():
+    """One tail token holding nearly all the attention, its value far from the centre: the
+    one-pass terms are ~1e4 x V̂ (fp32 one-pass: ~5e-3 off); the rows where they cancel are
+    recomputed directly, so V̂ stays within 1e-4 of float64 relative to itself."""
+    query, key, value, log_pi = random_retained(3, q=1)
+    key[0, 0, 40] = query[0, 0, 0] * 5.5  # query head 0 attends to slot 40 (a tail token) almost alone
+    value[0, 0, 40] += 30.0
+    log_pi[0, 0, 40] = -0.5
+    centre = value.mean(2)
+    res = hajek_attention(query, key, value, log_pi, 0.25, causal=False, certificate=True, centre=centre)
+    ref, shape = grouped_reference(query, key, value, log_pi, 0.25, centre)
+    var = res.variance.reshape(shape).double()
+    size = ref.range_bound[0, 0, 0, 0] ** 2  # the scale of the cancelling terms
+    assert float(ref.variance[0, 0, 0, 0]) < 1e-3 * float(size)  # the ill-conditioned case is there
+    torch.testing.assert_close(var, ref.variance, rtol=1e-4, atol=0)
+
+
 def test_float64_inputs_stay_float64():
     query, key, value, log_pi = random_retained(2, dtype=torch.float64)
     res = hajek_attention(query, key, value, log_pi, 0.25, causal=False, certificate=True)

@@ -140,6 +140,64 @@ def test_priority_sampling_exact_size_and_unbiased():
     assert abs(est.mean() - x.sum()) <= 4 * sd / math.sqrt(m)
 
 
+def reference_priority(scores, budget, generator, design=RetentionDesign()):
+    """priority_sample as first written: full-width τ by sorting, kept = certain | priority > τ, packed."""
+    from kvcert.design import _certainty, _row_budgets, _rows, _uniform, pack, tail_weights
+
+    rows, lead, n = _rows(scores)
+    k = _row_budgets(budget, n, lead, rows.shape[0], rows.device)
+    cert = _certainty(rows, k, design, slice_fraction=design.top_fraction)
+    weights = tail_weights(rows, cert.certain, design.floor)
+    u = 1 - _uniform(rows.shape, generator, rows.device, rows.dtype)
+    priority = (weights / u).masked_fill(cert.certain, 0.0)
+    take = torch.minimum(cert.tail_budget, (priority > 0).sum(-1))
+    ordered = torch.cat([priority.sort(-1, descending=True).values, torch.zeros_like(priority[:, :1])], -1)
+    tau = ordered.gather(-1, take.clamp(max=n).unsqueeze(-1))
+    kept = cert.certain | (priority > tau)
+    pi = torch.where(tau > 0, weights / tau.clamp(min=torch.finfo(rows.dtype).tiny), 1.0).clamp(max=1.0)
+    return pack(kept, pi.masked_fill(cert.certain, 1.0), lead)
+
+
+@pytest.mark.parametrize(
+    "n, rows, budget, dtype, floor",
+    [(600, 3, 0.25, torch.float64, 0.1), (5000, 4, torch.tensor([300, 1000, 2500, 5000]), torch.float32, 0.1),
+     (20000, 3, 0.25, torch.float32, 0.1), (20000, 2, torch.tensor([4000, 19990]), torch.float32, 0.0),
+     (17000, 2, 0.3, torch.float32, 1.0)],
+)
+@pytest.mark.parametrize("coarse", [False, True])
+def test_priority_sample_matches_reference_bit_for_bit(n, rows, budget, dtype, floor, coarse, monkeypatch):
+    """Same generator draws -> the same kept set, log pi and counts as the reference (fast paths included;
+    coarse draws tie priorities at tau, so some rows keep fewer than the budget)."""
+    import kvcert.design as design_module
+
+    if coarse:
+        fine = design_module._uniform
+        monkeypatch.setattr(design_module, "_uniform", lambda *a, **kw: (fine(*a, **kw) * 64).floor() / 64)
+    scores = heavy_scores(n=n, rows=rows, seed=n).to(dtype)
+    scores[0, 100:400] = 0.0  # zero importance
+    scores[0, 400:450] = -0.0  # signed zeros (priority -0 without a floor)
+    scores[-1, 50:5050:7] = scores[-1, 60]  # ties
+    design = RetentionDesign(floor=floor)
+    got = priority_sample(scores, budget, torch.Generator().manual_seed(5), design)
+    want = reference_priority(scores, budget, torch.Generator().manual_seed(5), design)
+    assert torch.equal(got.lengths, want.lengths)
+    assert torch.equal(got.indices, want.indices)
+    assert torch.equal(got.log_pi, want.log_pi)
+
+
+def test_radix_kth_largest_equals_topk():
+    from kvcert.design import _kth_largest, _kth_largest_radix
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(5, 3000, generator=g).pow(3) / torch.rand(5, 3000, generator=g)
+    x[1] = torch.randint(0, 4, (3000,), generator=g).float()  # heavy ties, zeros
+    x[2, :1000] = float("inf")
+    x[3] = 0.0
+    x[4, ::2] = torch.finfo(torch.float32).tiny
+    for j in (torch.tensor([1, 3000, 2999, 1500, 7]), torch.tensor([3001, 1, 1000, 2, 3000]), torch.full((5,), 17)):
+        assert torch.equal(_kth_largest_radix(x, j), _kth_largest(x, j))
+
+
 def test_topk_keeps_sinks_window_and_best_scores():
     scores = heavy_scores(n=300, rows=2)
     sample = topk_sample(scores, 80)

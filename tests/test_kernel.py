@@ -36,7 +36,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from kvcert import attention as attn  # noqa: E402
 from kvcert.attention import hajek_attention, squared_deviation  # noqa: E402
 from kvcert_kernels import certified_decode  # noqa: E402
-from kvcert_kernels.reference import decode_reference, sketch_reference, variance_scale  # noqa: E402
+from kvcert_kernels.reference import decode_reference, entropy_reference, sketch_reference, variance_scale  # noqa: E402
 from kvcert.sketch import build_sketch  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
@@ -347,6 +347,62 @@ def test_dispatch_uses_kernel_for_decode_steps(seed, monkeypatch):
     monkeypatch.delenv("KVCERT_DECODE_KERNEL")
     hajek_attention(q.clone().requires_grad_(), k, v, lp, scale)
     assert calls == [True, False]
+
+
+ENTROPY_CASES = [  # dtype, group, num_splits, certificate
+    (torch.float32, 2, 1, True),
+    (torch.float32, 4, 3, True),
+    (torch.float32, 1, 5, False),
+    (torch.float32, 2, 2, False),
+    (torch.bfloat16, 2, 3, True),
+]
+
+
+@pytest.mark.parametrize("dtype,group,splits,certificate", ENTROPY_CASES, ids=lambda x: str(x).replace("torch.", ""))
+@kernel_test
+def test_entropy_matches_float64_reference(seed, dtype, group, splits, certificate):
+    """entropy=True: H of each query's attention over the valid slots against float64 (padding with
+    +inf log π and NaN keys, ragged lengths, a lone-token head (H = 0), an empty head (0), split-K
+    merges, GQA groups), appended last; every other output the same bits as with entropy=False."""
+    q, k, v, lp, c, lengths = make_case(seed, dtype, group=group)
+    lengths[-1, 0] = 0  # an empty head
+    q = q * 2.0  # peaked and flat rows alike
+    scale = q.shape[-1] ** -0.5
+    kw = dict(lengths=lengths, certificate=certificate, num_splits=splits, block_n=BLOCK_N, poison=True)
+    plain = certified_decode(q, k, v, lp, c, scale, **kw)
+    res = certified_decode(q, k, v, lp, c, scale, entropy=True, **kw)
+    assert len(res) == len(plain) + 1 and res[-1].shape == q.shape[:3] and res[-1].dtype == torch.float32
+    for a, b in zip(plain, res):
+        assert (a is None and b is None) or torch.equal(a.nan_to_num(), b.nan_to_num())
+    ref = entropy_reference(q, k, lp, scale, lengths)
+    # fp32: H = ln2 (log2 l − E/l), two non-negative terms: ~1e-6 relative, a few ulps of 1 near 0;
+    # bf16 logits round the same in both (products of bf16 are exact in fp32), so no looser bound
+    check("entropy", res[-1], ref, 1e-5, seed, floor=torch.full((), 0.1))
+    group_of = lambda h: slice(h * group, (h + 1) * group)  # noqa: E731
+    assert torch.all(res[-1][-1, group_of(0)] == 0)  # the empty head
+    assert float(res[-1][0, group_of(2)].abs().max()) <= 1e-6  # one kept token: p = 1, H = 0
+    if certificate:
+        sketch = make_sketch(seed, k, c)
+        both = certified_decode(q, k, v, lp, c, scale, entropy=True, sketch=sketch, **kw)
+        assert len(both) == 7 and torch.equal(both[-1], res[-1])
+
+
+@kernel_test
+def test_hajek_attention_kernel_path_returns_entropy(seed, monkeypatch):
+    """hajek_attention(entropy=True) on the kernel path: AttentionResult.entropy from the kernel,
+    the other fields as without it (with and without the certificate and a sketch)."""
+    monkeypatch.setattr(attn, "_on_kernel_device", lambda t: True)
+    q, k, v, lp, c, _ = make_case(seed, torch.float32, poison_padding=False)
+    scale = q.shape[-1] ** -0.5
+    ref = entropy_reference(q, k, lp, scale).reshape(q.shape[:3])
+    for kw in (dict(), dict(certificate=True, centre=c), dict(certificate=True, centre=c, sketch=make_sketch(seed, k, c))):
+        base = hajek_attention(q, k, v, lp, scale, **kw)
+        res = hajek_attention(q, k, v, lp, scale, entropy=True, **kw)
+        assert base.entropy is None and res.entropy.shape == q.shape[:3]
+        check("entropy", res.entropy, ref, 1e-5, seed, floor=torch.full((), 0.1))
+        for name in ("output", "variance", "range_term", "shadow_sum", "shadow_range"):
+            a, b = getattr(base, name), getattr(res, name)
+            assert (a is None and b is None) or torch.equal(a, b), name
 
 
 def make_sketch(seed, k, c, slots=37, evicted_tokens=90):

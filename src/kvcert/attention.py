@@ -97,6 +97,38 @@ def use_decode_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return _decode_kernel() is not None
 
 
+#: a one-pass V̂ that keeps less than this share of the terms it cancels is recomputed directly
+SHAKY_VARIANCE = 1e-2
+
+
+def _variance(c_term, bv, out, a, l, centre, r, value) -> torch.Tensor:
+    """V̂ = (C − 2 B_c·(ô − c) + A‖ô − c‖²)/l², clamped at 0, from the pass's sums (C = Σ r‖v − c‖²,
+    bv = Σ r v, A = Σ r; [..., rows, 1] and [..., rows, D]), combined in float64: the terms nearly
+    cancel when the r-weighted values sit far from c, and fp32 here would add its rounding,
+    amplified by that cancellation, to the sums' own.
+
+    Where V̂ keeps less than :data:`SHAKY_VARIANCE` of C + A‖ô − c‖² (the r-weight sits on
+    values next to ô, e.g. one tail token holding the attention: V̂ ≈ 0 beside a large
+    range term) even exact sums leave it at the fp32 rounding of those terms, u·S, and the
+    radius's √V̂ at √u relative: those rows (r [..., rows, L], value [..., L, D]) get
+    Σ r_i ‖v_i − ô‖² / l² directly, a second pass over their values only."""
+    f64 = torch.float64
+    centre, out64, a = centre.to(f64), out.to(f64), a.to(f64)
+    out_c = out64 - centre
+    b_c = bv.to(f64) - a * centre
+    size = c_term.to(f64) + a * out_c.pow(2).sum(-1, keepdim=True)
+    var = size - 2.0 * (b_c * out_c).sum(-1, keepdim=True)
+    l = l.to(f64)
+    shaky = (var < SHAKY_VARIANCE * size).squeeze(-1).nonzero(as_tuple=True)
+    if shaky[0].numel():
+        step = max(1, (1 << 24) // max(1, value.shape[-2] * value.shape[-1]))  # bound the [n, L, D] deviations
+        for i in range(0, shaky[0].numel(), step):
+            idx = tuple(t[i : i + step] for t in shaky)
+            dev2 = (value[idx[:-1]].to(out.dtype) - out[idx].unsqueeze(-2)).pow(2).sum(-1)
+            var[idx] = (r[idx].to(f64) * dev2.to(f64)).sum(-1, keepdim=True)
+    return (var / (l * l)).clamp_(min=0)
+
+
 def hajek_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -129,17 +161,16 @@ def hajek_attention(
     the attention weights each query uses, H = −Σ_j p_j log p_j with p = softmax(s − log π)
     over the keys it sees (padding excluded) — the H2O-style cache-side signal of issue 18 —
     computed in the same pass as H = log l − Σ_j e^{z_j − m} (z_j − m) / l (z = s − log π,
-    m = max_j z_j, l = Σ_j e^{z_j − m}).
+    m = max_j z_j, l = Σ_j e^{z_j − m}); on the kernel path, the kernel's.
     """
     use_sketch = certificate and sketch is not None
     if use_decode_kernel(query, key, value, extra_mask):
         res = _decode_kernel()(
             query, key, value, log_pi, centre if certificate else None, scaling, certificate=certificate,
-            sketch=sketch if use_sketch else None, **({"entropy": True} if entropy else {}),
+            sketch=sketch if use_sketch else None, entropy=entropy,
         )
-        if entropy:
-            return AttentionResult(res[0], *res[2:-1], entropy=res[-1])
-        return AttentionResult(res[0], *res[2:])
+        ent, res = (res[-1], res[:-1]) if entropy else (None, res)  # the kernel appends the entropy last
+        return AttentionResult(res[0], *res[2:], entropy=ent)
     b, hq, n_q, d = query.shape
     hkv, length, dv = key.shape[1], key.shape[2], value.shape[-1]
     if hq % hkv:
@@ -200,10 +231,8 @@ def hajek_attention(
             m1 = wpd.amax(-1)
             c_term = torch.matmul(wpd.mul_(p), dev.unsqueeze(-1))  # Σ r_i ‖v_i − c‖²
             out_c = out - centre32
-            b_c = bv - a * centre32
-            var = c_term - 2.0 * (b_c * out_c).sum(-1, keepdim=True) + a * out_c.pow(2).sum(-1, keepdim=True)
-            var = (var / (l * l)).clamp_(min=0).squeeze(-1)
             out_dev = torch.linalg.vector_norm(out_c, dim=-1)
+            var = _variance(c_term, bv, out, a, l, centre32, r, value).to(acc_dtype).squeeze(-1)
             rng = (m1 + m0 * out_dev) / l.squeeze(-1)
             variances.append(var.reshape(b, hkv, group, nq))
             ranges.append(rng.reshape(b, hkv, group, nq))

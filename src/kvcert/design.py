@@ -135,14 +135,29 @@ def _fixed_span(n: int, design: RetentionDesign) -> tuple[int, int]:
 
 @dataclass
 class _Certainty:
-    certain: torch.Tensor  # bool [R, N]
+    certain: torch.Tensor | None  # bool [R, N] (None: not built, ``top`` describes it)
     tail_budget: torch.Tensor  # long [R]
     lo: int
     hi: int
+    count: torch.Tensor  # long [R], certain tokens per row (sinks + window + slice)
+    top: torch.Tensor | None = None  # long [R, S], the slice's positions when every row's slice has S
+
+    def fill(self, x: torch.Tensor, value: float) -> torch.Tensor:
+        """x[certain] = value in place (ranges and the slice's positions: no pass over all of x)."""
+        if self.top is None:
+            return x.masked_fill_(self.certain, value)
+        x[:, : self.lo] = value
+        x[:, self.hi :] = value
+        return x.scatter_(-1, self.top, value)
 
 
-def _certainty(rows: torch.Tensor, k: torch.Tensor, design: RetentionDesign, *, slice_fraction: float) -> _Certainty:
-    """Sinks, window and the top-score slice (``slice_fraction`` of the free budget)."""
+def _certainty(
+    rows: torch.Tensor, k: torch.Tensor, design: RetentionDesign, *, slice_fraction: float, mask: bool = True
+) -> _Certainty:
+    """Sinks, window and the top-score slice (``slice_fraction`` of the free budget).
+
+    ``mask=False``: skip the bool mask [R, N] where the slice's positions describe it (``top``
+    set; ``certain`` is then None)."""
     r, n = rows.shape
     lo, hi = _fixed_span(n, design)
     n_fixed = n - (hi - lo)
@@ -154,16 +169,21 @@ def _certainty(rows: torch.Tensor, k: torch.Tensor, design: RetentionDesign, *, 
         )
     free = (k - n_fixed).clamp(min=0)
     sizes = torch.round(free.to(torch.float64) * slice_fraction).to(torch.long).clamp(max=hi - lo)
-    certain = torch.zeros(r, n, dtype=torch.bool, device=rows.device)
-    certain[:, :lo] = True
-    certain[:, hi:] = True
     kmax = int(sizes.max()) if r else 0
+    top = same = None
     if kmax > 0:
         same = bool((sizes == kmax).all())  # equal sizes need no sorted order
         top = rows[:, lo:hi].topk(kmax, dim=-1, sorted=not same).indices + lo
-        take = torch.arange(kmax, device=rows.device) < sizes.unsqueeze(-1)
-        certain.scatter_(-1, top, take)
-    return _Certainty(certain, (free - sizes).clamp(min=0), lo, hi)
+    elif r:
+        top, same = torch.zeros(r, 0, dtype=torch.long, device=rows.device), True
+    certain = None
+    if mask or not same:
+        certain = torch.zeros(r, n, dtype=torch.bool, device=rows.device)
+        certain[:, :lo] = True
+        certain[:, hi:] = True
+        if kmax > 0:
+            certain.scatter_(-1, top, torch.arange(kmax, device=rows.device) < sizes.unsqueeze(-1))
+    return _Certainty(certain, (free - sizes).clamp(min=0), lo, hi, sizes + n_fixed, top if same else None)
 
 
 def _kth_largest(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
@@ -177,6 +197,34 @@ def _kth_largest(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         kth = x.topk(width, dim=-1, sorted=False).values.amin(-1)
     else:
         kth = x.topk(width, dim=-1).values.gather(-1, (j.clamp(max=width) - 1).unsqueeze(-1)).squeeze(-1)
+    return torch.where(j > n, torch.zeros_like(kth), kth)
+
+
+#: rows at least this long take :func:`_kth_largest_radix` (its two histograms cost more than a
+#: top-k of a short row)
+RADIX_MIN_TOKENS = 1 << 14
+
+
+def _kth_largest_radix(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """:func:`_kth_largest` of an fp32 x ≥ +0 (no −0, no NaN) by a two-pass radix select.
+
+    The bit patterns of non-negative floats order like the floats, so the j-th largest is the
+    m-th smallest pattern, m = N − j + 1: a histogram of the high 16 bits finds its bucket, a
+    histogram of the low 15 bits inside that bucket (everything below folded into bin 0,
+    above into the last bin) finds the pattern. Two bincounts instead of a top-k's
+    selection over (value, index) pairs; the value returned is the same entry of x.
+    """
+    r, n = x.shape
+    bits = x.contiguous().view(torch.int32)
+    m = (n - j + 1).clamp(min=1).unsqueeze(-1)
+    row = torch.arange(r, device=x.device, dtype=torch.int32).unsqueeze(-1)
+    key = torch.bitwise_right_shift(bits, 15).add_(row << 16)
+    below = torch.bincount(key.view(-1), minlength=r << 16).view(r, 1 << 16).cumsum_(-1)
+    bucket = torch.searchsorted(below, m).to(torch.int32)  # first bucket holding the m-th smallest
+    key = torch.sub(bits, bucket << 15, out=key).clamp_(-1, 1 << 15).add_(row * ((1 << 15) + 2) + 1)
+    below = torch.bincount(key.view(-1), minlength=r * ((1 << 15) + 2)).view(r, (1 << 15) + 2).cumsum_(-1)
+    pattern = (bucket << 15) | (torch.searchsorted(below, m).to(torch.int32) - 1)
+    kth = pattern.view(torch.float32).squeeze(-1)
     return torch.where(j > n, torch.zeros_like(kth), kth)
 
 
@@ -248,6 +296,14 @@ def _uniform(shape, generator: torch.Generator | None, device, dtype=torch.float
     return torch.rand(shape, generator=generator, dtype=dtype, device=gen_device).to(device)
 
 
+def _padded(rows: torch.Tensor, cols: torch.Tensor, lengths: torch.Tensor, r: int, k: int) -> torch.Tensor:
+    """A kept mask's row-major nonzero positions (rows, cols) [M] as indices [R, K] (padding 0)."""
+    slot = torch.arange(rows.shape[0], device=rows.device) - (torch.cumsum(lengths, 0) - lengths)[rows]
+    indices = torch.zeros(r, k, dtype=torch.long, device=rows.device)
+    indices[rows, slot] = cols
+    return indices
+
+
 def pack(kept: torch.Tensor, pi_full: torch.Tensor | None, lead: tuple[int, ...]) -> Sample:
     """Compact a kept mask [R, N] into a :class:`Sample` (kept positions in ascending order).
 
@@ -256,12 +312,9 @@ def pack(kept: torch.Tensor, pi_full: torch.Tensor | None, lead: tuple[int, ...]
     """
     r, n = kept.shape
     nz = kept.nonzero()  # row-major: each row's kept positions in ascending order
-    rows, cols = nz[:, 0], nz[:, 1]
     lengths = kept.sum(-1, dtype=torch.int32).to(torch.long)
     k = int(lengths.max()) if r else 0
-    slot = torch.arange(rows.shape[0], device=kept.device) - (torch.cumsum(lengths, 0) - lengths)[rows]
-    indices = torch.zeros(r, k, dtype=torch.long, device=kept.device)
-    indices[rows, slot] = cols
+    indices = _padded(nz[:, 0], nz[:, 1], lengths, r, k)
     valid = torch.arange(k, device=kept.device) < lengths.unsqueeze(-1)
     if pi_full is None:  # every kept token is certain
         log_pi = torch.where(valid, 0.0, float("inf"))
@@ -281,11 +334,11 @@ def _poisson_rows(rows: torch.Tensor, lead: tuple[int, ...], generator: torch.Ge
     return pack(kept, rows, lead)
 
 
-def _tail_affine(rows: torch.Tensor, certain: torch.Tensor, floor: float):
+def _tail_affine(rows: torch.Tensor, cert: _Certainty, floor: float):
     """The tail importance (certain tokens zeroed) and the per-row (scale, offset) with which
     q_i = scale · imp_i + offset are the tail weights of :func:`tail_weights`."""
-    imp = torch.where(certain, 0.0, rows)
-    n_tail = (rows.shape[-1] - certain.sum(-1, dtype=torch.int32)).clamp(min=1).to(torch.float64)
+    imp = cert.fill(rows.clone(), 0.0)
+    n_tail = (rows.shape[-1] - cert.count).clamp(min=1).to(torch.float64)
     total = imp.sum(-1).to(torch.float64)
     scale = torch.where(total > 0, (1.0 - floor) / total.clamp(min=1e-300), torch.zeros_like(total))
     offset = torch.where(total > 0, floor / n_tail, 1.0 / n_tail)  # all-zero importance: uniform tail
@@ -306,7 +359,7 @@ def _poisson_design(rows: torch.Tensor, k: torch.Tensor, design: RetentionDesign
     c = k_T unless some token caps (then the general capping solve runs)."""
     cert = _certainty(rows, k, design, slice_fraction=design.top_fraction)
     certain = cert.certain
-    imp, scale, offset = _tail_affine(rows, certain, design.floor)
+    imp, scale, offset = _tail_affine(rows, cert, design.floor)
     c = cert.tail_budget.to(torch.float64)
     peak = (imp.amax(-1).to(torch.float64) * scale + offset) * c
     if bool((peak < 1.0).all()):  # nothing caps: pi = c * q on the tail (certain tokens are fixed below)
@@ -343,21 +396,46 @@ def priority_sample(
     budget exactly.
     """
     rows, lead, n = _rows(scores)
-    k = _row_budgets(budget, n, lead, rows.shape[0], rows.device)
-    cert = _certainty(rows, k, design, slice_fraction=design.top_fraction)
-    certain = cert.certain
-    imp, scale, offset = _tail_affine(rows, certain, design.floor)
-    weights = imp.mul_(scale.to(rows.dtype).unsqueeze(-1)).add_(offset.to(rows.dtype).unsqueeze(-1))
-    u = _uniform(rows.shape, generator, rows.device, rows.dtype).neg_().add_(1.0)  # (0, 1]: w / U never divides by 0
-    priority = torch.div(weights, u, out=u).masked_fill_(certain, 0.0)
-    n_positive = n - certain.sum(-1, dtype=torch.int32).to(torch.long)
+    r = rows.shape[0]
+    k = _row_budgets(budget, n, lead, r, rows.device)
+    cert = _certainty(rows, k, design, slice_fraction=design.top_fraction, mask=False)
+    imp, scale, offset = _tail_affine(rows, cert, design.floor)
+    # −w and U − 1 ∈ [−1, 0) (exact): (−w) / (U − 1) is w / (1 − U) bit for bit, one pass fewer; 1 − U ∈ (0, 1]
+    # never divides by 0. Certain tokens get w, so priority, +inf: they rank above the tail (one
+    # compare keeps both) and min(1, w / τ) = 1 (log π = 0) for them.
+    neg_w = imp.mul_((-scale).to(rows.dtype).unsqueeze(-1)).add_((-offset).to(rows.dtype).unsqueeze(-1))
+    cert.fill(neg_w, float("-inf"))
+    u = _uniform(rows.shape, generator, rows.device, rows.dtype).sub_(1.0)
+    priority = torch.div(neg_w, u, out=u)
+    if not bool((offset.to(rows.dtype) > 0).all()):
+        priority.add_(0.0)  # a weight −0 (a −0 score, no floor) gives priority −0: make it +0 for the radix select
+    n_positive = n - cert.count
     if design.floor <= 0:
-        n_positive = (priority > 0).sum(-1)
+        n_positive = (priority > 0).sum(-1) - cert.count
     take = torch.minimum(cert.tail_budget, n_positive)
-    tau = _kth_largest(priority, take + 1).unsqueeze(-1)
-    kept = certain | (priority > tau)
-    pi = torch.where(tau > 0, weights / tau.clamp(min=torch.finfo(rows.dtype).tiny), 1.0).clamp_(max=1.0)
-    return _with_certain_log_pi(pack(kept, pi, (rows.shape[0],)), certain, lead)
+    # τ: the (take + 1)-th largest tail priority (0 when the tail runs out)
+    radix = rows.dtype == torch.float32 and n >= RADIX_MIN_TOKENS
+    tau = (_kth_largest_radix if radix else _kth_largest)(priority, take + 1 + cert.count).unsqueeze(-1)
+    kept = priority > tau
+    flat = kept.view(-1).nonzero().squeeze(-1)  # row-major: each row's kept positions in ascending order
+    longest = cert.count + take  # no row keeps more (ties at τ keep fewer)
+    if flat.shape[0] == int(longest.sum()):
+        lengths = longest
+    else:
+        lengths = kept.sum(-1, dtype=torch.int32).to(torch.long)
+    width = int(lengths.max()) if r else 0
+    full = flat.shape[0] == r * width
+    if full:  # every row keeps `width`: the flat positions are the layout
+        indices = flat.view(r, width).sub_(torch.arange(0, r * n, n, device=rows.device).unsqueeze(-1))
+    else:
+        indices = _padded(flat // n, flat % n, lengths, r, width)
+    pi = neg_w.gather(-1, indices).div_(tau.clamp(min=torch.finfo(rows.dtype).tiny).neg_())
+    if not bool((tau > 0).all()):
+        pi = torch.where(tau > 0, pi, 1.0)
+    log_pi = pi.clamp_(max=1.0).to(torch.float32).clamp_(min=torch.finfo(torch.float32).tiny).log_()
+    if not full:
+        log_pi.masked_fill_(torch.arange(width, device=rows.device) >= lengths.unsqueeze(-1), float("inf"))
+    return Sample(indices.reshape(*lead, width), log_pi.reshape(*lead, width), lengths.reshape(lead), n)
 
 
 def topk_sample(
