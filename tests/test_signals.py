@@ -57,6 +57,20 @@ def test_attention_entropy_matches_float64(causal, certificate):
     assert plain.entropy is None and torch.equal(plain.output, res.output)  # asking for it changes nothing else
 
 
+def test_decode_step_over_certain_keys_matches_float64():
+    """The fused path of one query per head over all-certain keys (a top-k cache's decode step)."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(2, 6, 1, 16, generator=gen), torch.randn(2, 3, 70, 16, generator=gen), torch.randn(2, 3, 70, 16, generator=gen)
+    res = hajek_attention(q, k, v, None, 0.4, entropy=True)
+    zeros = torch.zeros(2, 3, 70)
+    ref = reference_entropy(q, k, zeros, 0.4, causal=False)
+    assert torch.allclose(res.entropy.double(), ref, rtol=1e-5, atol=1e-5)
+    general = hajek_attention(q, k, v, zeros, 0.4, entropy=True)  # the general path (a bias of zeros)
+    assert torch.allclose(res.output, general.output, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(res.entropy, general.entropy, rtol=1e-5, atol=1e-6)
+    assert hajek_attention(q, k, v, None, 0.4).entropy is None
+
+
 def test_next_token_signals_on_known_distributions():
     v = 1000
     uniform = torch.log_softmax(torch.zeros(v), -1)

@@ -129,6 +129,22 @@ def _variance(c_term, bv, out, a, l, centre, r, value) -> torch.Tensor:
     return (var / (l * l)).clamp_(min=0)
 
 
+def _plain_decode(qc, key, value, acc_dtype, entropy: bool, out_dtype) -> AttentionResult:
+    """One query per head over keys that are all certain and all visible (a top-k cache's decode
+    step, asked for its entropy): p = e^{z − lse}, ô = p·V and H = lse − Σ_j p_j z_j with
+    lse = log Σ_j e^{z_j} — a fused logsumexp instead of the general path's separate max, shift,
+    exp and sum (every z_j is finite here, so the dot product needs no masking)."""
+    b, hkv, group, _ = qc.shape
+    z = torch.matmul(qc, key.transpose(-1, -2)).to(acc_dtype)  # [B, Hkv, group, L]
+    lse = torch.logsumexp(z, -1, keepdim=True)
+    p = torch.exp(z - lse)
+    out = torch.matmul(p.to(value.dtype), value).to(out_dtype).reshape(b, hkv * group, 1, -1)
+    if not entropy:
+        return AttentionResult(out)
+    ent = (lse.squeeze(-1) - torch.linalg.vecdot(p, z)).to(torch.float32).reshape(b, hkv * group, 1)
+    return AttentionResult(out, entropy=ent)
+
+
 def hajek_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -179,6 +195,8 @@ def hajek_attention(
     acc_dtype = torch.promote_types(query.dtype, torch.float32)  # fp32 accumulation, fp64 if given fp64
     qg = (query * scaling).reshape(b, hkv, group, n_q, d)
     bias = None if log_pi is None else log_pi.to(acc_dtype).unsqueeze(-2)
+    if n_q == 1 and log_pi is None and extra_mask is None and not certificate:
+        return _plain_decode(qg.reshape(b, hkv, group, d), key, value, acc_dtype, entropy, query.dtype)
     if certificate:
         if one_minus is None:
             lp = torch.zeros(b, hkv, length, device=key.device, dtype=acc_dtype) if log_pi is None else log_pi
