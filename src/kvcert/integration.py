@@ -11,9 +11,11 @@ included, with grouped-query attention — in prefill and in decoding, through
 
 With a plain ``DynamicCache`` (or no cache) the function is ordinary causal attention.
 With a :class:`~kvcert.cache.CertifiedCache` it adds the bias −log π of compacted
-layers, records the certificate of layers with a sampled tail (the plug-in's V̂ and b̂_c,
-and the robust certificate's shadow terms from the layer's eviction sketch), and lets an
-armed press compact each layer right after its attention.
+layers, writes to the cache's recorder (:class:`~kvcert.recorder.StepRecorder`) the
+certificate of layers with a sampled tail (the plug-in's V̂ and b̂_c, and the robust
+certificate's shadow terms from the layer's eviction sketch), and lets the armed press
+(the cache's :class:`~kvcert.schedule.PressSchedule`) compact each layer right after its
+attention.
 """
 
 from __future__ import annotations
@@ -61,9 +63,10 @@ def kvcert_attention_forward(
         layer = cache.layers[module.layer_idx]
     n_q, length = query.shape[2], key.shape[2]
     biased = layer is not None and layer.needs_bias
-    certify = biased and layer.has_tail and cache.record_certificates
+    recorder = cache.recorder if layer is not None else None
+    certify = biased and layer.has_tail and recorder.certificates
     # the attention entropy over the retained tokens (issue 18): every forward over a compressed layer
-    entropy = layer is not None and cache.record_entropy and layer.compactions > 0
+    entropy = layer is not None and recorder.entropy and layer.compactions > 0
     extra = attention_mask if isinstance(attention_mask, torch.Tensor) else None
     if not biased and not entropy and extra is None and n_q in (1, length):
         output = causal_sdpa(query, key, value, scaling) if n_q > 1 else plain_sdpa(query, key, value, scaling)
@@ -83,11 +86,12 @@ def kvcert_attention_forward(
         )
         output = res.output
         if entropy and res.entropy is not None:
-            cache.record_entropy_of(module.layer_idx, res.entropy)
+            recorder.entropy_of(module.layer_idx, res.entropy)
         if certify:
             norm = torch.linalg.vector_norm(output.float(), dim=-1)
-            cache.record(module.layer_idx, res.variance, res.range_term, norm, res.shadow_sum, res.shadow_range)
-    if layer is not None:
+            recorder.certificate(module.layer_idx, res.variance, res.range_term, norm, res.shadow_sum,
+                                 res.shadow_range)
+    if layer is not None:  # the armed press (the cache's schedule) compresses the layer now
         cache.after_attention(module, query, scaling)
     return output.transpose(1, 2).contiguous(), None
 
