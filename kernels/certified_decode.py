@@ -3,8 +3,8 @@
 One pass over the retained keys, values and per-token log π gives, for every query head
 of a decode step: the Hájek-corrected output ô (attention with logits s_i − log π_i), the
 log-sum-exp of those logits, the variance estimate V̂ and the one-pass range term b̂_c of
-the certificate (DESIGN.md §1; :class:`kvcert.certificate.OnlineCertificate` is the same
-algorithm written in torch).
+the certificate (DESIGN.md §1; ``OnlineCertificate`` in tests/online_certificate.py is
+the same algorithm written in torch).
 
 Per (batch, KV head, split) one program folds blocks of ``BLOCK_N`` keys into the
 online-softmax state of all the query heads of its group at once (grouped-query

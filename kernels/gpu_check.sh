@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot GPU check of the fused certified decode kernel (issue 5; see kernels/NOTES.md):
 #   1. the kernel tests, compiled on the GPU (TRITON_INTERPRET unset);
-#   2. the benchmark (`kvcert bench kernel`: the same code as `python -m kvcert_kernels.bench`);
+#   2. the benchmark (`kvcert bench kernel`, run as `python -m kvcert.cli bench kernel`);
 #   3. the forked generation path against the batch-1 one (`kvcert bench generate` on the GPU:
 #      one prefill per example, its 13 runs decoded together; issue 16), into generate.txt;
 #   4. a short sweep of launch parameters (block size, warps, stages, splits); QUICK=1 skips it.
@@ -49,7 +49,7 @@ timeout 200 "$PY" -m pytest -q -p no:cacheprovider tests/test_kernel.py 2>&1 | t
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== benchmark"
-timeout 220 "$PY" -m kvcert_kernels.bench --output "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+timeout 220 "$PY" -m kvcert.cli bench kernel --output "$out/bench.json" 2>&1 | tee "$out/bench.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== forked generation vs batch-1 (kvcert bench generate, on the GPU)"
@@ -58,7 +58,7 @@ timeout 60 "$PY" -m kvcert.cli bench generate --device cuda --threads 4 --exampl
 
 if [ -z "${QUICK:-}" ]; then
     echo "== launch-parameter sweep"
-    timeout 90 "$PY" -m kvcert_kernels.bench --batch 1 --retained 4096 --tune --output "$out/tune.json" 2>&1 \
+    timeout 90 "$PY" -m kvcert.cli bench kernel --batch 1 --retained 4096 --tune --output "$out/tune.json" 2>&1 \
         | tee "$out/tune.txt"
 fi
 exit "$status"

@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvcert import certified_attention, enable_certified_attention
-from kvcert.analysis.replay import (
+from kvcert.generation.replay import (
     _potential, _seed, _shadow_slots, capture, compressed_decode, draw_samples, impossibility_for_model, replay_layers,
     replay_model,
 )

@@ -17,7 +17,8 @@ from kvcert import (
     inclusion_probabilities,
     poisson_sample,
 )
-from kvcert.certificate import OnlineCertificate, aggregate, anytime_delta
+from kvcert.certificate import aggregate, anytime_delta
+from online_certificate import OnlineCertificate
 
 
 def random_retained(seed=0, b=2, hq=4, hkv=2, q=3, length=257, d=16, dtype=torch.float32):

@@ -36,7 +36,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from kvcert import attention as attn  # noqa: E402
 from kvcert.attention import hajek_attention, squared_deviation  # noqa: E402
 from kvcert_kernels import certified_decode  # noqa: E402
-from kvcert_kernels.reference import decode_reference, entropy_reference, sketch_reference, variance_scale  # noqa: E402
+from kvcert.kernel_reference import decode_reference, entropy_reference, sketch_reference, variance_scale  # noqa: E402
 from kvcert.sketch import build_sketch  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
@@ -178,7 +178,7 @@ def check_rows(name, got, ref, rtol, seed):
 def check_all(res, ref, dtype, seed, certificate=True, var_scale=None):
     """Output per head in norm; lse relative to max(|lse|, 1);
     V̂ relative to max(V̂, S) with S the size of the terms its one-pass formula cancels
-    (:func:`kvcert_kernels.reference.variance_scale`; V̂ ≈ 0 for a lone tail token); b̂_c plainly."""
+    (:func:`kvcert.kernel_reference.variance_scale`; V̂ ≈ 0 for a lone tail token); b̂_c plainly."""
     out, lse, var, rng = res
     r_out, r_lse, r_var, r_rng = ref
     rtol = RTOL[dtype]
@@ -454,10 +454,21 @@ def test_kernel_sketch_equals_torch_path(seed):
     check("shadow_range", res[5], torch_res.shadow_range.double(), 1e-5, seed)
 
 
+def test_the_kernels_package_imports_nothing_of_kvcert():
+    """kvcert imports kvcert_kernels (kvcert.attention), never the other way round."""
+    import ast
+
+    for path in sorted((Path(__file__).resolve().parents[1] / "kernels").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            assert not [n for n in names if n == "kvcert" or n.startswith("kvcert.")], (path.name, names)
+
+
 def test_kernel_module_is_importable_by_package_name():
     mod = importlib.import_module("kvcert_kernels.certified_decode")
     assert mod.certified_decode is certified_decode
-    assert importlib.import_module("kvcert_kernels.bench").run_benchmark
+    assert importlib.import_module("kvcert.bench.kernel_timing").run_benchmark
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU this is the benchmark itself (kernels/gpu_check.sh)")

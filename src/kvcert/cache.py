@@ -21,23 +21,26 @@ under later queries, within
 :data:`kvcert.sketch.SKETCH_FRACTION` of the uncompressed layer's key + value bytes, and
 counted in :meth:`CompactLayer.nbytes`.
 
-The cache also carries what happens around attention: an armed
-:class:`~kvcert.press.EvictionPress` compacts each layer right after that layer's
-attention in the next forward (question-aware: prefill context + question with the press
-armed; streaming: prefill the context armed, then feed the question), the per-step
-certificates of layers with a sampled tail are recorded, and the attention inputs of
-chosen layers can be captured for replay.
+The cache stores and counts; what happens around attention belongs to the objects it
+carries: the armed press (:class:`kvcert.schedule.PressSchedule`) compacts each layer
+right after that layer's attention in the next forward (question-aware: prefill context +
+question with the press armed; streaming: prefill the context armed, then feed the
+question), and the recorder (:class:`kvcert.recorder.StepRecorder`) keeps the per-step
+certificates of layers with a sampled tail and the attention inputs of chosen layers
+(for replay).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .attention import squared_deviation
 from .design import Sample, pack
+from .recorder import StepCertificates, StepRecorder
+from .schedule import PressSchedule
 from .scorers.base import LayerObservation
 from .sketch import EvictionSketch, build_sketch, shadow_count
 
@@ -253,126 +256,79 @@ class CompactLayer(CacheLayerMixin):
         return self._k.shape[0] * self._k.shape[1] * self.length * self.kv_slot_nbytes()
 
 
-@dataclass
-class StepCertificates:
-    """Certificates of one forward: per layer with a sampled tail, V̂, b̂_c and ‖ô‖ [B, Hq, Q], and the
-    robust certificate's shadow terms Σ t_j, max t_j (zero for a layer without a sketch); per
-    compressed layer (with ``record_entropy``) the entropy of the attention weights [B, Hq, Q]."""
-
-    variance: dict[int, torch.Tensor] = field(default_factory=dict)
-    range_term: dict[int, torch.Tensor] = field(default_factory=dict)
-    output_norm: dict[int, torch.Tensor] = field(default_factory=dict)
-    shadow_sum: dict[int, torch.Tensor] = field(default_factory=dict)
-    shadow_range: dict[int, torch.Tensor] = field(default_factory=dict)
-    entropy: dict[int, torch.Tensor] = field(default_factory=dict)
-    num_queries: int = 0
-
-
 class CertifiedCache(Cache):
-    """KV cache with compaction, per-token log π and certificate recording.
+    """KV cache with compaction and per-token log π; it stores and counts bytes.
+
+    What happens around attention belongs to two objects it carries: ``schedule``, the
+    armed press (:class:`~kvcert.schedule.PressSchedule`: when a press compresses, which
+    slots it decides), and ``recorder`` (:class:`~kvcert.recorder.StepRecorder`: the
+    per-forward certificates, attention entropy and captured attention inputs).
 
     press: an :class:`~kvcert.press.EvictionPress` armed for the first forward that
         prefills more than one token (question-aware use with ``model.generate``).
     record_certificates: record V̂ and b̂_c of every forward over a layer with a sampled
-        tail (in ``step_log``, one :class:`StepCertificates` per forward).
+        tail (in ``step_log``, one :class:`~kvcert.recorder.StepCertificates` per forward).
     capture_layers: layer indices whose attention inputs are kept after each forward
         (``captured[layer]``, a :class:`~kvcert.scorers.base.LayerObservation`).
     record_entropy: record the entropy of the attention weights of every forward over a
         compressed layer (the comparison signal of issue 18), in the same ``step_log``.
+    schedule: instead of ``press``, the schedule itself (:class:`kvcert.fork.ForkSchedule`).
     """
 
     def __init__(self, press=None, record_certificates: bool = True, capture_layers=(), reserve: int = 64,
-                 record_entropy: bool = False):
+                 record_entropy: bool = False, schedule=None):
         super().__init__(layer_class_to_replicate=lambda: CompactLayer(reserve=reserve))
-        self._armed = press
-        self._keep_recent: int | None = None
-        self._armed_fired = False
-        self.press_rounds = 0
-        self.record_certificates = record_certificates
-        self.record_entropy = record_entropy
-        self.capture_layers = set(capture_layers)
-        self.captured: dict[int, LayerObservation] = {}
-        self.step_log: list[StepCertificates] = []
-        self._current: StepCertificates | None = None
+        self.schedule = PressSchedule(press) if schedule is None else schedule
+        self.recorder = StepRecorder(record_certificates, record_entropy, capture_layers)
         self.peak_nbytes = 0
 
-    # --- arming ----------------------------------------------------------------------
+    # --- the public API of the schedule and the recorder -------------------------------
     def arm(self, press, keep_recent: int | None = None) -> None:
-        """Compact every layer after its attention in the next forward.
-
-        By default all stored slots are (re)decided, sinks and window included. With
-        ``keep_recent`` (streaming multi-turn), only the slots appended since the last
-        compaction are decided, except the last ``keep_recent`` tokens, which stay
-        certain until a later round; older slots keep their π.
-        """
-        self._armed = press
-        self._keep_recent = keep_recent
+        """Arm ``press`` for the next forward (:meth:`kvcert.schedule.PressSchedule.arm`)."""
+        self.schedule.arm(press, keep_recent)
 
     @property
     def armed(self) -> bool:
-        return self._armed is not None
+        return self.schedule.armed
+
+    @property
+    def step_log(self) -> list[StepCertificates]:
+        return self.recorder.step_log
+
+    @property
+    def captured(self) -> dict[int, LayerObservation]:
+        return self.recorder.captured
+
+    def pop_steps(self) -> list[StepCertificates]:
+        return self.recorder.pop_steps()
 
     # --- hooks used by the attention function ----------------------------------------
     def begin_forward(self) -> None:
-        self._current = StepCertificates()
+        self.recorder.begin_forward()
 
     def end_forward(self) -> None:
-        if self._current is not None and (self._current.variance or self._current.entropy):
-            self.step_log.append(self._current)
-        self._current = None
-        if self._armed is not None and self._armed_fired:
-            self._armed = None
-            self._keep_recent = None
-            self.press_rounds += 1
-        self._armed_fired = False
+        self.recorder.end_forward()
+        self.schedule.end_forward()
         self.peak_nbytes = max(self.peak_nbytes, self.nbytes())
 
-    def record(self, layer_idx: int, variance: torch.Tensor, range_term: torch.Tensor, output_norm=None,
-               shadow_sum=None, shadow_range=None) -> None:
-        if self._current is None:
-            self._current = StepCertificates()
-        self._current.variance[layer_idx] = variance.detach()
-        self._current.range_term[layer_idx] = range_term.detach()
-        if output_norm is not None:
-            self._current.output_norm[layer_idx] = output_norm.detach()
-        zero = torch.zeros_like(variance)
-        self._current.shadow_sum[layer_idx] = zero if shadow_sum is None else shadow_sum.detach()
-        self._current.shadow_range[layer_idx] = zero if shadow_range is None else shadow_range.detach()
-        self._current.num_queries = variance.shape[-1]
-
-    def record_entropy_of(self, layer_idx: int, entropy: torch.Tensor) -> None:
-        if self._current is None:
-            self._current = StepCertificates()
-        self._current.entropy[layer_idx] = entropy.detach()
-
     def after_attention(self, module, query: torch.Tensor, scaling: float) -> None:
-        """Called by the attention function once a layer's attention is computed."""
+        """Called by the attention function once a layer's attention is computed: the recorder
+        captures the layer's inputs, the schedule compresses the layer."""
         layer_idx = module.layer_idx
+        fires = self.schedule.fires(query.shape[2])
+        if not (fires or self.recorder.captures(layer_idx)):
+            return
         layer = self.layers[layer_idx]
         num_layers = getattr(module.config, "num_hidden_layers", len(self.layers))
-        wants_obs = layer_idx in self.capture_layers or (self._armed is not None and query.shape[2] > 1)
-        if not wants_obs:
-            return
         obs = LayerObservation(
             query=query, key=layer.keys, value=layer.values,
             log_pi=layer.log_pi if layer.needs_bias else None,
             scaling=scaling, layer_idx=layer_idx, num_layers=num_layers,
         )
-        if layer_idx in self.capture_layers:
-            self.captured[layer_idx] = LayerObservation(
-                query=query.detach().clone(), key=layer.keys.detach().clone(), value=layer.values.detach().clone(),
-                log_pi=None if obs.log_pi is None else obs.log_pi.clone(), scaling=scaling,
-                layer_idx=layer_idx, num_layers=num_layers,
-            )
-        if self._armed is not None and query.shape[2] > 1:
-            start, end = 0, layer.length
-            if self._keep_recent is not None:
-                start = layer.length - layer.undecided
-                end = max(start, layer.length - self._keep_recent)
+        self.recorder.capture(obs)
+        if fires:
             self.peak_nbytes = max(self.peak_nbytes, self.nbytes())  # this layer is still full here
-            if end > start:
-                self._armed.compress_layer(layer, obs, start=start, end=end, round_index=self.press_rounds)
-            self._armed_fired = True
+            self.schedule.after_attention(layer, obs)
 
     # --- reporting -------------------------------------------------------------------
     def nbytes(self) -> int:
@@ -392,6 +348,3 @@ class CertifiedCache(Cache):
                 out.append(float(layer.kept.float().mean()) / layer.seen)
         return out
 
-    def pop_steps(self) -> list[StepCertificates]:
-        steps, self.step_log = self.step_log, []
-        return steps

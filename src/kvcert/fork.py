@@ -4,7 +4,7 @@ Eviction happens right after each layer's attention (:class:`~kvcert.cache.Certi
 so the hidden states of a prefill do not depend on the budget or the method: every
 eviction variant of one prompt can be *forked* from a single prefill. A
 :class:`ForkingCache` prefills the prompt over the full cache and, after each layer's
-attention, hands that layer's observation to every :class:`Branch`: the branch copies
+attention, its schedule (:class:`ForkSchedule`) hands that layer's observation to every :class:`Branch`: the branch copies
 the layer's first ``end`` slots (the context, for the streaming condition; every
 prefilled slot, for question-aware eviction) and compacts the copy with its own press,
 exactly as a single run's armed press compacts its layer (same observation, sliced to
@@ -84,22 +84,25 @@ def _slice_obs(obs: LayerObservation, end: int) -> LayerObservation:
                             layer_idx=obs.layer_idx, num_layers=obs.num_layers)
 
 
-class ForkingCache(CertifiedCache):
-    """A full cache whose next multi-token forward forks ``branches`` after each layer's attention."""
+class ForkSchedule:
+    """The schedule of a prefill forked into ``branches``: after each layer's attention in the next
+    multi-token forward, every branch's press compresses its own copy of the layer (the
+    counterpart of :class:`kvcert.schedule.PressSchedule`, which compresses the layer itself)."""
 
-    def __init__(self, branches: list[Branch], reserve: int = 64):
-        super().__init__(record_certificates=False, reserve=reserve)
+    def __init__(self, branches: list[Branch]):
         self.branches = list(branches)
 
-    def after_attention(self, module, query: torch.Tensor, scaling: float) -> None:
-        super().after_attention(module, query, scaling)
-        if not self.branches or query.shape[2] <= 1:
-            return
-        layer_idx = module.layer_idx
-        layer = self.layers[layer_idx]
-        num_layers = getattr(module.config, "num_hidden_layers", len(self.layers))
-        obs = LayerObservation(query=query, key=layer.keys, value=layer.values, log_pi=None, scaling=scaling,
-                               layer_idx=layer_idx, num_layers=num_layers)
+    @property
+    def armed(self) -> bool:
+        return bool(self.branches)
+
+    def arm(self, press, keep_recent: int | None = None) -> None:
+        raise ValueError("arm: a forking cache forks its branches; it arms no press of its own")
+
+    def fires(self, num_queries: int) -> bool:
+        return bool(self.branches) and num_queries > 1
+
+    def after_attention(self, layer: CompactLayer, obs: LayerObservation) -> None:
         per_slot = layer._k.shape[1] * layer.slot_nbytes()  # all KV heads
         shared: dict = {}  # scores and sketch potentials, once per (scorer, prefix)
         for branch in self.branches:
@@ -116,8 +119,18 @@ class ForkingCache(CertifiedCache):
                                  potential=shared.get(("potential", branch.end)) if press.randomized else None)
             branch.layers.append(fork)
             branch.peak_nbytes = max(branch.peak_nbytes, branch.nbytes())
-        if layer_idx == num_layers - 1:
+        if obs.layer_idx == obs.num_layers - 1:
             self.branches = []  # fired once, like an armed press
+
+    def end_forward(self) -> None:
+        pass
+
+
+class ForkingCache(CertifiedCache):
+    """A full cache whose next multi-token forward forks ``branches`` after each layer's attention."""
+
+    def __init__(self, branches: list[Branch], reserve: int = 64):
+        super().__init__(record_certificates=False, reserve=reserve, schedule=ForkSchedule(branches))
 
 
 def _row_tail(layer: CompactLayer) -> torch.Tensor:
@@ -314,8 +327,8 @@ def stacked_cache(layer_lists: list[list[CompactLayer]], record_certificates: bo
 
 def row_view_cache(cache: CertifiedCache, start: int, stop: int) -> CertifiedCache:
     """Rows [start, stop) of a stacked cache as a cache of their own (:func:`row_view`)."""
-    return _cache([row_view(layer, start, stop) for layer in cache.layers], cache.record_certificates,
-                  cache.record_entropy)
+    return _cache([row_view(layer, start, stop) for layer in cache.layers], cache.recorder.certificates,
+                  cache.recorder.entropy)
 
 
 def join_view_caches(cache: CertifiedCache, views: list[CertifiedCache]) -> None:
@@ -325,7 +338,8 @@ def join_view_caches(cache: CertifiedCache, views: list[CertifiedCache]) -> None
 
 def take_cache_rows(cache: CertifiedCache, rows: list[int]) -> CertifiedCache:
     """A new cache of batch ``rows`` of a stacked cache (:func:`take_rows`)."""
-    return _cache([take_rows(layer, rows) for layer in cache.layers], cache.record_certificates, cache.record_entropy)
+    return _cache([take_rows(layer, rows) for layer in cache.layers], cache.recorder.certificates,
+                  cache.recorder.entropy)
 
 
 #: what one more batched forward costs, in row × slot products of attention it saves (CPU-measured

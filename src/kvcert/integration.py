@@ -11,20 +11,24 @@ included, with grouped-query attention — in prefill and in decoding, through
 
 With a plain ``DynamicCache`` (or no cache) the function is ordinary causal attention.
 With a :class:`~kvcert.cache.CertifiedCache` it adds the bias −log π of compacted
-layers, records the certificate of layers with a sampled tail (the plug-in's V̂ and b̂_c,
-and the robust certificate's shadow terms from the layer's eviction sketch), and lets an
-armed press compact each layer right after its attention.
+layers, writes to the cache's recorder (:class:`~kvcert.recorder.StepRecorder`) the
+certificate of layers with a sampled tail (the plug-in's V̂ and b̂_c, and the robust
+certificate's shadow terms from the layer's eviction sketch), and lets the armed press
+(the cache's :class:`~kvcert.schedule.PressSchedule`) compact each layer right after its
+attention.
 """
 
 from __future__ import annotations
 
 import contextvars
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AttentionInterface
 
 from .attention import causal_sdpa, hajek_attention, plain_sdpa
 from .cache import CertifiedCache
+from .scorers.base import LayerObservation
 
 ATTENTION_NAME = "kvcert"
 
@@ -61,9 +65,10 @@ def kvcert_attention_forward(
         layer = cache.layers[module.layer_idx]
     n_q, length = query.shape[2], key.shape[2]
     biased = layer is not None and layer.needs_bias
-    certify = biased and layer.has_tail and cache.record_certificates
+    recorder = cache.recorder if layer is not None else None
+    certify = biased and layer.has_tail and recorder.certificates
     # the attention entropy over the retained tokens (issue 18): every forward over a compressed layer
-    entropy = layer is not None and cache.record_entropy and layer.compactions > 0
+    entropy = layer is not None and recorder.entropy and layer.compactions > 0
     extra = attention_mask if isinstance(attention_mask, torch.Tensor) else None
     if not biased and not entropy and extra is None and n_q in (1, length):
         output = causal_sdpa(query, key, value, scaling) if n_q > 1 else plain_sdpa(query, key, value, scaling)
@@ -83,11 +88,12 @@ def kvcert_attention_forward(
         )
         output = res.output
         if entropy and res.entropy is not None:
-            cache.record_entropy_of(module.layer_idx, res.entropy)
+            recorder.entropy_of(module.layer_idx, res.entropy)
         if certify:
             norm = torch.linalg.vector_norm(output.float(), dim=-1)
-            cache.record(module.layer_idx, res.variance, res.range_term, norm, res.shadow_sum, res.shadow_range)
-    if layer is not None:
+            recorder.certificate(module.layer_idx, res.variance, res.range_term, norm, res.shadow_sum,
+                                 res.shadow_range)
+    if layer is not None:  # the armed press (the cache's schedule) compresses the layer now
         cache.after_attention(module, query, scaling)
     return output.transpose(1, 2).contiguous(), None
 
@@ -149,18 +155,65 @@ def enable_certified_attention(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+@dataclass
+class DecodeCapture:
+    """The attention inputs of the captured layers over a greedy run (:func:`capture_decode`).
+
+    first: each layer's :class:`~kvcert.scorers.base.LayerObservation` of the first forward
+    (the prefill's: queries of every fed token); queries: per layer, each forward's last query
+    [B, Hq, D] (the first forward's included); last: each layer's observation of the last
+    forward (every key and value the cache then holds); tokens: the greedy tokens fed after
+    the first forward, [B] each.
+    """
+
+    first: dict[int, LayerObservation]
+    queries: dict[int, list[torch.Tensor]]
+    last: dict[int, LayerObservation]
+    tokens: list[torch.Tensor] = field(default_factory=list)
+
+
+def check_certified_attention(model: torch.nn.Module, use: str) -> None:
+    if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
+        raise ValueError(f"model: call kvcert.enable_certified_attention(model) before {use}")
+
+
 @torch.no_grad()
+def capture_decode(model: torch.nn.Module, input_ids: torch.Tensor, layers, steps: int = 0,
+                   cache: CertifiedCache | None = None) -> DecodeCapture:
+    """Feed ``input_ids`` [B, T], then greedy-decode ``steps`` more tokens, capturing ``layers``'
+    post-RoPE q, K, V after every forward.
+
+    ``cache``: the cache to run over (default a fresh full one; e.g. a compacted one, whose
+    first feed is then a decode step). The model must have kvcert attention enabled.
+    """
+    check_certified_attention(model, "capturing attention inputs")
+    layers = list(layers)
+    if cache is None:
+        cache = CertifiedCache(record_certificates=False)
+    cache.recorder.capture_layers |= set(layers)
+    captured = cache.recorder.captured
+    out = DecodeCapture({}, {i: [] for i in layers}, {})
+    x = input_ids
+    for step in range(steps + 1):
+        if step:
+            x = logits.float().argmax(-1, keepdim=True)
+            out.tokens.append(x[:, 0])
+        logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        if step == 0:
+            missing = set(layers) - set(captured)
+            if missing:
+                raise ValueError(f"layers: no attention layer with index {sorted(missing)} in this model")
+            out.first = dict(captured)
+        for i in layers:
+            out.queries[i].append(captured[i].query[:, :, -1])
+    out.last = dict(captured)
+    return out
+
+
 def capture_attention_inputs(model: torch.nn.Module, input_ids: torch.Tensor, layers) -> dict:
     """Prefill ``input_ids`` and return each requested layer's post-RoPE q, K, V.
 
     The model must have kvcert attention enabled; returns {layer index:
     :class:`~kvcert.scorers.base.LayerObservation`} (queries of every prompt token).
     """
-    if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
-        raise ValueError("model: call kvcert.enable_certified_attention(model) before capturing attention inputs")
-    cache = CertifiedCache(capture_layers=layers, record_certificates=False)
-    model(input_ids=input_ids, cache=cache, use_cache=True)
-    missing = set(layers) - set(cache.captured)
-    if missing:
-        raise ValueError(f"layers: no attention layer with index {sorted(missing)} in this model")
-    return cache.captured
+    return capture_decode(model, input_ids, layers).first

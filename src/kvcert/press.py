@@ -1,7 +1,7 @@
 """An eviction method: scorer × allocation × sampler, applied to one cache layer.
 
 In the style of NVIDIA kvpress, a "press" compresses each layer right after that layer's
-attention in the forward pass it is armed for (see :class:`kvcert.cache.CertifiedCache`).
+attention in the forward pass it is armed for (its schedule: :class:`kvcert.schedule.PressSchedule`).
 Here a press is the composition of three independent choices:
 
 * a scorer (``kvcert.scorers``): SnapKV, H2O, TOVA, key norm, value-aware, StreamingLLM;
@@ -19,7 +19,7 @@ certificate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from numbers import Real
 
 import torch
@@ -83,19 +83,16 @@ class EvictionPress:
         """CPU generator seeded by (seed, layer, round)."""
         return torch.Generator().manual_seed((self.seed * 1_000_003 + layer_idx * 7919 + round_index * 104_729) % 2**63)
 
-    def segment_design(self, start: int, end: int, length: int) -> RetentionDesign:
-        """Sinks only protect a segment that starts the sequence; the window only one that ends it."""
-        return replace(
-            self.design,
-            sinks=self.design.sinks if start == 0 else 0,
-            window=self.design.window if end == length else 0,
-        )
-
     def compress_layer(
         self, layer: CompactLayer, obs: LayerObservation, start: int = 0, end: int | None = None, round_index: int = 0,
         scores: torch.Tensor | None = None, potential: torch.Tensor | None = None,
+        design: RetentionDesign | None = None,
     ) -> None:
         """Score the layer, allocate, sample the slots [start, end) and compact the layer.
+
+        ``design``: what the certainty set protects in this segment (the schedule's
+        :func:`~kvcert.schedule.segment_design`; default the press's own design, for a
+        segment that is the whole layer).
 
         ``scores`` (``self.scorer(obs)``) and ``potential`` (:meth:`potential`) may be given
         already computed: the variants forked from one prefill (:mod:`kvcert.fork`) share them.
@@ -104,7 +101,7 @@ class EvictionPress:
         n = end - start
         if n <= 0:
             return
-        design = self.segment_design(start, end, layer.length)
+        design = self.design if design is None else design
         scores = (self.scorer(obs) if scores is None else scores)[..., start:end]
         if isinstance(self.budget, int):
             budget = min(self.budget, n)

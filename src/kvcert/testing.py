@@ -192,7 +192,7 @@ def replay_frame(
     layers: int = 32, heads: int = 8, budgets: Sequence[float] = GRID_BUDGETS, robust_scale: float = 1.25,
     sample_dependent: bool = False,
 ):
-    """A replay table (the columns of :func:`kvcert.analysis.replay.replay_model`) with a known certificate.
+    """A replay table (the columns of :func:`kvcert.generation.replay.replay_model`) with a known certificate.
 
     ``cells`` groups of (example, layer, head, budget), each with ``draws`` draws of the
     setting query and ``later`` later queries. The radius has a per-group scale; the
@@ -203,7 +203,7 @@ def replay_frame(
     """
     import pandas as pd
 
-    from .analysis.replay_stats import REPLAY_COLUMNS
+    from .generation.replay_table import REPLAY_COLUMNS
 
     rng = np.random.default_rng(seed)
     steps = later + 1

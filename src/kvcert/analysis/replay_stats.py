@@ -1,12 +1,12 @@
-"""The replay table's layout and its statistics (claims C1, C2, C8): no torch, no model.
+"""The replay table's statistics (claims C1, C2, C8): no torch, no model.
 
-:mod:`kvcert.analysis.replay` runs the model side — prefills, draws, the Hájek attention
+:mod:`kvcert.generation.replay` runs the model side — prefills, draws, the Hájek attention
 with both certificates — and writes one row per (example, layer, query head, budget,
-query kind, step, draw) in the columns below. This module holds that layout and what the
-claims and the report compute from it: replay cells (the unit of the claims' bootstrap),
-paths and their simultaneous (anytime) coverage, tightness, and the pooled, within-head
-and within-cell Spearman correlations (see :mod:`kvcert.analysis.replay` for the
-procedure).
+query kind, step, draw) in the columns of :mod:`kvcert.generation.replay_table` (the
+layout, torch-free). This module holds what the claims and the report compute from it:
+replay cells (the unit of the claims' bootstrap), paths and their simultaneous (anytime)
+coverage, tightness, and the pooled, within-head and within-cell Spearman correlations
+(see :mod:`kvcert.generation.replay` for the procedure).
 """
 
 from __future__ import annotations
@@ -16,31 +16,20 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+# the layout (torch-free), also importable from here
+from ..generation.replay_table import (  # noqa: F401
+    COVERED_COLUMNS, FLOAT_COLUMNS, QUERY_KINDS, REPLAY_COLUMNS, empty_replay,
+)
 from .stats import spearman
 
 CELL_KEY = ["model", "example_id", "layer", "head", "budget", "query_kind"]
-#: the query kinds, in the order of ``analysis_plan.replay.query_kinds``
-QUERY_KINDS = ("setting", "later", "sample_dependent")
 #: a draw's path: the kinds whose steps one decoding run visits (the setting query starts both)
 PATHS = {"later": ("setting", "later"), "sample_dependent": ("setting", "sample_dependent")}
-FLOAT_COLUMNS = ["error", "radius", "anytime_radius", "variance", "range_term", "output_norm",
-                 "radius_robust", "anytime_radius_robust", "shadow_sum", "shadow_range"]
-COVERED_COLUMNS = ["covered", "covered_anytime", "covered_robust", "covered_anytime_robust"]
 #: the two certificates of the replay: name → (radius, anytime radius, covered, covered anytime) columns
 VARIANTS = {
     "plugin": ("radius", "anytime_radius", "covered", "covered_anytime"),
     "robust": ("radius_robust", "anytime_radius_robust", "covered_robust", "covered_anytime_robust"),
 }
-
-REPLAY_COLUMNS = [
-    "model", "example_id", "target_tokens", "layer", "head", "kv_head", "budget", "query_kind", "step", "draw", "kept",
-    *FLOAT_COLUMNS, *COVERED_COLUMNS,
-]
-
-
-def empty_replay() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=float if c in FLOAT_COLUMNS else object) for c in REPLAY_COLUMNS})
-
 
 PATH_KEY = ["model", "example_id", "layer", "head", "budget", "draw"]
 #: a cell of the within-cell Spearman: one (example, layer, head, budget, kind, step), across draws

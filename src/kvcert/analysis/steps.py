@@ -137,7 +137,7 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     from ..design import RetentionDesign
     from ..models import ModelSpec, load_model
     from ..tasks.records import read_jsonl
-    from .replay import impossibility_for_model, replay_layers, replay_model
+    from ..generation.replay import impossibility_for_model, replay_layers, replay_model
 
     if threads:
         import torch

@@ -1,4 +1,4 @@
-"""``kvcert bench kernel``: the fused certified decode kernel on a GPU (kernels/bench.py).
+"""``kvcert bench kernel``: the fused certified decode kernel on a GPU (:mod:`kvcert.bench.kernel_timing`).
 
 Times, with ``triton.testing.do_bench`` (median): the Triton kernel with the certificate,
 the same kernel without it, and PyTorch SDPA over the same retained cache (plain, and with
@@ -29,7 +29,7 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         print("kvcert bench kernel: no CUDA GPU on this machine; nothing measured (run it where a GPU is)")
         return 0
-    from kvcert_kernels.bench import run_benchmark
+    from .kernel_timing import run_benchmark
 
     return run_benchmark(args)
 

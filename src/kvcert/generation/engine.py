@@ -121,9 +121,8 @@ class Engine:
             cache.arm(press)
             self._forward(context, cache)
         else:
-            window = spec.method.design.window
             for start in range(0, len(context), chunk):
-                cache.arm(press, keep_recent=window)
+                cache.schedule.arm_chunk(press)
                 self._forward(context[start : start + chunk], cache)
         cache.pop_steps()
         return self._forward(question, cache)

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from ..cache import StepCertificates
+from ..recorder import StepCertificates
 from ..certificate import aggregate, anytime_radius, bernstein_radius, robust_radius
 from .record import certificate_field, evicted_mass_field
 

@@ -1,4 +1,6 @@
-"""Float64 torch reference for :func:`kvcert_kernels.certified_decode`.
+"""Float64 torch reference for :func:`kvcert_kernels.certified_decode` (the kernel tests and
+``kvcert bench kernel``'s spot check compare with it; it lives in kvcert so that the kernels
+package imports nothing of kvcert).
 
 A thin layer over :func:`kvcert.certificate.certificate_reference` (the library's
 two-pass definition of ô, V̂ and b̂_c) that adds what the kernel's interface has and
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kvcert.certificate import certificate_reference
+from .certificate import certificate_reference
 
 
 def decode_reference(
@@ -99,7 +101,7 @@ def sketch_reference(query: torch.Tensor, sketch, centre: torch.Tensor, scaling:
                      ref: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 shadow terms (Σ t_j, max t_j) [B, Hq] of an eviction sketch, from :func:`decode_reference`'s
     output and lse (``ref``); a head with no valid slot (lse −inf) gets 0, as the kernel."""
-    from kvcert.sketch import sketch_terms
+    from .sketch import sketch_terms
 
     q = (query[:, :, 0] if query.ndim == 4 else query).to(torch.float64)
     out, lse = ref[0].to(torch.float64), ref[1].to(torch.float64)

@@ -1,12 +1,15 @@
 """Attention-level replay of the certificate on real prefills (claims C1, C2, C8) and the
-impossibility demonstration (Theorem 1) on a real model.
+impossibility demonstration (Theorem 1) on a real model: the model side of the replay
+stage (its table's layout: :mod:`kvcert.generation.replay_table`; its statistics, torch-free:
+:mod:`kvcert.analysis.replay_stats`).
 
 Procedure (DESIGN.md §1, "Across decode steps"; ``analysis_plan.replay``), per task
 record:
 
 1. Prefill the prompt (:func:`kvcert.tasks.prompting.build_prompt_ids`) with kvcert
    attention, capturing every layer's post-RoPE q, K, V; then greedy-decode
-   ``later_queries`` tokens over the full cache, capturing each step's query. The
+   ``later_queries`` tokens over the full cache, capturing each step's query (both with
+   the one capture helper, :func:`kvcert.integration.capture_decode`). The
    captured state of the last step holds the prompt keys followed by the decode keys.
 2. Importance = the SnapKV scorer on the prompt observation (its observation window is
    the end of the prompt): the *setting* query — the one that set π — is the last
@@ -67,12 +70,12 @@ from ..cache import CertifiedCache
 from ..certificate import anytime_radius, bernstein_radius, robust_radius, unit_roundoff
 from ..design import DEFAULT_DESIGN, RetentionDesign, Sample, inclusion_probabilities, poisson_sample
 from ..impossibility import impossibility_demo
-from ..integration import ATTENTION_NAME
+from ..integration import capture_decode, check_certified_attention
 from ..scorers import get_scorer
 from ..scorers.base import LayerObservation
 from ..sketch import POTENTIAL_WINDOW, build_sketch, shadow_count, sketch_potential
 from ..tasks.prompting import build_prompt_ids
-from .replay_stats import COVERED_COLUMNS, FLOAT_COLUMNS, QUERY_KINDS, REPLAY_COLUMNS, empty_replay
+from .replay_table import COVERED_COLUMNS, FLOAT_COLUMNS, QUERY_KINDS, REPLAY_COLUMNS, empty_replay
 
 #: keys × draws × head-dim elements evaluated at once (bounds replay memory on big models)
 MAX_ELEMENTS = 2**25
@@ -92,8 +95,7 @@ class Capture:
 
 
 def _check_model(model) -> None:
-    if getattr(model.config, "_attn_implementation", None) != ATTENTION_NAME:
-        raise ValueError("model: call kvcert.enable_certified_attention(model) before replay")
+    check_certified_attention(model, "replay")
 
 
 def replay_layers(num_layers: int, max_layers: int | None) -> list[int]:
@@ -105,32 +107,15 @@ def replay_layers(num_layers: int, max_layers: int | None) -> list[int]:
     return sorted({int(round(x)) for x in np.linspace(0, num_layers - 1, max_layers)})
 
 
-@torch.no_grad()
 def capture(model, input_ids: list[int], layers: Sequence[int], later_queries: int) -> Capture:
     """Prefill ``input_ids`` and greedy-decode ``later_queries`` tokens, capturing ``layers``."""
     _check_model(model)
     device = next(model.parameters()).device
-    cache = CertifiedCache(capture_layers=layers, record_certificates=False)
-    x = torch.tensor([input_ids], dtype=torch.long, device=device)
-    logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-    missing = set(layers) - set(cache.captured)
-    if missing:
-        raise ValueError(f"layers: no attention layer with index {sorted(missing)} in this model")
-    prompt = dict(cache.captured)
-    later: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
-    tokens = []
-    for _ in range(later_queries):
-        tok = int(logits.float().argmax())
-        tokens.append(tok)
-        x = torch.tensor([[tok]], dtype=torch.long, device=device)
-        logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-        for i in layers:
-            later[i].append(cache.captured[i].query[0, :, -1])
-    last = cache.captured
+    run = capture_decode(model, torch.tensor([input_ids], dtype=torch.long, device=device), layers, later_queries)
     return Capture(
-        prompt=prompt, later=later,
-        keys={i: last[i].key[0] for i in layers}, values={i: last[i].value[0] for i in layers},
-        prompt_tokens=len(input_ids), tokens=tokens,
+        prompt=run.first, later={i: [q[0] for q in run.queries[i][1:]] for i in layers},
+        keys={i: run.last[i].key[0] for i in layers}, values={i: run.last[i].value[0] for i in layers},
+        prompt_tokens=len(input_ids), tokens=[int(t[0]) for t in run.tokens],
     )
 
 
@@ -179,21 +164,16 @@ def compressed_decode(model, cap: Capture, samples: dict[int, Sample], steps: in
     for d0 in range(0, draws, batch):
         d1 = min(draws, d0 + batch)
         nd = d1 - d0
-        cache = CertifiedCache(capture_layers=layers, record_certificates=False)
+        cache = CertifiedCache(record_certificates=False)
         for i in sorted(samples):
             k, v = cap.keys[i][:, :n].unsqueeze(0), cap.values[i][:, :n].unsqueeze(0)
             cache.update(k.expand(nd, -1, -1, -1).contiguous(), v.expand(nd, -1, -1, -1).contiguous(), i)
             cache.layers[i].compact(_slice(samples[i], d0, d1))
         x = torch.full((nd, 1), cap.tokens[0], dtype=torch.long, device=device)
-        qs: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
-        for _ in range(steps):
-            logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-            for i in layers:
-                qs[i].append(cache.captured[i].query[:, :, -1])
-            x = logits.float().argmax(-1, keepdim=True)
+        run = capture_decode(model, x, layers, steps - 1, cache=cache)
         for i in layers:
             layer = cache.layers[i]
-            parts[i].append((torch.stack(qs[i], 2), layer.keys[:, :, -steps:], layer.values[:, :, -steps:]))
+            parts[i].append((torch.stack(run.queries[i], 2), layer.keys[:, :, -steps:], layer.values[:, :, -steps:]))
     return {i: Compressed(*(torch.cat([p[j] for p in parts[i]], 0) for j in range(3))) for i in layers}
 
 

@@ -1,4 +1,5 @@
-"""GPU benchmark of the fused certified decode kernel (``kvcert bench kernel``).
+"""GPU benchmark of the fused certified decode kernel (``kvcert bench kernel``; the command's
+arguments: :mod:`kvcert.bench.kernel`, which imports this module on a GPU only).
 
 For each batch size and retained length: the kernel with the certificate, the same kernel
 without it (``certificate=False``: same code, the certificate accumulators compiled out),
@@ -14,8 +15,7 @@ The robust certificate (the same kernel with an eviction sketch of the memory bu
 Targets (issue 5): certificate overhead ≤ 1.10× the kernel without it; at ≥ 32k retained
 tokens at least 60 % of the copy bandwidth. The last line states both.
 
-Run: ``kvcert bench kernel [--output bench.json] [--tune]`` or
-``python -m kvcert_kernels.bench``.
+Run: ``kvcert bench kernel [--output bench.json] [--tune]`` (or ``python -m kvcert.cli bench kernel``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from .certified_decode import certified_decode, decode_bytes, default_num_splits
-from .reference import decode_reference
+from kvcert_kernels import certified_decode, decode_bytes, default_num_splits
+
+from ..kernel_reference import decode_reference
 
 OVERHEAD_TARGET = 1.10
 BANDWIDTH_TARGET = 0.60
@@ -67,7 +68,7 @@ def make_inputs(batch, hq, hkv, length, dim, dtype, device, seed=0):
 
 def make_sketch(batch, hkv, length, dim, centre, device, seed=2):
     """An eviction sketch of the memory budget of a 25 % cache of 4 × ``length`` tokens (bf16 keys and values)."""
-    from kvcert.sketch import build_sketch, shadow_count
+    from ..sketch import build_sketch, shadow_count
 
     slots = shadow_count(4 * length, 2 * dim * 2, dim)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -210,14 +211,3 @@ def run_benchmark(args) -> int:
           f"bandwidth_fraction_min_32k={worst_bw:.3f} (target >= {BANDWIDTH_TARGET}: {verdict(ok_b, worst_bw)})")
     return 0
 
-
-def main(argv=None) -> int:
-    from kvcert.bench.kernel import add_arguments, run
-
-    parser = argparse.ArgumentParser(prog="python -m kvcert_kernels.bench", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

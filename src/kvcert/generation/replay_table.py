@@ -1,0 +1,21 @@
+"""The replay table's layout (torch-free): the columns :mod:`kvcert.generation.replay` writes, one row per
+(example, layer, query head, budget, query kind, step, draw), and :mod:`kvcert.analysis.replay_stats` reads."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+#: the query kinds, in the order of ``analysis_plan.replay.query_kinds``
+QUERY_KINDS = ("setting", "later", "sample_dependent")
+FLOAT_COLUMNS = ["error", "radius", "anytime_radius", "variance", "range_term", "output_norm",
+                 "radius_robust", "anytime_radius_robust", "shadow_sum", "shadow_range"]
+COVERED_COLUMNS = ["covered", "covered_anytime", "covered_robust", "covered_anytime_robust"]
+
+REPLAY_COLUMNS = [
+    "model", "example_id", "target_tokens", "layer", "head", "kv_head", "budget", "query_kind", "step", "draw", "kept",
+    *FLOAT_COLUMNS, *COVERED_COLUMNS,
+]
+
+
+def empty_replay() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=float if c in FLOAT_COLUMNS else object) for c in REPLAY_COLUMNS})
