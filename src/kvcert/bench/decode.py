@@ -8,8 +8,8 @@ are filled directly with random keys and values (decode cost does not depend on 
 content), so no long prefill is needed. Also measured: the certificate's share of
 decode time (the same compacted cache decoded with and without recording it).
 Also the comparison signals' cost (issue 18: next-token entropy and top-2 margin, attention
-entropy over the retained tokens): the 25 % caches of the Poisson and the top-k sampler
-decoded with and without them (worst over lengths). Side by side in one process; medians
+entropy over the retained tokens): the same 25 % cache of the Poisson and of the top-k
+sampler decoded as the engine decodes, with and without them (worst over lengths). Side by side in one process; medians
 of interleaved repeats. Last line: ``kv_bytes_ratio_25=<ratio> decode_time_ratio_25=<ratio>
 signals_overhead_poisson=<ratio> signals_overhead_topk=<ratio>`` (25 % vs full, 16k).
 """
@@ -39,10 +39,8 @@ def bench_model(seed: int = 0):
     return enable_certified_attention(model)
 
 
-def filled_cache(model, length: int, budget: float | None, seed: int, record: bool = True, sampler: str = "poisson",
-                 entropy: bool = False):
-    """A cache holding ``length`` random tokens per layer, compacted to ``budget`` (None = full) by
-    ``sampler``; ``entropy``: record the attention entropy (the comparison signal of issue 18)."""
+def filled_cache(model, length: int, budget: float | None, seed: int, record: bool = True, sampler: str = "poisson"):
+    """A cache holding ``length`` random tokens per layer, compacted to ``budget`` (None = full) by ``sampler``."""
     import torch
 
     from ..cache import CertifiedCache
@@ -52,7 +50,7 @@ def filled_cache(model, length: int, budget: float | None, seed: int, record: bo
     cfg = model.config
     gen = torch.Generator().manual_seed(seed)
     heads, dim = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    cache = CertifiedCache(record_certificates=record, record_entropy=entropy)
+    cache = CertifiedCache(record_certificates=record)
     press = None if budget is None else EvictionPress(scorer="knorm", budget=budget, sampler=sampler, seed=seed)
     for layer_idx in range(cfg.num_hidden_layers):
         keys = torch.randn(1, heads, length, dim, generator=gen)
@@ -66,12 +64,14 @@ def filled_cache(model, length: int, budget: float | None, seed: int, record: bo
     return cache
 
 
-def decode_steps(model, cache, steps: int, token: int = 7, signals: bool = False):
+def decode_steps(model, cache, steps: int, token: int = 7, signals: bool | None = None):
     """Decode ``steps`` tokens, then drop them again so every repeat sees the same cache.
 
-    ``signals``: also compute what the engine records per step beside the certificate (issue
-    18): the next-token distribution's entropy and top-2 margin, and the attention entropy
-    the cache recorded (a cache made with ``entropy=True``), folded as the engine folds them."""
+    ``signals`` (True / False): decode as the engine does — the next token's log-probabilities
+    and argmax every step — with (True) or without (False) the comparison signals of issue 18:
+    the attention entropy recorded by the cache, the next-token entropy and top-2 margin, folded
+    as the engine folds them. The same cache serves both (only its ``record_entropy`` switch
+    changes), so the two differ by the signals' work alone. None: the forward only."""
     import torch
 
     from ..generation.signals import StepSignals, attention_entropy, next_token_signals
@@ -79,12 +79,18 @@ def decode_steps(model, cache, steps: int, token: int = 7, signals: bool = False
     x = torch.tensor([[token]])
     lengths = [(layer.length, layer.seen, layer.kept.clone(), layer.undecided) for layer in cache.layers]
     folded = StepSignals(attention=True)
+    if signals is not None:
+        cache.recorder.entropy = bool(signals)
     for _ in range(steps):
         logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-        if signals:
-            folded.add_next_token(*next_token_signals(torch.log_softmax(logits.float(), dim=-1)))
-            for step in cache.pop_steps():
-                folded.add_attention(attention_entropy(step))
+        if signals is not None:
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            int(lp.argmax())
+            steps_done = cache.pop_steps()
+            if signals:
+                folded.add_next_token(next_token_signals(lp))
+                for step in steps_done:
+                    folded.add_attention(attention_entropy(step))
     for layer, (length, seen, kept, undecided) in zip(cache.layers, lengths):
         layer.length, layer.seen, layer.kept, layer.undecided = length, seen, kept, undecided
         layer._refresh_views()
@@ -111,10 +117,9 @@ def run(args) -> int:
         contenders["plain25"] = lambda: decode_steps(model, plain25, steps)
         # the comparison signals' cost (issue 18): the same 25 % caches decoded with and without them
         for sampler in ("poisson", "topk"):
-            bare = caches[0.25] if sampler == "poisson" else filled_cache(model, length, 0.25, 0, sampler=sampler)
-            signed = filled_cache(model, length, 0.25, 0, sampler=sampler, entropy=True)
-            contenders[f"bare_{sampler}"] = lambda c=bare: decode_steps(model, c, steps)
-            contenders[f"signals_{sampler}"] = lambda c=signed: decode_steps(model, c, steps, signals=True)
+            cache = filled_cache(model, length, 0.25, 0, sampler=sampler)
+            contenders[f"bare_{sampler}"] = lambda c=cache: decode_steps(model, c, steps, signals=False)
+            contenders[f"signals_{sampler}"] = lambda c=cache: decode_steps(model, c, steps, signals=True)
         med = interleaved_medians(contenders, repeats=args.repeats)
         full_t, full_b = med["full"] / steps, caches["full"].kv_nbytes()
         for name in ("full", *BUDGETS):

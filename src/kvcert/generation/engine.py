@@ -158,7 +158,7 @@ class Engine:
             tok = int(lp.argmax())
             tokens.append(tok)
             logprobs.append(float(lp[tok]))
-            signals.add_next_token(*next_token_signals(lp))
+            signals.add_next_token(next_token_signals(lp))
             if tok in self.eos or step == limit - 1:
                 break
             logits = self._forward([tok], cache)

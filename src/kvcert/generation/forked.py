@@ -162,12 +162,12 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
             best = lp.argmax(-1)
             picked = lp.gather(-1, best.unsqueeze(-1)).squeeze(-1)
             best, picked = best.tolist(), picked.tolist()
-            entropy, margin = next_token_signals(lp)
+            step_signals = next_token_signals(lp)
             finished = []
             for pos, i in enumerate(active):
                 tokens[i].append(best[pos])
                 logprobs[i].append(picked[pos])
-                signals[i].add_next_token(entropy[pos : pos + 1], margin[pos : pos + 1])
+                signals[i].add_next_token(step_signals, pos)
                 if best[pos] in eos or len(tokens[i]) == limits[i]:
                     finished.append(pos)
             for pos in finished:

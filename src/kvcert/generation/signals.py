@@ -152,40 +152,59 @@ def add_rows(traces: list[CertificateTrace], step: StepCertificates, rows: list[
 
 class StepSignals:
     """The per-step comparison signals of one generation (issue 18), one value per decode step:
-    next-token entropy and top-2 margin, and (for a compressed cache) the attention entropy."""
+    next-token entropy and top-2 margin, and (for a compressed cache) the attention entropy.
+
+    Steps are kept as tensors and read out once, when the record is written: a per-step
+    conversion to Python floats would cost more than computing the signals."""
 
     def __init__(self, attention: bool):
-        self.output_entropy: list[float] = []
-        self.top2_margin: list[float] = []
-        self.attention_entropy: list[float] | None = [] if attention else None
+        self._next: list[torch.Tensor] = []
+        self._attention: list[torch.Tensor] | None = [] if attention else None
 
-    def add_next_token(self, entropy: list[float], margin: list[float]) -> None:
-        self.output_entropy.append(entropy[0])
-        self.top2_margin.append(margin[0])
+    def add_next_token(self, values: torch.Tensor, row: int | None = None) -> None:
+        """``values`` from :func:`next_token_signals` ([2], or [B, 2] with the batch ``row``)."""
+        self._next.append(values if row is None else values[row])
 
-    def add_attention(self, values: list[float] | None, row: int = 0) -> None:
-        if values is not None and self.attention_entropy is not None:
-            self.attention_entropy.append(values[row])
+    def add_attention(self, values: torch.Tensor | None, row: int = 0) -> None:
+        """``values`` from :func:`attention_entropy` ([B]; None: no compressed layer in that forward)."""
+        if values is not None and self._attention is not None:
+            self._attention.append(values[row])
+
+    def _next_table(self) -> list[list[float]]:
+        return torch.stack(self._next).double().tolist() if self._next else []
+
+    @property
+    def output_entropy(self) -> list[float]:
+        return [h for h, _ in self._next_table()]
+
+    @property
+    def top2_margin(self) -> list[float]:
+        return [m for _, m in self._next_table()]
+
+    @property
+    def attention_entropy(self) -> list[float] | None:
+        if self._attention is None:
+            return None
+        return torch.stack(self._attention).double().tolist() if self._attention else []
 
 
-def next_token_signals(logprobs: torch.Tensor) -> tuple[list[float], list[float]]:
-    """Per row of next-token log-probabilities [..., V]: the distribution's entropy
+def next_token_signals(logprobs: torch.Tensor) -> torch.Tensor:
+    """Per row of next-token log-probabilities [..., V]: [..., 2] holding the distribution's entropy
     H = −Σ_v p_v log p_v (nats) and its top-2 margin p_(1) − p_(2) (issue 18's output-side signals)."""
     lp = logprobs.float()
     p = lp.exp()
-    entropy = -torch.where(p > 0, p * lp, 0.0).sum(-1)
+    entropy = -(p * lp).nansum(-1)  # 0 · log 0 (a −inf log-probability) counts 0
     top = p.topk(min(2, p.shape[-1]), dim=-1).values
-    margin = top[..., 0] - (top[..., 1] if top.shape[-1] > 1 else 0.0)
-    return entropy.reshape(-1).tolist(), margin.reshape(-1).tolist()
+    margin = top[..., 0] - top[..., 1] if top.shape[-1] > 1 else top[..., 0]
+    return torch.stack((entropy, margin), -1)
 
 
-def attention_entropy(step: StepCertificates) -> list[float] | None:
+def attention_entropy(step: StepCertificates) -> torch.Tensor | None:
     """The mean over compressed layers and query heads of the attention entropy at the forward's
-    last query (the one predicting the next token), per batch row; None without any."""
+    last query (the one predicting the next token), per batch row [B]; None without any."""
     if not step.entropy:
         return None
-    stacked = torch.stack([step.entropy[i][:, :, -1] for i in sorted(step.entropy)]).double()  # [layers, B, Hq]
-    return stacked.mean(dim=(0, 2)).tolist()
+    return torch.stack([step.entropy[i][:, :, -1] for i in sorted(step.entropy)]).mean(dim=(0, 2))
 
 
 def evicted_mass(layers, aggregations: tuple[str, ...], row: int = 0) -> dict | None:
