@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kvcert.analysis.claims import evaluate_claim
-from kvcert.analysis.load import load_claims_file, score_shards
+from kvcert.analysis.load import score_shards
+from kvcert.prereg import load_claims
 from kvcert.testing import frozen_copy, make_record, replay_frame, write_shard
 
 PREREG = Path(__file__).resolve().parents[1] / "preregistration"
@@ -19,7 +20,7 @@ PREREG = Path(__file__).resolve().parents[1] / "preregistration"
 def env(tmp_path_factory):
     folder = tmp_path_factory.mktemp("prereg") / "preregistration"
     fr = frozen_copy(PREREG, folder)
-    doc = load_claims_file(folder)
+    doc = load_claims(folder)
     return {"folder": folder, "hash": fr.prereg_hash, "plan": doc["analysis_plan"],
             "claims": {c["id"]: c for c in doc["claims"]}, "tmp": tmp_path_factory.mktemp("shards")}
 

@@ -8,7 +8,7 @@ import pytest
 
 from kvcert.analysis.gating import Escalation, RecomputeGate, random_gain
 from kvcert.analysis.labels import failure_label_table
-from kvcert.analysis.multiturn import distance_bins, multiturn_table
+from kvcert.analysis.multiturn_recall import distance_bins, multiturn_table
 
 
 def test_recompute_gain_by_hand_with_a_tie_at_the_cut():

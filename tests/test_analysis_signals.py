@@ -29,7 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from kvcert.analysis.load import SCORE_COLUMNS, load_claims_file
+from kvcert.analysis.load import SCORE_COLUMNS
+from kvcert.prereg import load_claims
 from kvcert.analysis.signals import failure_score, signal_column
 from kvcert.analysis.steps import claims_step, report_step, score_step
 from kvcert.testing import frozen_copy, make_record, write_shard
@@ -84,7 +85,7 @@ def run(tmp_path_factory):
     score_step(shards, prereg, tmp / "scores.parquet")
     content = claims_step(tmp / "scores.parquet", [], prereg, "smoke", tmp / "claims.json")
     paths = report_step(tmp / "claims.json", tmp / "scores.parquet", [], [], tmp / "report")
-    plan = load_claims_file(prereg)["analysis_plan"]
+    plan = load_claims(prereg)["analysis_plan"]
     return {"block": content["comparison_signals"], "paths": paths, "plan": plan}
 
 
@@ -184,7 +185,7 @@ def test_report_section_table_and_figures(run):
 
 
 def test_every_plan_signal_has_a_score_column():
-    plan = load_claims_file(ROOT / "preregistration")["analysis_plan"]
+    plan = load_claims(ROOT / "preregistration")["analysis_plan"]
     for name, spec in plan["comparison_signals"]["signals"].items():
         assert signal_column(name, spec, plan, SCORE_COLUMNS) in SCORE_COLUMNS
     with pytest.raises(ValueError, match="no score-table column"):

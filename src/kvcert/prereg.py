@@ -29,6 +29,15 @@ class PreregError(ValueError):
     """The pre-registration is not frozen, or changed after its freeze."""
 
 
+def load_claims(folder: str | Path) -> dict:
+    """The parsed ``claims.yaml`` of a pre-registration folder (the one reader of it: generation
+    takes its design and δ from ``analysis_plan``, the analysis its claims and plan)."""
+    path = Path(folder) / "claims.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no claims.yaml in the pre-registration folder")
+    return yaml.safe_load(path.read_text())
+
+
 def prereg_files(folder: str | Path) -> dict[str, str]:
     """{relative path: SHA-256} of claims.yaml and grids/*.yaml."""
     folder = Path(folder)

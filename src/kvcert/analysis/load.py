@@ -61,7 +61,7 @@ import pyarrow.parquet as pq
 
 from ..generation.record import GenerationRecord
 from ..generation.shards import ShardSealError, check_seal, read_records
-from ..prereg import Freeze, verify
+from ..prereg import Freeze, load_claims, verify
 from ..provenance import check_prereg_hash
 
 GENERATION_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "condition", "method", "budget", "seed")
@@ -181,16 +181,6 @@ class ScoringPlan:
             if task.startswith(prefix) and len(prefix) > best:
                 best, mark = len(prefix), value
         return mark
-
-
-def load_claims_file(prereg_folder: str | Path) -> dict:
-    """The parsed ``claims.yaml`` of a pre-registration folder."""
-    import yaml
-
-    path = Path(prereg_folder) / "claims.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no claims.yaml in the pre-registration folder")
-    return yaml.safe_load(path.read_text())
 
 
 def verified_freeze(prereg_folder: str | Path, verified_json: str | Path | None = None) -> Freeze:
@@ -397,7 +387,7 @@ def score_shards(
 ) -> tuple[pd.DataFrame, dict]:
     """Verify the pre-registration, load every shard, and return (table, provenance)."""
     freeze = verified_freeze(prereg_folder, verified_json)
-    claims = load_claims_file(prereg_folder)
+    claims = load_claims(prereg_folder)
     plan = ScoringPlan.from_plan(claims["analysis_plan"])
     shards = list(shards)
     df = load_shards(shards, plan, freeze, jobs, expected)

@@ -33,8 +33,8 @@ from . import figures
 from .labels import failure_label_table, induced_failure_rates
 from .leaderboard import accuracy_table
 from .load import scored
-from .multiturn import PAPER as MULTITURN_PAPER
-from .multiturn import multiturn_table
+from .multiturn_recall import PAPER as MULTITURN_PAPER
+from .multiturn_recall import multiturn_table
 from .replay_stats import replay_cells, summarize_replay
 
 MARK = {"pass": "✓", "fail": "✗", "unclear": "?"}

@@ -31,9 +31,9 @@ import yaml
 
 from ..pipeline.config import experiment_grid
 from ..provenance import check_prereg_hash, git_commit
-from ..prereg import verify
+from ..prereg import load_claims, verify
 from .claims import evaluate_claims, main_tasks
-from .load import RecordRefused, load_claims_file, read_table, score_shards, verified_freeze, write_table
+from .load import RecordRefused, read_table, score_shards, verified_freeze, write_table
 from .replay_stats import empty_replay, summarize_replay
 from .signals import evaluate_signals, headline
 
@@ -146,7 +146,7 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     from ..sketch import check_plan
 
     freeze = verify(prereg)
-    plan = load_claims_file(prereg)["analysis_plan"]
+    plan = load_claims(prereg)["analysis_plan"]
     rp, design = plan["replay"], RetentionDesign(**plan["design"])
     check_plan(plan.get("robust_certificate"))
     kinds = list(rp.get("query_kinds") or ["setting", "later"])
@@ -195,7 +195,7 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
                 out: str | Path, verified_json: str | Path | None = None, configs: str | Path | None = None) -> dict:
     """Evaluate every claim and write ``claims.json``; returns its content."""
     freeze = verified_freeze(prereg, verified_json)
-    doc = load_claims_file(prereg)
+    doc = load_claims(prereg)
     grid = experiment_grid(experiment, configs or "configs", prereg)[1]
     df, scores_prov = _read_scores(scores, freeze.prereg_hash)
     rp, replay_prov = _read_replays(replay, freeze.prereg_hash)

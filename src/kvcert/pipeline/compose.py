@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
 from omegaconf import OmegaConf
 
 from .plan import Run
@@ -101,4 +100,7 @@ def generation_config(composed: dict, analysis_plan: dict, max_new_tokens: int |
 
 
 def analysis_plan(prereg: str | Path) -> dict:
-    return yaml.safe_load((Path(prereg) / "claims.yaml").read_text())["analysis_plan"]
+    """The frozen pre-registration's ``analysis_plan`` (:func:`kvcert.prereg.load_claims`)."""
+    from ..prereg import load_claims
+
+    return load_claims(prereg)["analysis_plan"]
