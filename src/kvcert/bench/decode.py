@@ -24,17 +24,26 @@ from .timing import interleaved_medians
 BUDGETS = (0.125, 0.25, 0.5)
 
 
-def bench_model(seed: int = 0):
+#: model shapes: the default (small, so that attention matters) and the paper's smallest model's
+#: layer shape (Qwen2.5-1.5B: hidden 1536, MLP 8960, 12 query / 2 KV heads of 128, vocabulary
+#: 151,936) with 8 of its 28 layers, so that the decode cost splits between attention, MLP and
+#: output head as it does there
+SHAPES = {
+    "bench": dict(vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                  num_attention_heads=8, num_key_value_heads=8),
+    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=8,
+                         num_attention_heads=12, num_key_value_heads=2, head_dim=128),
+}
+
+
+def bench_model(seed: int = 0, shape: str = "bench"):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ..integration import enable_certified_attention
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=1024, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=65536,
-    )
+    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=65536)
     model = LlamaForCausalLM(config).eval()
     return enable_certified_attention(model)
 
@@ -49,7 +58,7 @@ def filled_cache(model, length: int, budget: float | None, seed: int, record: bo
 
     cfg = model.config
     gen = torch.Generator().manual_seed(seed)
-    heads, dim = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    heads, dim = cfg.num_key_value_heads, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     cache = CertifiedCache(record_certificates=record)
     press = None if budget is None else EvictionPress(scorer="knorm", budget=budget, sampler=sampler, seed=seed)
     for layer_idx in range(cfg.num_hidden_layers):
@@ -103,10 +112,13 @@ def run(args) -> int:
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = bench_model()
+    model = bench_model(shape=args.shape)
     steps = args.steps
     results, signal_ratio = {}, {}
-    print("decode over a compacted cache: 4 layers, 8 query / 8 KV heads, head dim 64, fp32, batch 1")
+    cfg = model.config
+    print(f"decode over a compacted cache ({args.shape}): {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+          f"{cfg.num_attention_heads} query / {cfg.num_key_value_heads} KV heads, head dim "
+          f"{getattr(cfg, 'head_dim', None) or cfg.hidden_size // cfg.num_attention_heads}, fp32, batch 1")
     print(f"{'context':>8} {'budget':>7} {'ms/token':>9} {'time ratio':>11} {'KV MiB':>8} {'bytes ratio':>12} {'cert share':>11}")
     for length in args.lengths:
         caches = {"full": filled_cache(model, length, None, 0)}
@@ -148,4 +160,6 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="bench",
+                   help="model shape: the small default, or the layer shape of the paper's Qwen2.5-1.5B (8 layers)")
     p.set_defaults(func=run)
