@@ -121,6 +121,29 @@ def test_chunked_streaming_decides_each_token_once(loaded, records):
     out = engine(loaded, condition="streaming", budget=0.25, chunk_tokens=64).run(records[1])
     assert out["certificate"] is not None
     assert all(f < 0.6 for f in out["kept_fraction"])
+    # with no top slice and a uniform tail no π caps at 1: after every chunk, each KV head holds
+    # exactly the sinks and the undecided recent window as certain tokens (a head that kept fewer
+    # tokens must not let its recent tokens slip past the next round's segment undecided)
+    from kvcert.cache import CertifiedCache
+    from kvcert.design import RetentionDesign
+    from kvcert.press import EvictionPress
+    from kvcert.tasks.prompting import build_prompt_ids
+
+    model, tok = loaded
+    design = RetentionDesign(sinks=4, window=16, top_fraction=0.0, floor=1.0)
+    press = EvictionPress(scorer="snapkv", budget=0.25, sampler="poisson", design=design, seed=3)
+    ids, question_start = build_prompt_ids(tok, records[1])
+    cache = CertifiedCache(record_certificates=False)
+    with torch.inference_mode():
+        for start in range(0, question_start, 64):
+            cache.arm(press, keep_recent=design.window)
+            model(input_ids=torch.tensor([ids[start : min(start + 64, question_start)]]), cache=cache, use_cache=True)
+            for layer in cache.layers:
+                lp = layer.log_pi[0]
+                assert torch.equal(torch.isfinite(lp).sum(-1), layer.kept[0])  # real slots = kept count
+                if layer.compactions:
+                    assert (lp == 0).sum(-1).tolist() == [design.sinks + design.window] * lp.shape[0], start
+                    assert bool(((lp[:, -design.window :]) == 0).all())  # the window: last, in every head
 
 
 @pytest.mark.parametrize(

@@ -168,22 +168,27 @@ class CompactLayer(CacheLayerMixin):
         seg_keys, seg_values = self.keys[:, :, start:end], self.values[:, :, start:end]
         lp_new = lp_old.clone()
         lp_new[:, start:end] = lp_new[:, start:end] + seg_lp[:, : end - start]
-        packed = pack(keep, None, (b, h))
-        k_new = packed.indices.shape[-1]
-        packed.log_pi = torch.where(
-            packed.valid, lp_new.gather(-1, packed.indices.reshape(b * h, k_new)).reshape(b, h, k_new), float("inf")
-        )
-        idx = packed.indices.unsqueeze(-1)
+        # each head's kept slots of [0, end) first, then padding to the longest head, then the
+        # slots after the segment (the recent tokens a keep-recent round leaves undecided), at the
+        # same offset in every head: the next round's segment starts at one position for all
+        packed = pack(keep[:, :end], None, (b * h,))
+        tail = self.length - end
+        indices = torch.cat([packed.indices, torch.arange(end, self.length, device=self.device).expand(b * h, tail)], -1)
+        valid_new = torch.cat([packed.valid, torch.ones(b * h, tail, dtype=torch.bool, device=self.device)], -1)
+        k_new = indices.shape[-1]
+        indices, valid_new, lengths = indices.reshape(b, h, k_new), valid_new.reshape(b, h, k_new), packed.lengths + tail
+        log_pi_new = torch.where(valid_new, lp_new.gather(-1, indices.reshape(b * h, k_new)).reshape(b, h, k_new),
+                                 float("inf"))
+        idx = indices.unsqueeze(-1)
         keys = self.keys.gather(2, idx.expand(-1, -1, -1, self._k.shape[-1]))
         values = self.values.gather(2, idx.expand(-1, -1, -1, self._v.shape[-1]))
-        valid_new = packed.valid
         vmask = valid_new.unsqueeze(-1).to(torch.float32)
         centre = (values.to(torch.float32) * vmask).sum(2) / vmask.sum(2).clamp(min=1)
         self._allocate(b, h, k_new + self.reserve, self._k.shape[-1], keys.dtype, values.shape[-1])
         self._k[:, :, :k_new] = keys
         self._v[:, :, :k_new] = values
-        self._lp[:, :, :k_new] = packed.log_pi
-        self._om[:, :, :k_new] = torch.expm1(packed.log_pi).neg_().clamp_(min=0)  # 0 on padding (+inf)
+        self._lp[:, :, :k_new] = log_pi_new
+        self._om[:, :, :k_new] = torch.expm1(log_pi_new).neg_().clamp_(min=0)  # 0 on padding (+inf)
         self._dev[:, :, :k_new] = squared_deviation(values, centre).sqrt_()
         if potential is not None:
             previous = self.sketch
@@ -194,9 +199,9 @@ class CompactLayer(CacheLayerMixin):
         self.centre = centre
         self.undecided = self.length - end
         self.length = k_new
-        self.kept = packed.lengths
-        self.has_padding = bool((packed.lengths < k_new).any())
-        self.has_tail = bool(((packed.log_pi < 0) & valid_new).any())
+        self.kept = lengths.reshape(b, h)
+        self.has_padding = bool((self.kept < k_new).any())
+        self.has_tail = bool(((log_pi_new < 0) & valid_new).any())
         self.compactions += 1
         self._refresh_views()
 
@@ -224,6 +229,10 @@ class CompactLayer(CacheLayerMixin):
             self.centre = self.centre.index_select(0, idx)
         if self.sketch is not None:
             self.sketch = self.sketch.index_select(idx)
+        if self.score_mass is not None:
+            m = self.score_mass
+            self.score_mass = ScoreMass(m.total.index_select(0, idx), m.evicted.index_select(0, idx),
+                                        None if m.expected is None else m.expected.index_select(0, idx))
         self._refresh_views()
 
     @property

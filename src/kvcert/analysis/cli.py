@@ -84,8 +84,8 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("claims", help="scores + replay → claims.json (the pre-registered claims, verdicts)",
                               description="Scores + replay → claims.json: the pre-registered claims with their "
-                              "verdicts. The design grid is the experiment's (configs/experiment/<name>.yaml, else "
-                              "grids/<name>.yaml in the pre-registration folder).")
+                              "verdicts. The design grid is the one the experiment's settings name "
+                              "(configs/experiment/<name>.yaml, its `grid` inside the pre-registration folder).")
     p.add_argument("--scores", required=True, help="scores table from kvcert score")
     p.add_argument("--replay", nargs="*", default=[], help="replay tables from kvcert replay (one per model)")
     p.add_argument("--prereg", default="preregistration", help="pre-registration folder (frozen)")

@@ -1,8 +1,8 @@
 """Recomputation gating (claim C7) and budget escalation (claim C5) replayed on logged runs.
 
 Both policies act on generations that were all logged (DESIGN.md §2): a recomputed run
-takes the correctness of the full-cache run of the same example (the engine's
-``recompute`` regenerates with the full cache, which is exactly that run), an escalated
+takes the correctness of the full-cache run of the same example (recomputing with the
+full cache regenerates exactly that run), an escalated
 run takes the logged run at the next budget. Every function takes a weight matrix
 [resamples, runs] (see :mod:`kvcert.analysis.stats`) and returns one value per row, so
 the same code gives the point estimate (unit weights) and the bootstrap.

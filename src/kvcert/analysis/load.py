@@ -8,7 +8,7 @@ the analysis naming path:line) and refuses, in one line each:
 * a record whose ``prereg_hash`` differs from the verified freeze (the message names the
   file and both hashes): records of another pre-registration are never scored against
   this one (DESIGN.md §3);
-* two grid records with the same generation key (``model, task, target_tokens,
+* two records with the same generation key (``model, task, target_tokens,
   example_id, condition, method, budget, seed``), which would be counted twice.
 
 A record whose ``started_utc`` precedes the freeze time is kept in the table, flagged
@@ -70,6 +70,7 @@ UNIT_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id")
 RANDOMIZED_SAMPLERS = ("poisson", "priority")
 CERT_FIELDS = ("steps", "anytime_steps", "relative_steps")
 OVER_STEPS = ("mean", "max", "min", "last", "first")
+AGGREGATIONS = ("max", "mean", "rms")  # over layers × heads (kvcert.certificate.aggregate)
 
 METADATA_KEY = b"kvcert"
 
@@ -134,6 +135,8 @@ class ComparisonSpec:
         spec = cls(str(d.get("over_steps", "mean")), str(d.get("aggregation", "mean")))
         if spec.over_steps not in OVER_STEPS:
             raise ValueError(f"comparison_signals.over_steps: must be one of {OVER_STEPS}, got {spec.over_steps!r}")
+        if spec.aggregation not in AGGREGATIONS:
+            raise ValueError(f"comparison_signals.aggregation: must be one of {AGGREGATIONS}, got {spec.aggregation!r}")
         return spec
 
     def columns(self, record: Mapping) -> dict[str, float]:
@@ -326,7 +329,7 @@ SCORE_COLUMNS = [
 
 
 def derive(df: pd.DataFrame, freeze: Freeze) -> pd.DataFrame:
-    """Add pre_freeze, unit, full_correct and label; refuse duplicate grid generations."""
+    """Add pre_freeze, unit, full_correct and label; refuse duplicate generations."""
     df = df.copy()
     # started_utc is stamped to the second: compare at that resolution (a record stamped in the
     # freeze's own second is not flagged; one stamped in any earlier second is)
@@ -358,7 +361,7 @@ def derive(df: pd.DataFrame, freeze: Freeze) -> pd.DataFrame:
 
 
 def scored(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows the claims use: grid generations after the freeze with a score."""
+    """The rows the claims use: generations made after the freeze, with a score."""
     return df[~df["pre_freeze"] & df["correct"].notna()]
 
 

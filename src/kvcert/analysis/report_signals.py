@@ -2,7 +2,7 @@
 
 Reads the ``comparison_signals`` block of claims.json (:mod:`kvcert.analysis.signals`) and
 adds to a :class:`kvcert.analysis.report.Document`: the leaderboard table — each signal's
-prediction and attribution AUC with its 90 % interval per method and pooled over methods,
+prediction and attribution AUC with its bootstrap interval per method and pooled over methods,
 pooled over conditions and lengths, beside the paper's range — and its figure; the same
 AUCs per condition × prompt length; and the attribution AUC by turn distance in the
 multi-turn cell (table and figure). Secondary analyses: no verdict is drawn.
@@ -62,11 +62,17 @@ def _paper(block: Mapping, signal: str, task: str) -> str:
     return (block.get("paper", {}).get(signal) or {}).get(task) or "–"
 
 
+def _level(block: Mapping) -> str:
+    """The bootstrap interval's level as the plan registers it, e.g. "90 %"."""
+    return f"{100 * float((block.get('bootstrap') or {}).get('level', 0.9)):g} %"
+
+
 def signals_section(doc: Document, block: Mapping | None, fig_dir: Path) -> None:
     doc.heading("Comparison signals (signal leaderboard)")
     if not block:
         doc.paragraph("Not computed (no scores, or a pre-registration without `comparison_signals`).")
         return
+    pct = _level(block)
     doc.note("**Secondary analyses, not claims** (third amendment of 2026-12-01, issue 18): no verdict is drawn "
              "from these AUCs and no threshold was registered for them.")
     minimum = block.get("minimum") or {}
@@ -74,14 +80,14 @@ def signals_section(doc: Document, block: Mapping | None, fig_dir: Path) -> None
         "ROC AUC of each signal's failure score (the value where higher means failure, else its negative) for "
         f"*prediction* — failure among the compressed runs of {block['prediction']['cells']}'s cells (conditions × "
         "budgets), per method — and *attribution* — cache-induced vs inherent among the failed runs of "
-        f"{block['attribution']['cells']}'s cells. Pooled over conditions and prompt lengths; 90 % bootstrap "
+        f"{block['attribution']['cells']}'s cells. Pooled over conditions and prompt lengths; {pct} bootstrap "
         "intervals over examples. A row below the pre-registered minimum cell ("
         + ", ".join(f"{k} {v}" for k, v in minimum.items()) + ") has no estimate. The paper gives one range "
         "for the entropy/margin family and one for the evicted-score-mass heuristic, both for cache-induced "
         "failure: they are shown in the attribution column.")
     board = leaderboard(block)
-    doc.table(["signal", "failure when", "method", "prediction AUC [90 % CI]", "paper (prediction)",
-               "attribution AUC [90 % CI]", "paper (attribution)", "runs (failed / correct)",
+    doc.table(["signal", "failure when", "method", f"prediction AUC [{pct} CI]", "paper (prediction)",
+               f"attribution AUC [{pct} CI]", "paper (attribution)", "runs (failed / correct)",
                "failures (induced / inherent)"],
               [[e["signal"], block["signals"][e["signal"]]["failure"], e["method"], auc_text(e["prediction"]),
                 _paper(block, e["signal"], "prediction"), auc_text(e["attribution"]),
@@ -92,21 +98,21 @@ def signals_section(doc: Document, block: Mapping | None, fig_dir: Path) -> None
         doc.paragraph("Cells without runs: " + ", ".join(missing) + ".")
     doc.figure(figures.signal_leaderboard_figure(board, block.get("paper", {}), fig_dir / "signal_leaderboard.png"),
                "signal leaderboard: prediction and attribution AUC per signal and method (diamonds: pooled over "
-               "methods) with 90 % bootstrap intervals; dotted line chance, shaded the paper's range")
+               f"methods) with {pct} bootstrap intervals; dotted line chance, shaded the paper's range")
     by = block.get("by", [])
     order = {s: i for i, s in enumerate(block["signals"])}
     detail = sorted((e for e in joined(block) if not all(e[k] == ALL for k in by)),
                     key=lambda e: (order[e["signal"]], e["method"], *[e[k] for k in by]))
     doc.heading("By condition and prompt length", 3)
-    doc.table(["signal", "method", *[BY_HEADER.get(k, k) for k in by], "prediction AUC [90 % CI]",
+    doc.table(["signal", "method", *[BY_HEADER.get(k, k) for k in by], f"prediction AUC [{pct} CI]",
                "runs (failed / correct)",
-               "attribution AUC [90 % CI]", "failures (induced / inherent)"],
+               f"attribution AUC [{pct} CI]", "failures (induced / inherent)"],
               [[e["signal"], e["method"], *[e[k] for k in by], auc_text(e["prediction"]), count_text(e["prediction"]),
                 auc_text(e["attribution"]), count_text(e["attribution"])] for e in detail])
-    turn_distance_section(doc, block.get("turn_distance"), fig_dir)
+    turn_distance_section(doc, block.get("turn_distance"), fig_dir, pct)
 
 
-def turn_distance_section(doc: Document, td: Mapping | None, fig_dir: Path) -> None:
+def turn_distance_section(doc: Document, td: Mapping | None, fig_dir: Path, pct: str = "90 %") -> None:
     doc.heading("Attribution by turn distance (multi-turn cell)", 3)
     if not td or not td["rows"]:
         doc.paragraph("No multi-turn runs.")
@@ -115,11 +121,11 @@ def turn_distance_section(doc: Document, td: Mapping | None, fig_dir: Path) -> N
     doc.paragraph(f"Task `{td['task']}`, {td.get('condition')} at {budgets}: attribution AUC (cache-induced vs "
                   "inherent among failed runs) per method and per bucket of turns between the question and its fact "
                   "(inclusive ranges; `all` pools the buckets).")
-    doc.table(["signal", "method", "turn distance", "attribution AUC [90 % CI]", "failures (induced / inherent)"],
+    doc.table(["signal", "method", "turn distance", f"attribution AUC [{pct} CI]", "failures (induced / inherent)"],
               [[r["signal"], r["method"], figures.bucket_label(r), auc_text(r), count_text(r)] for r in td["rows"]])
     path = figures.turn_distance_figure(td["rows"], fig_dir / "turn_distance_attribution.png")
     if path is None:
         doc.paragraph("*Attribution by turn distance: no bucket reaches the pre-registered minimum cell.*")
     else:
-        doc.figure(path, "attribution AUC by turn distance: certificate and −log-probability per method, with 90 % "
+        doc.figure(path, f"attribution AUC by turn distance: certificate and −log-probability per method, with {pct} "
                    "bootstrap intervals (dotted: chance)")

@@ -36,7 +36,8 @@ def load_experiment(name: str, configs: str | Path) -> dict:
     path = folder / "experiment" / f"{name}.yaml"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in (folder / "experiment").glob("*.yaml")))
-        raise PipelineConfigError(f"experiment {name!r}: no {path}; choose one of {known}")
+        hint = f"choose one of {known}" if known else "give --configs the project's configs/ folder"
+        raise PipelineConfigError(f"experiment {name!r}: no {path}; {hint}")
     schema = yaml.safe_load((folder / "experiment.schema.yaml").read_text())
     data = yaml.safe_load(path.read_text()) or {}
     try:
