@@ -16,6 +16,24 @@ import torch
 from .certificate import certificate_reference
 
 
+def _valid_inputs(query, key, value, log_pi, lengths):
+    """Float64 (q [B, Hq, D], k, v [B, Hkv, L, D] zeroed on invalid slots — v None without a value —,
+    log π with +inf on invalid slots, valid [B, Hkv, L]): a slot is valid when its log π is finite
+    and it lies below ``lengths``."""
+    q = (query[:, :, 0] if query.ndim == 4 else query).to(torch.float64)
+    bsz, hkv, seq_len = key.shape[0], key.shape[1], key.shape[2]
+    k = key.to(torch.float64)
+    lp = torch.zeros(bsz, hkv, seq_len, dtype=torch.float64) if log_pi is None else log_pi.to(torch.float64).cpu()
+    lp = lp.to(k.device)
+    valid = torch.isfinite(lp)
+    if lengths is not None:
+        valid &= torch.arange(seq_len, device=k.device) < lengths.to(k.device).unsqueeze(-1)
+    lp = torch.where(valid, lp, torch.inf)
+    k = torch.where(valid.unsqueeze(-1), k, 0.0)
+    v = None if value is None else torch.where(valid.unsqueeze(-1), value.to(torch.float64), 0.0)
+    return q, k, v, lp, valid
+
+
 def decode_reference(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -26,20 +44,10 @@ def decode_reference(
     lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(output [B, Hq, D], lse, V̂, b̂_c [B, Hq]) in float64; layouts as the kernel's."""
-    q = (query[:, :, 0] if query.ndim == 4 else query).to(torch.float64)
+    q, k, v, lp, valid = _valid_inputs(query, key, value, log_pi, lengths)
     bsz, hq, d = q.shape
-    hkv, seq_len = key.shape[1], key.shape[2]
+    hkv = key.shape[1]
     group = hq // hkv
-    k = key.to(torch.float64)
-    v = value.to(torch.float64)
-    lp = torch.zeros(bsz, hkv, seq_len, dtype=torch.float64) if log_pi is None else log_pi.to(torch.float64).cpu()
-    lp = lp.to(k.device)
-    valid = torch.isfinite(lp)
-    if lengths is not None:
-        valid &= torch.arange(seq_len, device=k.device) < lengths.to(k.device).unsqueeze(-1)
-    lp = torch.where(valid, lp, torch.inf)
-    k = torch.where(valid.unsqueeze(-1), k, 0.0)
-    v = torch.where(valid.unsqueeze(-1), v, 0.0)
     qg = q.reshape(bsz, hkv, group, d)
     c = None if centre is None else centre.to(torch.float64)
     ref = certificate_reference(qg, k, v, lp, scaling, centre=c)
@@ -74,20 +82,11 @@ def variance_scale(
     V̂'s error where V̂ itself is (near) 0, e.g. for a head whose only tail token is
     also its only token.
     """
-    q = (query[:, :, 0] if query.ndim == 4 else query).to(torch.float64)
+    q, k, v, lp, _ = _valid_inputs(query, key, value, log_pi, lengths)
     bsz, hq, d = q.shape
-    hkv, seq_len = key.shape[1], key.shape[2]
+    hkv = key.shape[1]
     group = hq // hkv
     out = decode_reference(query, key, value, log_pi, centre, scaling, lengths)[0].reshape(bsz, hkv, group, -1)
-    k, v = key.to(torch.float64), value.to(torch.float64)
-    lp = torch.zeros(bsz, hkv, seq_len, dtype=torch.float64) if log_pi is None else log_pi.to(torch.float64).cpu()
-    lp = lp.to(k.device)
-    valid = torch.isfinite(lp)
-    if lengths is not None:
-        valid &= torch.arange(seq_len, device=k.device) < lengths.to(k.device).unsqueeze(-1)
-    lp = torch.where(valid, lp, torch.inf)
-    k = torch.where(valid.unsqueeze(-1), k, 0.0)
-    v = torch.where(valid.unsqueeze(-1), v, 0.0)
     c = torch.zeros(bsz, hkv, v.shape[-1], dtype=torch.float64, device=k.device) if centre is None else centre.to(torch.float64)
     logits = q.reshape(bsz, hkv, group, d) @ k.transpose(-1, -2) * scaling - lp.unsqueeze(-2)
     w = torch.softmax(logits, dim=-1).nan_to_num(0.0)
@@ -123,18 +122,10 @@ def entropy_reference(
 ) -> torch.Tensor:
     """H = −Σ p_i ln p_i [B, Hq], float64, p = softmax(q·k_i·scale − log π_i) over the valid slots
     (finite log π, below ``lengths``); 0 for a head with no valid slot."""
-    q = (query[:, :, 0] if query.ndim == 4 else query).to(torch.float64)
+    q, k, _, lp, valid = _valid_inputs(query, key, None, log_pi, lengths)
     bsz, hq, d = q.shape
-    hkv, seq_len = key.shape[1], key.shape[2]
-    k = key.to(torch.float64)
-    lp = torch.zeros(bsz, hkv, seq_len, dtype=torch.float64) if log_pi is None else log_pi.to(torch.float64).cpu()
-    lp = lp.to(k.device)
-    valid = torch.isfinite(lp)
-    if lengths is not None:
-        valid &= torch.arange(seq_len, device=k.device) < lengths.to(k.device).unsqueeze(-1)
-    k = torch.where(valid.unsqueeze(-1), k, 0.0)
-    z = q.reshape(bsz, hkv, hq // hkv, d) @ k.transpose(-1, -2) * scaling - torch.where(valid, lp, 0.0).unsqueeze(-2)
-    z = z.masked_fill(~valid.unsqueeze(-2), -torch.inf)
+    hkv = key.shape[1]
+    z = q.reshape(bsz, hkv, hq // hkv, d) @ k.transpose(-1, -2) * scaling - lp.unsqueeze(-2)  # −inf on invalid slots
     lse = torch.logsumexp(z, dim=-1, keepdim=True)
     p = torch.exp(z - lse)
     h = (lse.squeeze(-1) - torch.where(p > 0, p * z, 0.0).sum(-1))
