@@ -34,6 +34,26 @@ def _valid_inputs(query, key, value, log_pi, lengths):
     return q, k, v, lp, valid
 
 
+def _grouped_logits(q, k, lp, scaling):
+    """(queries grouped [B, Hkv, G, D], logits q·k·scale − log π [B, Hkv, G, L]; −inf on invalid slots)."""
+    bsz, hq, d = q.shape
+    qg = q.reshape(bsz, k.shape[1], hq // k.shape[1], d)
+    return qg, qg @ k.transpose(-1, -2) * scaling - lp.unsqueeze(-2)
+
+
+def _decode(q, k, v, lp, valid, centre, scaling):
+    """Grouped float64 (output [B, Hkv, G, Dv], lse, V̂, b̂_c [B, Hkv, G], logits) of prepared inputs."""
+    qg, logits = _grouped_logits(q, k, lp, scaling)
+    c = None if centre is None else centre.to(torch.float64)
+    ref = certificate_reference(qg, k, v, lp, scaling, centre=c)
+    empty = ~valid.any(-1, keepdim=True).expand(logits.shape[:3])
+    output = torch.where(empty.unsqueeze(-1), 0.0, ref.output)
+    variance = torch.where(empty, 0.0, ref.variance)
+    range_term = torch.where(empty, 0.0, ref.range_bound)
+    lse = torch.where(empty, -torch.inf, torch.logsumexp(logits, dim=-1))
+    return output, lse, variance, range_term, logits
+
+
 def decode_reference(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -45,19 +65,8 @@ def decode_reference(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(output [B, Hq, D], lse, V̂, b̂_c [B, Hq]) in float64; layouts as the kernel's."""
     q, k, v, lp, valid = _valid_inputs(query, key, value, log_pi, lengths)
-    bsz, hq, d = q.shape
-    hkv = key.shape[1]
-    group = hq // hkv
-    qg = q.reshape(bsz, hkv, group, d)
-    c = None if centre is None else centre.to(torch.float64)
-    ref = certificate_reference(qg, k, v, lp, scaling, centre=c)
-    logits = qg @ k.transpose(-1, -2) * scaling - lp.unsqueeze(-2)
-    lse = torch.logsumexp(logits, dim=-1)
-    empty = ~valid.any(-1, keepdim=True).expand(bsz, hkv, group)
-    output = torch.where(empty.unsqueeze(-1), 0.0, ref.output)
-    variance = torch.where(empty, 0.0, ref.variance)
-    range_term = torch.where(empty, 0.0, ref.range_bound)
-    lse = torch.where(empty, -torch.inf, lse)
+    output, lse, variance, range_term, _ = _decode(q, k, v, lp, valid, centre, scaling)
+    bsz, hq = q.shape[:2]
     return (
         output.reshape(bsz, hq, -1),
         lse.reshape(bsz, hq),
@@ -82,13 +91,10 @@ def variance_scale(
     V̂'s error where V̂ itself is (near) 0, e.g. for a head whose only tail token is
     also its only token.
     """
-    q, k, v, lp, _ = _valid_inputs(query, key, value, log_pi, lengths)
-    bsz, hq, d = q.shape
-    hkv = key.shape[1]
-    group = hq // hkv
-    out = decode_reference(query, key, value, log_pi, centre, scaling, lengths)[0].reshape(bsz, hkv, group, -1)
-    c = torch.zeros(bsz, hkv, v.shape[-1], dtype=torch.float64, device=k.device) if centre is None else centre.to(torch.float64)
-    logits = q.reshape(bsz, hkv, group, d) @ k.transpose(-1, -2) * scaling - lp.unsqueeze(-2)
+    q, k, v, lp, valid = _valid_inputs(query, key, value, log_pi, lengths)
+    out, _, _, _, logits = _decode(q, k, v, lp, valid, centre, scaling)
+    bsz, hq = q.shape[:2]
+    c = torch.zeros(bsz, k.shape[1], v.shape[-1], dtype=torch.float64, device=k.device) if centre is None else centre.to(torch.float64)
     w = torch.softmax(logits, dim=-1).nan_to_num(0.0)
     one_minus = (-torch.expm1(lp)).clamp(min=0).unsqueeze(-2)
     dev2 = (v - c.unsqueeze(-2)).pow(2).sum(-1).unsqueeze(-2)
@@ -123,9 +129,8 @@ def entropy_reference(
     """H = −Σ p_i ln p_i [B, Hq], float64, p = softmax(q·k_i·scale − log π_i) over the valid slots
     (finite log π, below ``lengths``); 0 for a head with no valid slot."""
     q, k, _, lp, valid = _valid_inputs(query, key, None, log_pi, lengths)
-    bsz, hq, d = q.shape
-    hkv = key.shape[1]
-    z = q.reshape(bsz, hkv, hq // hkv, d) @ k.transpose(-1, -2) * scaling - lp.unsqueeze(-2)  # −inf on invalid slots
+    bsz, hq = q.shape[:2]
+    _, z = _grouped_logits(q, k, lp, scaling)  # −inf on invalid slots
     lse = torch.logsumexp(z, dim=-1, keepdim=True)
     p = torch.exp(z - lse)
     h = (lse.squeeze(-1) - torch.where(p > 0, p * z, 0.0).sum(-1))
