@@ -20,7 +20,8 @@ from snakemake.utils import min_version, validate
 
 from kvcert.pipeline.check import preflight, profile_from_argv
 from kvcert.pipeline.config import check_pipeline_config, experiment_grid
-from kvcert.pipeline.digest import config_digest, job_config_files
+from kvcert.pipeline.compose import compose_config
+from kvcert.pipeline.digest import DigestCache, config_digest, job_config_files, model_digest
 from kvcert.prereg import PreregError, verify
 from kvcert.pipeline.plan import build_plan, shard_minutes
 
@@ -63,11 +64,12 @@ if workflow.is_main_process:  # not again inside each cluster job
     PROFILE = profile_from_argv(sys.argv)
     if PROFILE and not Path(PROFILE).exists() and (Path(workflow.basedir) / "profiles" / PROFILE).exists():
         PROFILE = str(Path(workflow.basedir) / "profiles" / PROFILE)
-    PROBLEMS = preflight(EXP, PREREG, CONFIGS, PROFILE)
+    PROBLEMS = preflight(EXP, PREREG, CONFIGS, PROFILE, results=config["results"])
     if PROBLEMS:
         raise WorkflowError("\n".join(PROBLEMS + [
             f"{len(PROBLEMS)} problem(s) found before any job ran; `kvcert check --experiment {EXP}"
-            + (f" --profile {PROFILE}" if PROFILE else "") + "` lists them again"]))
+            + (f" --profile {PROFILE}" if PROFILE else "")
+            + (f" --results {config['results']}" if config["results"] != "results" else "") + "` lists them again"]))
 try:  # what decides a rerun is the freeze's content hash, not the files' times
     PREREG_HASH = verify(PREREG).prereg_hash
 except PreregError:  # inside a cluster job; its own verification fails first
@@ -78,6 +80,7 @@ COMMON = f"--experiment {EXP} --prereg {PREREG} --configs {here(CONFIGS)}"
 RETRAIN = config["retrain_model"]
 TRAINED = f"{OUT}/model/embedded"
 SHARDS = [f"{OUT}/{s.path}" for s in PLAN.shards]
+MANIFESTS = sorted({f"{OUT}/{s.manifest}" for s in PLAN.shards})
 REPLAYS = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.parquet" for r in PLAN.replays]
 IMPOSSIBILITY = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.impossibility.json" for r in PLAN.replays]
 
@@ -95,6 +98,22 @@ def configs_of(wildcards):
     files = job_config_files(EXP, wildcards.model, wildcards.task, methods, budgets)
     return config_digest(CONFIGS, files)
 
+
+
+MODEL_DIGESTS = {}
+DIGEST_CACHE = DigestCache(Path(".snakemake") / "kvcert" / "file-digests.json")
+
+
+def model_of(wildcards):
+    """Digest of the model folder a manifest / generate / replay job loads (kvcert.pipeline.digest.
+    model_digest: every file's size and SHA-256, no times): weights replaced in place rerun that
+    model's jobs; a retrained model is an input file instead."""
+    if RETRAIN and wildcards.model == "embedded":
+        return "retrained"
+    if wildcards.model not in MODEL_DIGESTS:
+        path = compose_config([f"experiment={EXP}", f"model={wildcards.model}"], CONFIGS)["model"]["path"]
+        MODEL_DIGESTS[wildcards.model] = model_digest(str(path), DIGEST_CACHE)
+    return MODEL_DIGESTS[wildcards.model]
 
 
 def vanished(paths):
@@ -123,6 +142,19 @@ def shard_runtime(wildcards):
 
 def model_path_flag(wildcards):
     return f"--model-path {TRAINED}" if RETRAIN and wildcards.model == "embedded" else ""
+
+
+# cheap bookkeeping runs where Snakemake runs (a login node, or the controller's batch job)
+localrules:
+    all,
+    verify_prereg,
+
+
+onsuccess:
+    # the run's last words: every verdict beside the paper's, and where the report is
+    from kvcert.pipeline.console import verdict_lines
+
+    print("\n".join(verdict_lines(OUT)), file=sys.stderr)
 
 
 wildcard_constraints:
@@ -167,7 +199,7 @@ rule train_model:
     conda:
         "environment.yml"
     shell:
-        "kvcert train-model --recipe {params.recipe} --out {output} > {log} 2>&1"
+        "kvcert train-model --recipe {params.recipe} --out {output} 2>&1 | tee {log}"
 
 
 rule manifest:
@@ -182,6 +214,7 @@ rule manifest:
         common=COMMON,
         model_path=model_path_flag,
         configs=configs_of,
+        model=model_of,
     conda:
         "environment.yml"
     shell:
@@ -189,9 +222,28 @@ rule manifest:
         "--length {wildcards.length} {params.model_path} --out {output} > {log} 2>&1"
 
 
+rule replay_manifest:
+    input:
+        VERIFIED,
+        model_inputs,
+    output:
+        f"{OUT}/manifests/{{model}}/replay/{{task}}/{{length}}.jsonl",
+    log:
+        f"{OUT}/logs/manifest/{{model}}/replay/{{task}}/{{length}}.log",
+    params:
+        common=COMMON,
+        model_path=model_path_flag,
+        configs=configs_of,
+    conda:
+        "environment.yml"
+    shell:
+        "kvcert manifest {params.common} --set replay --model {wildcards.model} --task {wildcards.task} "
+        "--length {wildcards.length} {params.model_path} --out {output} > {log} 2>&1"
+
+
 rule replay:
     input:
-        manifest=f"{OUT}/manifests/{{model}}/{{task}}/{{length}}.jsonl",
+        manifest=f"{OUT}/manifests/{{model}}/replay/{{task}}/{{length}}.jsonl",
         verified=VERIFIED,
         model=model_inputs,
     output:
@@ -203,6 +255,7 @@ rule replay:
         common=COMMON,
         model_path=model_path_flag,
         configs=configs_of,
+        model=model_of,
     threads: EXP_CFG["threads_per_job"]
     resources:
         gpu=gpus,
@@ -211,7 +264,7 @@ rule replay:
     shell:
         "kvcert replay {params.common} --model {wildcards.model} {params.model_path} "
         "--records {input.manifest} --threads {threads} --out {output.draws} "
-        "--impossibility-out {output.impossibility} > {log} 2>&1"
+        "--impossibility-out {output.impossibility} 2>&1 | tee {log}"
 
 
 rule generate:
@@ -227,6 +280,7 @@ rule generate:
         common=COMMON,
         model_path=model_path_flag,
         configs=configs_of,
+        model=model_of,
     threads: EXP_CFG["threads_per_job"]
     resources:
         gpu=gpus,
@@ -236,12 +290,13 @@ rule generate:
     shell:
         "kvcert shard {params.common} --model {wildcards.model} --cell {wildcards.cell} --task {wildcards.task} "
         "--length {wildcards.length} --index {wildcards.index} --manifest {input.manifest} "
-        "--verified {input.verified} {params.model_path} --threads {threads} --out {output} > {log} 2>&1"
+        "--verified {input.verified} {params.model_path} --threads {threads} --out {output} 2>&1 | tee {log}"
 
 
 rule score:
     input:
         shards=SHARDS,
+        manifests=MANIFESTS,  # the plan's examples: each shard's records are checked against them
         verified=VERIFIED,
     output:
         f"{OUT}/scores.parquet",
@@ -249,10 +304,11 @@ rule score:
         f"{OUT}/logs/score.log",
     params:
         common=COMMON,
+        model_path=f"--model-path embedded={TRAINED}" if RETRAIN else "",
     conda:
         "environment.yml"
     shell:
-        "kvcert score {params.common} --verified {input.verified} "
+        "kvcert score {params.common} --verified {input.verified} {params.model_path} "
         "--shards {input.shards} --out {output} > {log} 2>&1"
 
 

@@ -3,23 +3,27 @@
 One pass over the retained keys, values and per-token log π gives, for every query head
 of a decode step: the Hájek-corrected output ô (attention with logits s_i − log π_i), the
 log-sum-exp of those logits, the variance estimate V̂ and the one-pass range term b̂_c of
-the certificate (DESIGN.md §1; ``OnlineCertificate`` in tests/online_certificate.py is
+the certificate (docs/design.md §1; ``OnlineCertificate`` in tests/online_certificate.py is
 the same algorithm written in torch).
 
 Per (batch, KV head, split) one program folds blocks of ``BLOCK_N`` keys into the
 online-softmax state of all the query heads of its group at once (grouped-query
-attention: the group is padded to ``G_PAD`` ≥ 16 rows so that ``tl.dot`` applies)::
+attention: the group is padded to ``G_PAD`` ≥ 16 rows so that ``tl.dot`` applies; the group
+itself is a runtime argument, so every group that pads alike shares one compiled kernel)::
 
     s_i  = (q·k_i·scale − log π_i)·log2(e)           base-2 logits
     m'   = max(m, max_i s_i),  α = 2^(m − m'),  p_i = 2^(s_i − m')
     l    ← α l + Σ p_i                 acc ← α acc + Σ p_i v_i
     r_i  = (1 − π_i) p_i²              (1 − π_i) = −expm1(log π_i), 0 for certain tokens
-    A    ← α² A + Σ r_i                B ← α² B + Σ r_i (v_i − c)     C ← α² C + Σ r_i ‖v_i − c‖²
+    A    ← α² A + Σ r_i                B ← α² B + Σ r_i v_i           C ← α² C + Σ r_i ‖v_i − c‖²
     M0   ← max(α M0, max_i (1 − π_i) p_i)
     M1   ← max(α M1, max_i (1 − π_i) p_i ‖v_i − c‖)
 
-and at the end ô = acc/l, lse = (m + log2 l)·ln 2, V̂ = (C − 2 B·(ô − c) + A‖ô − c‖²)/l²
-(combined in float64: the terms can nearly cancel) and b̂_c = (M1 + M0 ‖ô − c‖)/l. With
+and at the end ô = acc/l, lse = (m + log2 l)·ln 2, V̂ = (C − 2 (B − A c)·(ô − c) + A‖ô − c‖²)/l²
+(combined in float64: the terms can nearly cancel) and b̂_c = (M1 + M0 ‖ô − c‖)/l. B sums the
+values as loaded, on the tensor cores of a 16-bit cache with r split in two 16-bit terms
+(:func:`_raw_moment`), so no fp32 copy of the value tile is formed; the centring B − A c is
+exact in float64 at the end, as in the torch path. With
 several splits (flash-decoding) each program writes
 its partial state and a second kernel merges them exactly: m = max_j m_j,
 ω_j = 2^(m_j − m), first moments (l, acc) weighted by ω_j, second moments (A, B, C) by
@@ -57,6 +61,8 @@ returns output 0, lse −inf, V̂ = b̂_c = 0.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -80,22 +86,25 @@ def _round_bf16(x):
 @triton.jit
 def _sketch_epilogue(
     Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR,
-    b, h, srow, lse2, oc, scale_log2e, n_slots,
+    b, h, srow, lse2, oc, scale_log2e, n_slots, group,
     stride_qb, stride_qh, stride_qd,
     stride_kcb, stride_kch, stride_kcr, stride_kcd,
     stride_ksb, stride_ksh, stride_ksr,
     stride_knb, stride_knh,
-    GROUP: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    G_PAD: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, DOT16: tl.constexpr,
 ):
-    """Σ t_j and max t_j of the KV head's shadow tokens for the group's query rows (see the module docstring)."""
+    """Σ t_j and max t_j of the KV head's shadow tokens for the group's query rows (see the module docstring).
+    q·codes is exact in a 16-bit query's dtype (int8 codes are): with ``DOT16`` on the tensor cores
+    (fp32 sums), else an fp32 dot; the per-slot scale multiplies afterwards."""
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, BLOCK_D)
     offs_r = tl.arange(0, BLOCK_R)
-    g_ok = offs_g < GROUP
+    g_ok = offs_g < group
     d_ok = offs_d < D
-    q_ptrs = Q + b * stride_qb + (h * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    qn = tl.sqrt(tl.sum(q * q, 1))
+    q_ptrs = Q + b * stride_qb + (h * group + offs_g)[:, None] * stride_qh + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=g_ok[:, None] & d_ok[None, :], other=0.0)
+    qf = q.to(tl.float32)
+    qn = tl.sqrt(tl.sum(qf * qf, 1))
     count = tl.load(SK_N + b * stride_knb + h * stride_knh).to(tl.int32)
     sv = tl.zeros([G_PAD], tl.float32)
     sr = tl.zeros([G_PAD], tl.float32)
@@ -103,19 +112,45 @@ def _sketch_epilogue(
         offs = r0 + offs_r
         r_ok = offs < count
         c_ptrs = SK_C + b * stride_kcb + h * stride_kch + offs[:, None] * stride_kcr + offs_d[None, :] * stride_kcd
-        codes = tl.load(c_ptrs, mask=r_ok[:, None] & d_ok[None, :], other=0).to(tl.float32)
+        codes = tl.load(c_ptrs, mask=r_ok[:, None] & d_ok[None, :], other=0)
         sbase = b * stride_ksb + h * stride_ksh + offs * stride_ksr
         kscale = tl.load(SK_S + sbase, mask=r_ok, other=0.0)
         kerr = tl.load(SK_E + sbase, mask=r_ok, other=0.0)
         vdev = tl.load(SK_D + sbase, mask=r_ok, other=0.0)
-        u = tl.dot(q, tl.trans(codes * kscale[:, None]), input_precision="ieee")  # [G_PAD, BLOCK_R]
-        u = (u + qn[:, None] * kerr[None, :]) * scale_log2e
+        if DOT16:
+            u = tl.dot(q, tl.trans(codes.to(q.dtype)))  # [G_PAD, BLOCK_R]
+        else:
+            u = tl.dot(qf, tl.trans(codes.to(tl.float32)), input_precision="ieee")
+        u = (u * kscale[None, :] + qn[:, None] * kerr[None, :]) * scale_log2e
         t = tl.exp2(u - lse2[:, None]) * (vdev[None, :] + oc[:, None])
         t = tl.where(r_ok[None, :] & g_ok[:, None], t, 0.0)
         sv += tl.sum(t, 1)
         sr = tl.maximum(sr, tl.max(t, 1))
     tl.store(SV + srow, sv, mask=g_ok)
     tl.store(SR + srow, sr, mask=g_ok)
+
+
+@triton.jit
+def _raw_moment(r, v, SPLIT_R: tl.constexpr, INTERP_BF16: tl.constexpr, CERT_PREC: tl.constexpr):
+    """Σ_i r_i v_i [G_PAD, BLOCK_DV] in fp32 from the value tile as loaded. A 16-bit cache (``SPLIT_R``)
+    multiplies on the tensor cores in the tile's own dtype with r in two terms, r ≈ 2^e (hi + lo),
+    hi = r/2^e rounded to the dtype, lo = the remainder rounded again (2^e per row: the largest
+    r/2^e is in [½, 1], so fp16 neither overflows nor loses the row's leading terms): r's relative
+    rounding 2^-16 (bf16) / 2^-22 (fp16), the values exact; fp32 takes one ``CERT_PREC`` dot."""
+    if SPLIT_R:
+        r_max = tl.max(r, 1)
+        e = tl.maximum(tl.where(r_max > 0.0, tl.ceil(tl.log2(tl.where(r_max > 0.0, r_max, 1.0))), 0.0), -126.0)
+        rs = r * tl.exp2(-e)[:, None]
+        hi = rs.to(v.dtype)
+        lo = (rs - hi.to(tl.float32)).to(v.dtype)
+        if INTERP_BF16:  # the interpreter cannot multiply bf16 tiles: the same products in fp32
+            vf = v.to(tl.float32)
+            part = tl.dot(hi.to(tl.float32), vf, input_precision="ieee") + tl.dot(lo.to(tl.float32), vf, input_precision="ieee")
+        else:
+            part = tl.dot(lo, v, tl.dot(hi, v))
+        return part * tl.exp2(e)[:, None]
+    else:
+        return tl.dot(r, v, input_precision=CERT_PREC)
 
 
 @triton.jit
@@ -128,13 +163,16 @@ def _entropy(l_i, e_i):
 
 
 @triton.jit
-def _variance(c_i, b_acc, a_i, out_c, l_safe):
-    """V̂ = (C − 2 B·(ô − c) + A‖ô − c‖²)/l², clamped at 0, combined in float64 (as the torch path
-    does): the terms nearly cancel when the r-weighted values sit far from c, and fp32 here would
-    add its rounding, amplified by that cancellation, to the sums' own. [G_PAD] rows: cheap."""
+def _variance(c_i, b_raw, a_i, c_vec, out_c, l_safe):
+    """V̂ = (C − 2 B_c·(ô − c) + A‖ô − c‖²)/l² with B_c = B − A c (B = Σ r v, as the pass sums it),
+    clamped at 0, combined in float64 (as the torch path does): the terms nearly cancel when
+    the r-weighted values sit far from c, and fp32 here would add its rounding, amplified by
+    that cancellation, to the sums' own."""
     oc64 = out_c.to(tl.float64)
     l64 = l_safe.to(tl.float64)
-    var = c_i.to(tl.float64) - 2.0 * tl.sum(b_acc.to(tl.float64) * oc64, 1) + a_i.to(tl.float64) * tl.sum(oc64 * oc64, 1)
+    a64 = a_i.to(tl.float64)
+    b_c = b_raw.to(tl.float64) - a64[:, None] * c_vec.to(tl.float64)[None, :]
+    var = c_i.to(tl.float64) - 2.0 * tl.sum(b_c * oc64, 1) + a64 * tl.sum(oc64 * oc64, 1)
     return tl.maximum(var / (l64 * l64), 0.0).to(tl.float32)
 
 
@@ -144,7 +182,7 @@ def _stage1(
     OUT, LSE, VAR, RNG,
     P_M, P_L, P_ACC, P_A, P_B, P_C, P_M0, P_M1,
     SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, ENT, P_E,
-    scale_log2e, seq_len, chunk, n_splits, n_slots,
+    scale_log2e, seq_len, chunk, n_splits, n_slots, group,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -155,11 +193,11 @@ def _stage1(
     stride_kcb, stride_kch, stride_kcr, stride_kcd,
     stride_ksb, stride_ksh, stride_ksr,
     stride_knb, stride_knh,
-    HKV: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr,
+    HKV: tl.constexpr, G_PAD: tl.constexpr,
     D: tl.constexpr, DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     CERT: tl.constexpr, HAS_LP: tl.constexpr, HAS_LEN: tl.constexpr, SPLIT: tl.constexpr,
-    SKETCH: tl.constexpr, BLOCK_R: tl.constexpr,
-    DOT_PREC: tl.constexpr, CERT_PREC: tl.constexpr, INTERP_BF16: tl.constexpr, INTERP_OUT_BF16: tl.constexpr,
+    SKETCH: tl.constexpr, BLOCK_R: tl.constexpr, SK_DOT16: tl.constexpr,
+    DOT_PREC: tl.constexpr, CERT_PREC: tl.constexpr, SPLIT_R: tl.constexpr, INTERP_BF16: tl.constexpr, INTERP_OUT_BF16: tl.constexpr,
     ENTROPY: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -171,12 +209,12 @@ def _stage1(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_n = tl.arange(0, BLOCK_N)
-    g_ok = offs_g < GROUP
+    g_ok = offs_g < group
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
 
     # the group's queries [G_PAD, BLOCK_D], in the cache's dtype for the tensor-core dot
-    q_ptrs = Q + b * stride_qb + (h * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :] * stride_qd
+    q_ptrs = Q + b * stride_qb + (h * group + offs_g)[:, None] * stride_qh + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(K.dtype.element_ty)
 
     length = seq_len
@@ -259,15 +297,15 @@ def _stage1(
             r = wp * p
             a2 = alpha * alpha
             a_i = a_i * a2 + tl.sum(r, 1)
-            b_acc = b_acc * a2[:, None] + tl.dot(r, vc, input_precision=CERT_PREC)
+            b_acc = b_acc * a2[:, None] + _raw_moment(r, v, SPLIT_R, INTERP_BF16, CERT_PREC)
             c_i = c_i * a2 + tl.sum(r * sq[None, :], 1)
             m0_i = tl.maximum(m0_i * alpha, tl.max(wp, 1))
             m1_i = tl.maximum(m1_i * alpha, tl.max(wp * tl.sqrt(sq)[None, :], 1))
         m_i = m_new
 
     if SPLIT:
-        # partial state [B, HKV, n_splits, GROUP(, DV)], contiguous
-        row = (pid_bh * n_splits + split) * GROUP + offs_g
+        # partial state [B, HKV, n_splits, group(, DV)], contiguous
+        row = (pid_bh * n_splits + split) * group + offs_g
         tl.store(P_M + row, m_i, mask=g_ok)
         tl.store(P_L + row, l_i, mask=g_ok)
         vec = row[:, None] * DV + offs_dv[None, :]
@@ -285,20 +323,20 @@ def _stage1(
         nonempty = l_i > 0.0
         l_safe = tl.where(nonempty, l_i, 1.0)
         out = acc / l_safe[:, None]
-        hq = h * GROUP + offs_g
+        hq = h * group + offs_g
         o_ptrs = OUT + b * stride_ob + hq[:, None] * stride_oh + offs_dv[None, :] * stride_od
         if INTERP_OUT_BF16:
             tl.store(o_ptrs, _round_bf16(out).to(OUT.dtype.element_ty), mask=g_ok[:, None] & dv_ok[None, :])
         else:
             tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=g_ok[:, None] & dv_ok[None, :])
-        srow = b * (HKV * GROUP) + hq
+        srow = b * (HKV * group) + hq
         lse = tl.where(nonempty, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
         tl.store(LSE + srow, lse, mask=g_ok)
         if ENTROPY:
             tl.store(ENT + srow, _entropy(l_i, e_i), mask=g_ok)
         if CERT:
             out_c = tl.where(dv_ok[None, :], out - c_vec[None, :], 0.0)
-            var = _variance(c_i, b_acc, a_i, out_c, l_safe)
+            var = _variance(c_i, b_acc, a_i, c_vec, out_c, l_safe)
             oc = tl.sqrt(tl.sum(out_c * out_c, 1))
             rng = (m1_i + m0_i * oc) / l_safe
             tl.store(VAR + srow, var, mask=g_ok)
@@ -306,9 +344,9 @@ def _stage1(
             if SKETCH:
                 _sketch_epilogue(
                     Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, b, h, srow, tl.where(nonempty, m_i + tl.log2(l_safe), float("inf")), oc,
-                    scale_log2e, n_slots, stride_qb, stride_qh, stride_qd,
+                    scale_log2e, n_slots, group, stride_qb, stride_qh, stride_qd,
                     stride_kcb, stride_kch, stride_kcr, stride_kcd, stride_ksb, stride_ksh, stride_ksr,
-                    stride_knb, stride_knh, GROUP=GROUP, G_PAD=G_PAD, D=D, BLOCK_D=BLOCK_D, BLOCK_R=BLOCK_R,
+                    stride_knb, stride_knh, G_PAD=G_PAD, D=D, BLOCK_D=BLOCK_D, BLOCK_R=BLOCK_R, DOT16=SK_DOT16,
                 )
 
 
@@ -317,16 +355,16 @@ def _merge(
     Q, CEN, OUT, LSE, VAR, RNG,
     P_M, P_L, P_ACC, P_A, P_B, P_C, P_M0, P_M1,
     SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, ENT, P_E,
-    n_splits, scale_log2e, n_slots,
+    n_splits, scale_log2e, n_slots, group,
     stride_qb, stride_qh, stride_qd,
     stride_cb, stride_ch, stride_cd,
     stride_ob, stride_oh, stride_od,
     stride_kcb, stride_kch, stride_kcr, stride_kcd,
     stride_ksb, stride_ksh, stride_ksr,
     stride_knb, stride_knh,
-    HKV: tl.constexpr, GROUP: tl.constexpr, G_PAD: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HKV: tl.constexpr, G_PAD: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     CERT: tl.constexpr, INTERP_OUT_BF16: tl.constexpr,
-    SKETCH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+    SKETCH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, SK_DOT16: tl.constexpr,
     ENTROPY: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -334,13 +372,13 @@ def _merge(
     h = pid_bh % HKV
     offs_g = tl.arange(0, G_PAD)
     offs_dv = tl.arange(0, BLOCK_DV)
-    g_ok = offs_g < GROUP
+    g_ok = offs_g < group
     dv_ok = offs_dv < DV
     vmask = g_ok[:, None] & dv_ok[None, :]
 
     m = tl.full([G_PAD], float("-inf"), tl.float32)
     for j in range(0, n_splits):
-        row = (pid_bh * n_splits + j) * GROUP + offs_g
+        row = (pid_bh * n_splits + j) * group + offs_g
         m = tl.maximum(m, tl.load(P_M + row, mask=g_ok, other=float("-inf")))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
 
@@ -355,7 +393,7 @@ def _merge(
         m0_i = tl.zeros([G_PAD], tl.float32)
         m1_i = tl.zeros([G_PAD], tl.float32)
     for j in range(0, n_splits):
-        row = (pid_bh * n_splits + j) * GROUP + offs_g
+        row = (pid_bh * n_splits + j) * group + offs_g
         vec = row[:, None] * DV + offs_dv[None, :]
         m_j = tl.load(P_M + row, mask=g_ok, other=float("-inf"))
         w = tl.exp2(m_j - m_safe)  # ω_j; 0 for an empty split (m_j = −inf)
@@ -376,13 +414,13 @@ def _merge(
     nonempty = l_i > 0.0
     l_safe = tl.where(nonempty, l_i, 1.0)
     out = acc / l_safe[:, None]
-    hq = h * GROUP + offs_g
+    hq = h * group + offs_g
     o_ptrs = OUT + b * stride_ob + hq[:, None] * stride_oh + offs_dv[None, :] * stride_od
     if INTERP_OUT_BF16:
         tl.store(o_ptrs, _round_bf16(out).to(OUT.dtype.element_ty), mask=vmask)
     else:
         tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=vmask)
-    srow = b * (HKV * GROUP) + hq
+    srow = b * (HKV * group) + hq
     lse = tl.where(nonempty, (m + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     tl.store(LSE + srow, lse, mask=g_ok)
     if ENTROPY:
@@ -390,7 +428,7 @@ def _merge(
     if CERT:
         c_vec = tl.load(CEN + b * stride_cb + h * stride_ch + offs_dv * stride_cd, mask=dv_ok, other=0.0).to(tl.float32)
         out_c = tl.where(dv_ok[None, :], out - c_vec[None, :], 0.0)
-        var = _variance(c_i, b_acc, a_i, out_c, l_safe)
+        var = _variance(c_i, b_acc, a_i, c_vec, out_c, l_safe)
         oc = tl.sqrt(tl.sum(out_c * out_c, 1))
         rng = (m1_i + m0_i * oc) / l_safe
         tl.store(VAR + srow, var, mask=g_ok)
@@ -398,9 +436,9 @@ def _merge(
         if SKETCH:
             _sketch_epilogue(
                 Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, b, h, srow, tl.where(nonempty, m + tl.log2(l_safe), float("inf")), oc,
-                scale_log2e, n_slots, stride_qb, stride_qh, stride_qd,
+                scale_log2e, n_slots, group, stride_qb, stride_qh, stride_qd,
                 stride_kcb, stride_kch, stride_kcr, stride_kcd, stride_ksb, stride_ksh, stride_ksr,
-                stride_knb, stride_knh, GROUP=GROUP, G_PAD=G_PAD, D=D, BLOCK_D=BLOCK_D, BLOCK_R=BLOCK_R,
+                stride_knb, stride_knh, G_PAD=G_PAD, D=D, BLOCK_D=BLOCK_D, BLOCK_R=BLOCK_R, DOT16=SK_DOT16,
             )
 
 
@@ -427,12 +465,100 @@ def _next_pow2(n: int, floor: int = 16) -> int:
     return max(floor, 1 << max(0, (int(n) - 1).bit_length()))
 
 
-def default_num_splits(batch: int, kv_heads: int, length: int, device: torch.device, block_n: int) -> int:
-    """Split-K policy: about four programs per streaming multiprocessor, ≥ 4 key blocks per split."""
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Launch parameters of one kernel: keys per block (stage 1 only), warps, software-pipeline
+    stages, ptxas's register cap (None: ptxas chooses), and the resident programs per SM the
+    configuration is sized for (the split policy launches that many per SM: one wave)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    maxnreg: int | None = None
+    ctas_per_sm: int = 4
+
+
+#: register cap of the certificate variants at head size ≤ 128: 3 programs of 4 warps per SM (3·4·32·168 ≤ 65536)
+CERT_MAXNREG = 168
+
+
+def launch_config(head_dim: int, value_dim: int, group: int, dtype: torch.dtype, *, certificate: bool,
+                  sketch: bool, entropy: bool, arch: int | None) -> LaunchConfig:
+    """The stage-1 kernel's launch parameters for a head size, query-per-KV group (any group pads
+    to the same 16 rows), cache dtype, the compiled-in options and the target's compute
+    capability (None: the interpreter, where only correctness matters).
+
+    A decode step is memory-bound: each program streams its split's keys and values once, so
+    what the configuration must buy is bytes in flight per SM, not arithmetic. By Little's law
+    an SM must keep bandwidth × latency / SMs in flight: 4.8 TB/s × ~0.8 µs / 132 ≈ 29 KB on an
+    H200 (20 KB on an H100, 15 KB on an A100). ``num_stages = 3`` keeps two key/value tiles in
+    flight per program (cp.async), ``BLOCK_N = 16`` tokens make a tile of 16·(D + DV)·2 bytes
+    = 8 KB at D = 128 in a 16-bit cache, and the registers decide how many programs share an
+    SM: without the certificate ≤ 100 registers (≥ 4 programs: ≥ 64 KB in flight); with it
+    the fp32 accumulator B = Σ r v [16, DV] and four more row statistics come on top, and
+    ptxas is capped at :data:`CERT_MAXNREG` = 168 registers, which it meets without spilling
+    at BLOCK_N = 16 (at 32 it spills on sm_90), so 3 programs of 4 warps fit (48 KB in flight,
+    1.6× the H200's need). Larger key blocks or 8 warps buy nothing here: 8 warps replicate
+    the [16, 16] logit tile 4×, and 32 keys per block double the per-program registers of the
+    tiles. ``kvcert bench kernel --compile-only`` prints every variant's registers, shared
+    memory and occupancy for sm_80 and sm_90; the compile tier (tests/test_kernel_compile.py)
+    fails on a spill or fewer resident programs than ``ctas_per_sm``. fp32 caches (double the
+    tile bytes; the embedded model's) keep ptxas's own register choice at head size ≤ 64 and
+    run 8 warps at 128."""
+    block = max(_next_pow2(head_dim), _next_pow2(value_dim))
+    if block <= 128 and dtype != torch.float32:
+        if certificate:
+            return LaunchConfig(16, 4, 3, maxnreg=CERT_MAXNREG, ctas_per_sm=3)
+        return LaunchConfig(16, 4, 3, ctas_per_sm=4)
+    if block <= 64:  # fp32: ptxas's own choice (≤ 176 registers) does not spill; a cap of 168 does
+        return LaunchConfig(16, 4, 3, ctas_per_sm=2 if certificate else 4)
+    return LaunchConfig(16, 8, 3 if block <= 128 else 2, ctas_per_sm=1)
+
+
+def merge_config(value_dim: int, group: int, dtype: torch.dtype, *, certificate: bool, sketch: bool,
+                 entropy: bool, arch: int | None) -> LaunchConfig:
+    """The merge kernel's launch parameters (``block_n`` unused: it loops over the splits of one
+    (batch, KV head), a few KB of partial state; ≤ 100 registers at DV = 128). The sketch's
+    fp32 dot (an fp32 query) at DV > 64 needs 8 warps not to spill."""
+    if sketch and dtype == torch.float32 and _next_pow2(value_dim) > 64:
+        return LaunchConfig(0, 8, 2)
+    return LaunchConfig(0, 4, 2)
+
+
+def device_arch(device: torch.device) -> int | None:
+    """Compute capability of a CUDA device as major·10 + minor (90 for sm_90); None elsewhere or in the interpreter."""
+    if device.type != "cuda" or interpreting():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
+
+
+def _regs(maxnreg: int | None) -> dict:
+    """The ``maxnreg`` launch option (ptxas's register cap), where the configuration sets one."""
+    return {} if maxnreg is None else {"maxnreg": int(maxnreg)}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: ``kernel[grid](*args, **kwargs)`` (kwargs: constexprs, num_warps, num_stages)."""
+
+    kernel: object
+    grid: tuple
+    args: tuple
+    kwargs: dict
+
+    def __call__(self):
+        return self.kernel[self.grid](*self.args, **self.kwargs)
+
+
+def default_num_splits(batch: int, kv_heads: int, length: int, device: torch.device, block_n: int,
+                       ctas_per_sm: int = 4) -> int:
+    """Split-K policy: ``ctas_per_sm`` programs per streaming multiprocessor (the resident programs
+    the launch configuration is sized for: one wave), ≥ 4 key blocks per split."""
     if device.type != "cuda" or interpreting():
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = -(-4 * sms // max(1, batch * kv_heads))
+    want = -(-ctas_per_sm * sms // max(1, batch * kv_heads))
     most = max(1, -(-length // (4 * block_n)))
     return int(max(1, min(want, most, 256)))
 
@@ -506,6 +632,26 @@ def certified_decode(
     shape, appended as the last returned tensor (with or without the certificate). The
     other outputs are the same bits either way.
     """
+    _check_mode()
+    launches, results = plan_decode(
+        query, key, value, log_pi, centre, scaling, lengths, certificate, num_splits, block_n=block_n,
+        num_warps=num_warps, num_stages=num_stages, poison=poison, out=out, sketch=sketch, entropy=entropy,
+        arch=device_arch(query.device),
+    )
+    for launch in launches:
+        launch()
+    return results
+
+
+def plan_decode(
+    query, key, value, log_pi, centre, scaling, lengths=None, certificate=True, num_splits=None, *,
+    block_n=None, num_warps=None, num_stages=None, poison=False, out=None, sketch=None, entropy=False, arch=None,
+):
+    """The launches of :func:`certified_decode` (same arguments, plus the target's compute
+    capability ``arch``, e.g. 90; None: the interpreter's defaults) without running them:
+    ``(launches, results)``, ``results`` the buffers the launches fill. The launch parameters
+    come from :func:`launch_config` and :func:`merge_config` unless given;
+    :mod:`kvcert_kernels.compile_check` compiles these same launches for a GPU it does not have."""
     _check(query, key, value, log_pi, centre, lengths)
     if sketch is not None and not certificate:
         raise ValueError("sketch: the shadow terms belong to the certificate; pass certificate=True")
@@ -518,10 +664,15 @@ def certified_decode(
     dev = query.device
     g_pad = _next_pow2(group)
     block_d, block_dv = _next_pow2(d), _next_pow2(dv)
-    if block_n is None:
-        block_n = 64 if max(block_d, block_dv) <= 128 else 32
+    cfg = launch_config(d, dv, group, key.dtype, certificate=certificate, sketch=sketch is not None,
+                        entropy=entropy, arch=arch)
+    # the register cap belongs to the configuration as a whole: a caller's own block size, warps or stages drop it
+    maxnreg = cfg.maxnreg if (block_n, num_warps, num_stages) == (None, None, None) else None
+    block_n = cfg.block_n if block_n is None else block_n
+    num_warps = cfg.num_warps if num_warps is None else num_warps
+    num_stages = cfg.num_stages if num_stages is None else num_stages
     if num_splits is None:
-        num_splits = default_num_splits(bsz, hkv, seq_len, dev, block_n)
+        num_splits = default_num_splits(bsz, hkv, seq_len, dev, block_n, cfg.ctas_per_sm)
     num_splits = max(1, int(num_splits))
     chunk = -(-max(seq_len, 1) // num_splits)
     chunk = -(-chunk // block_n) * block_n
@@ -588,26 +739,22 @@ def certified_decode(
         sk_strides = (0,) * 9
         n_slots = 0
     sv_arg = shadow_v if use_sketch else lse
+    mcfg = merge_config(dv, group, query.dtype, certificate=certificate, sketch=use_sketch, entropy=entropy, arch=arch)
     sr_arg = shadow_r if use_sketch else lse
 
     interp = interpreting()  # the interpreter's fp32 → bf16 cast truncates: round explicitly there
     interp_out = interp and output.dtype == torch.bfloat16
     fp32 = key.dtype == torch.float32
+    sk_dot16 = use_sketch and query.dtype != torch.float32 and not interp
     dot_prec = "ieee" if fp32 else "tf32"
     cert_prec = "ieee" if fp32 else "tf32"
-    launch = {}
-    if num_warps is not None:
-        launch["num_warps"] = num_warps
-    if num_stages is not None:
-        launch["num_stages"] = num_stages
-    consts = dict(HKV=hkv, GROUP=group, G_PAD=g_pad)
-    _check_mode()
-    _stage1[(bsz * hkv, num_splits)](
+    consts = dict(HKV=hkv, G_PAD=g_pad)
+    launches = [Launch(_stage1, (bsz * hkv, num_splits), (
         q3, key, value, lp, centre_t, len_t,
         o3, lse, var_arg, rng_arg,
         p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1,
         sk_c, sk_s, sk_e, sk_d, sk_n, sv_arg, sr_arg, ent if entropy else lse, p_e,
-        float(scaling) * LOG2E, seq_len, chunk, num_splits, n_slots,
+        float(scaling) * LOG2E, seq_len, chunk, num_splits, n_slots, group,
         q3.stride(0), q3.stride(1), q3.stride(2),
         key.stride(0), key.stride(1), key.stride(2), key.stride(3),
         value.stride(0), value.stride(1), value.stride(2), value.stride(3),
@@ -616,28 +763,33 @@ def certified_decode(
         len_t.stride(0), len_t.stride(1),
         o3.stride(0), o3.stride(1), o3.stride(2),
         *sk_strides,
+    ), dict(
         **consts, D=d, DV=dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
         CERT=bool(certificate), HAS_LP=log_pi is not None, HAS_LEN=lengths is not None, SPLIT=split,
-        SKETCH=use_sketch and not split, BLOCK_R=SKETCH_BLOCK,
-        DOT_PREC=dot_prec, CERT_PREC=cert_prec,
+        SKETCH=use_sketch and not split, BLOCK_R=SKETCH_BLOCK, SK_DOT16=sk_dot16,
+        DOT_PREC=dot_prec, CERT_PREC=cert_prec, SPLIT_R=not fp32,
         INTERP_BF16=interp and key.dtype == torch.bfloat16, INTERP_OUT_BF16=interp_out,
-        ENTROPY=bool(entropy), **launch,
-    )
+        ENTROPY=bool(entropy), num_warps=num_warps, num_stages=num_stages, **_regs(maxnreg),
+    ))]
     if split:
-        _merge[(bsz * hkv,)](
+        launches.append(Launch(_merge, (bsz * hkv,), (
             q3, centre_t, o3, lse, var_arg, rng_arg,
             p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1,
             sk_c, sk_s, sk_e, sk_d, sk_n, sv_arg, sr_arg, ent if entropy else lse, p_e,
-            num_splits, float(scaling) * LOG2E, n_slots,
+            num_splits, float(scaling) * LOG2E, n_slots, group,
             q3.stride(0), q3.stride(1), q3.stride(2),
             centre_t.stride(0), centre_t.stride(1), centre_t.stride(2),
             o3.stride(0), o3.stride(1), o3.stride(2),
             *sk_strides,
+        ), dict(
             **consts, DV=dv, BLOCK_DV=block_dv, CERT=bool(certificate), INTERP_OUT_BF16=interp_out,
-            SKETCH=use_sketch, D=d, BLOCK_D=block_d, BLOCK_R=SKETCH_BLOCK, ENTROPY=bool(entropy),
-        )
+            SKETCH=use_sketch, D=d, BLOCK_D=block_d, BLOCK_R=SKETCH_BLOCK, SK_DOT16=sk_dot16, ENTROPY=bool(entropy),
+            num_warps=mcfg.num_warps, num_stages=mcfg.num_stages, **_regs(mcfg.maxnreg),
+        )))
     res = (output, lse, variance, range_term) + ((shadow_v, shadow_r) if sketch is not None else ())
-    return res + (ent,) if entropy else res
+    return launches, (res + (ent,) if entropy else res)
+
+
 
 
 def decode_bytes(key: torch.Tensor, value: torch.Tensor, log_pi: torch.Tensor | None, lengths=None) -> int:
@@ -649,4 +801,7 @@ def decode_bytes(key: torch.Tensor, value: torch.Tensor, log_pi: torch.Tensor | 
     return tokens * per
 
 
-__all__ = ["certified_decode", "decode_bytes", "default_num_splits", "interpreting"]
+__all__ = [
+    "Launch", "LaunchConfig", "certified_decode", "decode_bytes", "default_num_splits", "device_arch", "interpreting",
+    "launch_config", "merge_config", "plan_decode",
+]

@@ -1,7 +1,8 @@
 """Golden fixtures of NVIDIA kvpress's token selection, for tests/test_kvpress_goldens.py.
 
-Runs inside kvpress's own environment (kvpress 0.5.5 needs transformers < 5.3, which
-kvcert's cannot have; scripts/kvpress_goldens.sh builds it). It does not import kvcert.
+Runs in an environment with kvpress 0.5.5 (it needs transformers < 5.3): kvpress's own
+(scripts/kvpress_goldens.sh builds one) or kvcert's beside it (tests/test_kvpress_env.py
+re-derives every kept set there). It does not import kvcert.
 
 On the committed tiny checkpoint ``tests/fixtures/kvpress/model`` (a Llama with grouped-
 query attention, random weights; written here, seeded, when absent) it prefills one fixed
@@ -87,7 +88,8 @@ def kept_by(model, press, ids: torch.Tensor) -> list[list[str]]:
 
 
 def main() -> None:
-    import kvpress
+    import importlib.metadata
+
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -107,7 +109,7 @@ def main() -> None:
         for ratio in RATIOS:
             results.append({"press": name, "compression_ratio": ratio, "kept": kept_by(model, make(ratio), ids)})
             print(f"{name} compression_ratio={ratio}: done")
-    golden = {"kvpress": kvpress.__version__ if hasattr(kvpress, "__version__") else "0.5.5",
+    golden = {"kvpress": importlib.metadata.version("kvpress"),
               "transformers": transformers.__version__, "torch": torch.__version__,
               "input_ids": ids[0].tolist(), "results": results}
     Path(args.out).write_text(json.dumps(golden, indent=1) + "\n")

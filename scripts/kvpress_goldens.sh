@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build NVIDIA kvpress's own environment (kvpress 0.5.5 needs transformers < 5.3, which
-# kvcert's cannot have) and write the golden fixtures of its token selection:
+# Build NVIDIA kvpress's own environment (kvpress 0.5.5 needs transformers < 5.3; kvcert
+# runs there too, docs/kvpress.md) and write the golden fixtures of its token selection:
 #   scripts/kvpress_goldens.sh [VENV_DIR]      (default .venv-kvpress)
 # tests/test_kvpress_goldens.py compares kvcert's kvpress-matched method configs with them.
 set -euo pipefail

@@ -32,3 +32,21 @@ def tiny_model(arch: str, seed: int = 0, layers: int = 2, dtype=torch.float32):
 @pytest.fixture(params=sorted(ARCHITECTURES))
 def arch(request):
     return request.param
+
+
+@pytest.fixture(scope="session")
+def word_model_dir(tmp_path_factory):
+    """A random-init Llama (GQA) saved with the embedded model's word-level tokenizer: a real model directory."""
+    from kvcert.training.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    path = tmp_path_factory.mktemp("model")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

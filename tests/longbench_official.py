@@ -35,3 +35,35 @@ def official_truncation(tokenizer, prompt: str, max_length: int) -> str:
         half = int(max_length / 2)
         return tokenizer.decode(ids[:half], skip_special_tokens=True) + tokenizer.decode(ids[-half:], skip_special_tokens=True)
     return prompt
+
+
+# pred.py: the datasets whose prompt is tokenized without the chat model's wrapper
+OFFICIAL_NO_CHAT = ("trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p")
+# pred.py --e: the LongBench-E datasets (read as "<dataset>_e")
+OFFICIAL_E_DATASETS = ("qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "gov_report", "multi_news", "trec",
+                       "triviaqa", "samsum", "passage_count", "passage_retrieval_en", "lcc", "repobench-p")
+
+
+def official_input_ids(tokenizer, prompt: str, max_length: int) -> list[int]:
+    """pred.py's model input for a dataset of OFFICIAL_NO_CHAT: the truncated prompt, no chat
+    wrapper, tokenized with the tokenizer's special tokens."""
+    return list(tokenizer(official_truncation(tokenizer, prompt, max_length), truncation=False).input_ids)
+
+
+def official_greedy(step_logits, eos_ids: list[int], min_new: int, max_new: int) -> list[int]:
+    """What ``model.generate(do_sample=False, num_beams=1, eos_token_id=eos_ids,
+    min_length=prompt + min_new)`` returns after the prompt, restated: while fewer than
+    ``min_new`` tokens are out, every id of ``eos_ids`` scores −inf; the greedy token is
+    appended and ends the answer when it is one of ``eos_ids``. ``step_logits(i)`` gives
+    the logits of the i-th new token."""
+    out: list[int] = []
+    for i in range(max_new):
+        logits = list(step_logits(i))
+        if len(out) < min_new:
+            for e in eos_ids:
+                logits[e] = float("-inf")
+        best = max(range(len(logits)), key=logits.__getitem__)
+        out.append(best)
+        if best in eos_ids:
+            break
+    return out

@@ -1,5 +1,8 @@
 """Known-answer tests of every claim of claims.yaml: synthetic records built so that the
-statistic's value is known and each verdict — holds, killed, inconclusive — is reached."""
+statistic's value is known and each verdict — holds, killed, inconclusive, uninformative —
+is reached; and the controls that keep a verdict honest: the stratified statistics a
+stratum-level score cannot pass, the placebos scored by the same tests, the verdict's
+stability over bootstrap seeds."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ PREREG = Path(__file__).resolve().parents[1] / "preregistration"
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     folder = tmp_path_factory.mktemp("prereg") / "preregistration"
-    fr = frozen_copy(PREREG, folder)
+    fr = frozen_copy(PREREG, folder, resamples=1000)
     doc = load_claims(folder)
     return {"folder": folder, "hash": fr.prereg_hash, "plan": doc["analysis_plan"],
             "claims": {c["id"]: c for c in doc["claims"]}, "tmp": tmp_path_factory.mktemp("shards")}
@@ -103,25 +106,88 @@ def c4_records(h, n_examples, failing, informative=True, seed=0):
 
 def test_c4_holds(env):
     r = run(env, "C4", c4_records(env["hash"], 40, 20))
-    a, d = stat_of("auc_certificate", r), stat_of("auc_certificate_minus_confidence", r)
+    a, d = stat_of("auc_certificate_stratified", r), stat_of("auc_certificate_stratified_minus_confidence", r)
     assert a.estimate.estimate == 1.0 and a.outcome == "pass" and d.outcome == "pass"
-    conf = r.details["statistics"]["auc_certificate_confidence"]["estimate"]
+    conf = r.details["statistics"]["auc_certificate_stratified_confidence"]["estimate"]
     assert d.estimate.estimate == pytest.approx(1.0 - conf)
+    assert r.details["statistics"]["auc_certificate"]["estimate"] == 1.0  # the pooled figure, beside
     assert r.verdict == "holds" and r.cell["positives"] == 120 and r.cell["negatives"] == 120
     assert set(r.details["by_length"]) == {"512"}
+    # the placebos, scored by the same tests, are killed: the stratum base rate is ½ in every stratum
+    assert r.placebo["applicable"] and not r.placebo["passes"] and r.placebo["verdict"] == "killed"
+    base = {b["kind"]: b for b in r.placebo["placebos"]}["stratum_base_rate"]
+    assert base["statistic"]["auc_certificate_stratified"]["estimate"] == 0.5
+    assert r.seed_stability["seeds"] == 20 and r.seed_stability["agree"] == 1.0
 
 
 def test_c4_killed(env):
     r = run(env, "C4", c4_records(env["hash"], 40, 20, informative=False))
-    a = stat_of("auc_certificate", r)
+    a = stat_of("auc_certificate_stratified", r)
     assert a.estimate.estimate == 0.5 and a.estimate.ci_high == 0.5 and a.outcome == "fail"
     assert r.verdict == "killed"
 
 
 def test_c4_inconclusive_with_too_few_failures(env):
     r = run(env, "C4", c4_records(env["hash"], 40, 1))  # 6 failures < 10 positives
-    assert stat_of("auc_certificate", r).estimate.estimate == 1.0
+    assert stat_of("auc_certificate_stratified", r).estimate.estimate == 1.0
     assert r.verdict == "inconclusive" and any("positives: 6 <" in x for x in r.reasons)
+
+
+def cell_only_records(h, n_examples, seed=0):
+    """Failures concentrated in one cell (streaming at 12.5 %: every run fails there, none elsewhere bar a few),
+    and a certificate that only knows the cell: high there, low elsewhere, with noise unrelated to the outcome."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n_examples):
+        eid = f"e{i}"
+        out.append(make_record(eid, condition="full", score=1.0, prereg_hash=h))
+        for c in ("aware", "streaming"):
+            for b in (0.125, 0.25, 0.5):
+                hard = c == "streaming" and b == 0.125
+                fail = rng.random() < (0.8 if hard else 0.1)
+                sig = (0.8 if hard else 0.1) + 0.01 * rng.random()
+                out.append(make_record(eid, condition=c, budget=b, signal=sig, score=0.0 if fail else 1.0,
+                                       mean_logprob=float(rng.normal()), prereg_hash=h))
+    return out
+
+
+def test_c4_a_signal_that_only_knows_the_cell_is_killed_within_strata(env):
+    """The pooled AUC rewards a score that tells the cells apart (here ≈ 0.9); the registered stratified
+    AUC does not (≈ 0.5): the claim is killed, not held — the mix of cells is not a signal."""
+    r = run(env, "C4", cell_only_records(env["hash"], 60))
+    assert r.details["statistics"]["auc_certificate"]["estimate"] > 0.8  # what the pooled test would have passed
+    t = stat_of("auc_certificate_stratified", r)
+    assert abs(t.estimate.estimate - 0.5) < 0.1 and t.outcome == "fail"
+    assert r.verdict == "killed"
+
+
+def test_stratified_auc_is_the_pair_weighted_mean_of_sklearn_per_stratum():
+    from sklearn.metrics import roc_auc_score
+
+    from kvcert.analysis.stats import StratifiedAUCIndex, stratified_auc
+
+    rng = np.random.default_rng(4)
+    n = 400
+    strata = rng.integers(0, 5, n)
+    y = (rng.random(n) < 0.3 + 0.1 * strata).astype(float)
+    y[strata == 4] = 1.0  # one stratum holds one class only: no pair
+    score = np.round(rng.normal(size=n) + y * (strata % 2), 1)  # ties included
+    num = den = 0.0
+    for s in range(4):
+        m = strata == s
+        p, q = y[m].sum(), (1 - y[m]).sum()
+        num += p * q * roc_auc_score(y[m], score[m])
+        den += p * q
+    value, used, dropped = stratified_auc(score, y, strata)
+    assert value == pytest.approx(num / den, abs=1e-12) and (used, dropped) == (4, 1)
+    got, ok = StratifiedAUCIndex(score, y, strata)(np.ones((1, n)))
+    assert ok[0] and got[0] == pytest.approx(num / den, abs=1e-12)
+    w = rng.integers(0, 3, (3, n)).astype(float)  # integer weights = the resampled data set
+    got, ok = StratifiedAUCIndex(score, y, strata)(w)
+    for row in range(3):
+        rep = w[row].astype(int)
+        want = stratified_auc(np.repeat(score, rep), np.repeat(y, rep), np.repeat(strata, rep))[0]
+        assert got[row] == pytest.approx(want, abs=1e-12)
 
 
 # --- C5: escalation vs fixed budget ----------------------------------------------------------------
@@ -188,13 +254,14 @@ def c6_records(h, n_induced, n_inherent, informative=True, seed=0):
 
 def test_c6_holds(env):
     r = run(env, "C6", c6_records(env["hash"], 20, 20))
-    assert stat_of("auc_attribution", r).estimate.estimate == 1.0
+    assert stat_of("auc_attribution_stratified", r).estimate.estimate == 1.0
     assert r.verdict == "holds" and r.cell["positives"] == 120 and r.cell["negatives"] == 120
+    assert not r.placebo["passes"]
 
 
 def test_c6_killed(env):
     r = run(env, "C6", c6_records(env["hash"], 20, 20, informative=False))
-    assert stat_of("auc_attribution", r).estimate.estimate == 0.5 and r.verdict == "killed"
+    assert stat_of("auc_attribution_stratified", r).estimate.estimate == 0.5 and r.verdict == "killed"
 
 
 def test_c6_inconclusive_with_too_few_inherent_failures(env):
@@ -221,45 +288,84 @@ def c7_records(h, n_examples, recoverable, cert_right=True):
 def test_c7_holds_with_known_gains(env):
     r = run(env, "C7", c7_records(env["hash"], 50, 10))
     st = r.details["statistics"]
-    # 100 runs, 20 recoverable; at rate 0.2 the certificate recomputes exactly them: +0.2; random: 0.2 × 0.2
-    assert st["gain_certificate@0.2"]["estimate"] == pytest.approx(0.2)
+    # 100 runs, 20 recoverable (10 per stratum = budget); at rate 0.2 the certificate recomputes exactly them in
+    # each stratum: +0.2; random: 0.2 × 0.2
+    assert st["gain_certificate_stratified@0.2"]["estimate"] == pytest.approx(0.2)
+    assert st["gain_certificate@0.2"]["estimate"] == pytest.approx(0.2)  # the pooled gate, beside
     assert st["gain_random@0.2"]["estimate"] == pytest.approx(0.04)
-    assert st["gain_confidence@0.2"]["estimate"] == pytest.approx(0.0)
-    assert stat_of("gain_ratio_certificate_over_random", r).estimate.estimate == pytest.approx(5.0)
-    assert stat_of("gain_certificate_minus_confidence", r).estimate.estimate == pytest.approx(0.2)
-    assert st["gain_certificate@0.05"]["estimate"] == pytest.approx(0.05)  # curve point
+    assert st["gain_confidence_stratified@0.2"]["estimate"] == pytest.approx(0.0)
+    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate.estimate == pytest.approx(5.0)
+    assert stat_of("gain_certificate_minus_confidence_stratified", r).estimate.estimate == pytest.approx(0.2)
+    assert st["gain_certificate_stratified@0.05"]["estimate"] == pytest.approx(0.05)  # curve point
     assert r.verdict == "holds"
+    base = {b["kind"]: b for b in r.placebo["placebos"]}["stratum_base_rate"]
+    # a gate constant within strata recomputes a random share of each: exactly random gating's gain
+    assert base["statistic"]["gain_ratio_certificate_over_random_stratified"]["estimate"] == pytest.approx(1.0)
+
+
+def test_c7_a_gate_that_only_knows_the_cell_gains_what_random_gains(env):
+    """Recoverable runs all sit at the 12.5 % budget, and the gate only knows the budget: pooled, it recomputes
+    the 12.5 % runs first (ratio 2); within strata it recomputes a random share of each budget (ratio 1): killed."""
+    out = []
+    for i in range(50):
+        eid = f"e{i}"
+        out.append(make_record(eid, condition="full", score=1.0, prereg_hash=env["hash"]))
+        for b in (0.125, 0.25):
+            fail = b == 0.125 and i < 20
+            out.append(make_record(eid, condition="streaming", budget=b, signal=0.9 if b == 0.125 else 0.1,
+                                   score=0.0 if fail else 1.0, mean_logprob=-1.0, prereg_hash=env["hash"]))
+    r = run(env, "C7", out)
+    # pooled, the gate's ties recompute 20 of the 50 runs at 12.5 %: gain 0.08, twice random's 0.04
+    assert r.details["statistics"]["gain_ratio_certificate_over_random"]["estimate"] == pytest.approx(2.0)
+    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate.estimate == pytest.approx(1.0)
+    assert r.verdict == "killed"
 
 
 def test_c7_killed_when_the_certificate_points_away(env):
     r = run(env, "C7", c7_records(env["hash"], 50, 10, cert_right=False))
-    assert stat_of("gain_ratio_certificate_over_random", r).estimate.estimate == 0.0 and r.verdict == "killed"
+    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate.estimate == 0.0
+    assert r.verdict == "killed"
 
 
 def test_c7_inconclusive_when_cell_too_small(env):
     r = run(env, "C7", c7_records(env["hash"], 10, 2))  # 20 runs < 30
-    assert stat_of("gain_ratio_certificate_over_random", r).estimate.estimate == pytest.approx(5.0)
+    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate.estimate == pytest.approx(5.0)
     assert r.verdict == "inconclusive" and any("minimum 30" in x for x in r.reasons)
 
 
 def test_c7_without_recoverable_runs_ratio_is_undefined(env):
     r = run(env, "C7", c7_records(env["hash"], 50, 0))
-    t = stat_of("gain_ratio_certificate_over_random", r)
+    t = stat_of("gain_ratio_certificate_over_random_stratified", r)
     assert t.estimate.skipped == t.estimate.resamples and t.outcome == "unclear"
     assert any("resamples undefined" in x for x in r.reasons)
     # the paired difference is exactly 0, which fails "> 0": by the verdict rules a failed test kills
-    assert stat_of("gain_certificate_minus_confidence", r).outcome == "fail" and r.verdict == "killed"
+    assert stat_of("gain_certificate_minus_confidence_stratified", r).outcome == "fail" and r.verdict == "killed"
 
 
 # --- C1, C2: replay --------------------------------------------------------------------------------
 def test_c1_holds_and_reports_kinds(env):
-    replay = replay_frame(24, 40, 4, seed=1, layers=2, heads=2, overshoot=1.0)  # every draw covered
+    # every draw covered, tightly: error = radius × U(0.9, 1.0), the radius varying ×e^{±1} between draws, so
+    # the cell's median radius (the placebo) misses about half of every cell's draws
+    replay = replay_frame(24, 40, 4, seed=1, layers=2, heads=2, overshoot=1.0, floor=0.9, spread=1.0)
     r = run(env, "C1", replay=replay)
     t = stat_of("coverage", r)
     assert t.estimate.estimate == pytest.approx(replay["covered"].mean()) and t.outcome == "pass"
     st = r.details["statistics"]
     assert "coverage_setting" in st and "coverage_later" in st
     assert r.verdict == "holds" and r.cell["generations"] == 48  # replay cells: 24 groups × 2 kinds
+    median = {b["kind"]: b for b in r.placebo["placebos"]}["step_cell_median_radius"]
+    assert median["statistic"]["coverage"]["estimate"] < 0.7 and median["verdict"] == "killed"
+
+
+def test_c1_uninformative_when_a_cell_constant_radius_covers_as_well(env):
+    """A radius far above every error and nearly constant within cells: the certificate covers, and so does its
+    cells' median radius — the coverage test cannot tell the certificate from the placebo."""
+    replay = replay_frame(24, 40, 4, seed=1, layers=2, heads=2, overshoot=0.3, spread=0.05)
+    r = run(env, "C1", replay=replay)
+    assert stat_of("coverage", r).outcome == "pass"
+    assert r.placebo["passes"] and r.placebo["kind"] == "step_cell_median_radius"
+    assert r.verdict == "uninformative" and any("placebo" in x for x in r.reasons)
+    assert r.seed_stability["agree"] == 1.0 and r.seed_stability["verdicts"] == {"uninformative": 20}
 
 
 def test_c1_killed(env):
@@ -278,7 +384,57 @@ def test_c1_inconclusive_small_and_missing(env):
 
 
 def test_c2_holds_and_killed(env):
-    good = run(env, "C2", replay=replay_frame(24, 40, 4, seed=2, layers=2, heads=2))
-    assert stat_of("spearman", good).estimate.estimate > 0.6 and good.verdict == "holds"
+    good = run(env, "C2", replay=replay_frame(24, 40, 4, seed=2, layers=2, heads=2, spread=1.0))
+    assert stat_of("spearman_within_cell", good).estimate.estimate > 0.6 and good.verdict == "holds"
+    assert not good.placebo["passes"]
     bad = run(env, "C2", replay=replay_frame(24, 40, 4, seed=2, layers=2, heads=2, informative=False))
-    assert abs(stat_of("spearman", bad).estimate.estimate) < 0.1 and bad.verdict == "killed"
+    assert abs(stat_of("spearman_within_cell", bad).estimate.estimate) < 0.1 and bad.verdict == "killed"
+
+
+def test_c2_a_radius_that_only_knows_the_cell_is_killed_within_cells(env):
+    """Cells whose scales differ by orders of magnitude and a radius that knows the scale, not the draw: the pooled
+    Spearman is high (what the paper's statistic would pass), the within-cell median is ≈ 0: killed."""
+    replay = replay_frame(24, 40, 4, seed=2, layers=2, heads=2, spread=0.3, informative_within=False)
+    r = run(env, "C2", replay=replay)
+    assert r.details["statistics"]["spearman"]["estimate"] > 0.6
+    t = stat_of("spearman_within_cell", r)
+    assert abs(t.estimate.estimate) < 0.1 and t.outcome == "fail" and r.verdict == "killed"
+
+
+def test_step_cell_spearman_rules():
+    """A cell whose error does not vary is left out; one whose radius does not vary scores 0."""
+    from kvcert.analysis.replay_stats import step_cell_spearman
+
+    base = replay_frame(3, 10, 0, seed=5, layers=1, heads=1, budgets=(0.25,), spread=1.0)
+    d = base.copy()
+    d.loc[d["example_id"] == "0", "error"] = 1.0  # cell 0: constant error, left out
+    d.loc[d["example_id"] == "1", "radius"] = 2.0  # cell 1: constant radius, 0
+    values, first = step_cell_spearman(d)
+    assert len(values) == 2 and values[0] == 0.0 and values[1] > 0.5
+    assert d["example_id"].to_numpy()[first].tolist() == ["1", "2"]
+
+
+# --- C8: the robust certificate on later and sample-dependent queries ------------------------------------------
+def test_c8_worst_budget_layer_cell_and_diverged_rows(env):
+    replay = replay_frame(24, 40, 4, seed=3, layers=2, heads=2, overshoot=1.0, sample_dependent=True)
+    # layer 1 at 12.5 %: its robust radius shrunk to a fifth, so that cell misses most draws while the pooled
+    # later coverage stays high
+    bad = (replay["layer"] == 1) & (replay["budget"] == 0.125) & (replay["query_kind"] == "later")
+    replay.loc[bad, "radius_robust"] *= 0.2
+    replay.loc[bad, "covered_robust"] = replay.loc[bad, "error"] <= replay.loc[bad, "radius_robust"]
+    r = run(env, "C8", replay=replay)
+    worst = stat_of("coverage_robust_later_worst_cell", r)
+    assert worst.estimate.estimate == pytest.approx(replay.loc[bad, "covered_robust"].mean())
+    assert worst.outcome == "fail" and r.verdict == "killed"
+    assert r.details["later_coverage_by_budget_layer"]["0.125/layer 1"] == pytest.approx(worst.estimate.estimate)
+    assert stat_of("coverage_robust_diverged", r).outcome == "pass"  # steps ≥ 2 of the sample-dependent rows
+    # every draw of every example × budget diverges from its second decode step on
+    assert r.details["diverged_decodes"] == replay.groupby(["example_id", "budget"]).ngroups * 40
+
+
+def test_c8_unexercised_without_diverged_decodes(env):
+    replay = replay_frame(24, 40, 4, seed=3, layers=2, heads=2, overshoot=1.0, sample_dependent=True, diverged=False)
+    r = run(env, "C8", replay=replay)
+    t = stat_of("coverage_robust_diverged", r)
+    assert t.outcome == "unexercised" and r.details["diverged_decodes"] == 0
+    assert r.verdict == "inconclusive" and any("unexercised" in x for x in r.reasons)

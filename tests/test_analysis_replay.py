@@ -40,7 +40,7 @@ def setup():
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model = enable_certified_attention(LlamaForCausalLM(config).eval())
-    records = generate("needle", tok, n_examples=2, target_tokens=300, seed=123)
+    records = generate("needle", tok, n_examples=2, target_tokens=300, seed=123, answer_tokens=0)  # a 300-token prompt
     df = replay_model(model, tok, records, BUDGETS, DRAWS, LATER, DELTA, seed=SEED, model_name="tiny")
     return model, tok, records, df
 

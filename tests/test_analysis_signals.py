@@ -79,7 +79,7 @@ def multiturn_cell(h: str, per_bucket: int = 40) -> list[dict]:
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("signals")
     prereg = tmp / "preregistration"
-    h = frozen_copy(ROOT / "preregistration", prereg).prereg_hash
+    h = frozen_copy(ROOT / "preregistration", prereg, resamples=1000).prereg_hash
     records = main_records(h, 40, 512) + main_records(h, 4, 1024) + multiturn_cell(h)
     shards = [write_shard(records[i:i + 400], tmp / "shards" / f"s{i}.jsonl") for i in range(0, len(records), 400)]
     score_step(shards, prereg, tmp / "scores.parquet")
@@ -108,6 +108,7 @@ def test_separating_signals_give_one_and_constant_signals_one_half(run, task):
             r = one(block, task, signal=signal, method=method, condition="all", target_tokens="all")
             want = 1.0 if signal in PERFECT else 0.5
             assert r["estimate"] == want and r["ci"] == [want, want], (signal, method, r)
+            assert r["stratified"] == {"estimate": want, "ci": [want, want]}, (signal, method, r)  # within strata too
             assert r["below_minimum"] == [] and r["resamples"] == 1000 and r["skipped"] == 0
     # a "lower" signal read the wrong way round would score 0: the orientation is the plan's
     assert block["signals"]["top2_margin"]["failure"] == "lower" and block["signals"]["output_entropy"]["failure"] == "higher"
@@ -166,7 +167,8 @@ def test_summary_has_every_plan_signal(run):
     assert set(summary["signal_auc"]) == set(run["plan"]["comparison_signals"]["signals"])
     for signal, aucs in summary["signal_auc"].items():
         want = 1.0 if signal in PERFECT else 0.5
-        assert aucs == {"prediction": want, "attribution": want}, signal
+        assert aucs == {"prediction": want, "attribution": want, "prediction_stratified": want,
+                        "attribution_stratified": want}, signal
     assert set(summary["claims"]) == {f"C{i}" for i in range(1, 9)}
 
 
@@ -174,8 +176,10 @@ def test_report_section_table_and_figures(run):
     md = run["paths"]["markdown"].read_text()
     section = md.split("## Comparison signals (signal leaderboard)")[1].split("\n## ")[0]
     assert "Secondary analyses, not claims" in section and "third amendment" in section
-    assert "| certificate | higher | poisson | 1.000 [1.000, 1.000] | 0.555–0.572 | 1.000 [1.000, 1.000] | 0.65–0.75 |" in section
-    assert "| mean_logprob | lower | topk+poisson | 0.500 [0.500, 0.500] | 0.78–0.81 | 0.500 [0.500, 0.500] | 0.47–0.54 |" in section
+    one_ = "1.000 [1.000, 1.000]"
+    half = "0.500 [0.500, 0.500]"
+    assert f"| certificate | higher | poisson | {one_} | {one_} | 0.555–0.572 | {one_} | {one_} | 0.65–0.75 |" in section
+    assert f"| mean_logprob | lower | topk+poisson | {half} | {half} | 0.78–0.81 | {half} | {half} | 0.47–0.54 |" in section
     for name in ("output_entropy", "top2_margin", "attention_entropy"):
         assert f"| {name} | " in section and "0.43–0.51" in section
     assert "### By condition and prompt length" in section and "### Attribution by turn distance" in section

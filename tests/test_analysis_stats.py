@@ -57,7 +57,7 @@ def test_weighted_spearman_equals_scipy_on_replicated_data(data):
 def test_bootstrap_equals_explicit_unit_resampling(data):
     units, y, score = data
     codes, n_units = encode_units(units)
-    plan = BootstrapPlan(resamples=40, seed=11, level=0.9, chunk=16)
+    plan = BootstrapPlan(resamples=40, seed=11, level=0.9, max_chunk=16)
     index = AUCIndex(score, y)
     est = bootstrap(lambda w: {"auc": index(w)}, codes, n_units, plan)["auc"]
     # the same resamples, built explicitly: draw units, stack all their records

@@ -25,7 +25,10 @@ from kvcert.tasks.longbench import (
 )
 from kvcert.tasks.longbench_metrics import score_task
 
-from longbench_official import OFFICIAL_MAXLEN, OFFICIAL_PROMPT_SHA256, official_truncation
+from longbench_official import (
+    OFFICIAL_E_DATASETS, OFFICIAL_MAXLEN, OFFICIAL_NO_CHAT, OFFICIAL_PROMPT_SHA256, official_greedy,
+    official_input_ids, official_truncation,
+)
 
 # (dataset, raw prediction, answers, all_classes) -> eval.py's scorer() on that one prediction
 OFFICIAL_SCORES = [
@@ -180,6 +183,127 @@ def test_the_engine_records_and_scores_the_raw_answer(tokenizers):
     out = Engine(model, tok, spec).run(record)
     assert out["answer"] == raw
     assert out["score"] == 0.0
+
+
+# ------------------------------------------------------------ LongBench: chat wrapper, samsum, LongBench-E
+
+def _row(dataset: str, words: int = 300) -> dict:
+    row = longbench_files.row(random.Random(dataset), "hotpotqa", 0, words)
+    row.update(dataset=dataset, all_classes=["Location", "Person"] if dataset in ("trec", "lsht") else None)
+    return row
+
+
+@pytest.mark.parametrize("dataset", OFFICIAL_NO_CHAT)
+@pytest.mark.parametrize("name", ["llama", "qwen"])
+def test_the_few_shot_and_code_prompts_go_without_chat_template_as_pred_py(tokenizers, dataset, name):
+    """pred.py tokenizes these six prompts as they are (special tokens added): ids identical."""
+    from kvcert.tasks.prompting import build_prompt_ids
+
+    tok = tokenizers[name]
+    row = _row(dataset)
+    filled = DATASET2PROMPT[dataset].format(**row)
+    for max_length in (4096, 320):
+        record = longbench_records([row], dataset, tok, max_length=max_length)[0]
+        ids, question_start = build_prompt_ids(tok, record)
+        assert ids == official_input_ids(tok, filled, max_length)
+        assert record.length == len(ids) and 0 < question_start < len(ids)
+        chat_for_all = longbench_records([row], dataset, tok, max_length=max_length, chat_template="all")[0]
+        assert build_prompt_ids(tok, chat_for_all)[0] != ids  # the switch: through the chat template
+
+
+def test_the_other_datasets_keep_the_chat_template(tokenizers):
+    tok = tokenizers["llama"]
+    assert set(OFFICIAL_NO_CHAT) == set(__import__("kvcert.tasks.longbench", fromlist=["x"]).NO_CHAT_TEMPLATE_DATASETS)
+    for dataset in sorted(set(OFFICIAL_MAXLEN) - set(OFFICIAL_NO_CHAT)):
+        record = longbench_records([_row(dataset)], dataset, tok, max_length=4096)[0]
+        assert "chat_template" not in record.metadata and "stop_newline" not in record.metadata
+    with pytest.raises(ValueError, match="chat_template: 'some' is not one of"):
+        longbench_records([_row("trec")], "trec", tok, max_length=4096, chat_template="some")
+
+
+class RankedModel(torch.nn.Module):
+    """A stand-in model whose logits at the i-th forward are ``plan[i]`` ({token: logit}, 0 elsewhere)."""
+
+    def __init__(self, config, plan: list[dict[int, float]], eos: int):
+        super().__init__()
+        self.config = config
+        self.generation_config = SimpleNamespace(eos_token_id=eos)
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.plan, self.calls = plan, 0
+
+    def logits_at(self, i: int) -> list[float]:
+        row = [0.0] * self.config.vocab_size
+        for token, value in self.plan[min(i, len(self.plan) - 1)].items():
+            row[token] = value
+        return row
+
+    def forward(self, input_ids, **_):
+        logits = torch.tensor(self.logits_at(self.calls)).view(1, 1, -1)
+        self.calls += 1
+        return SimpleNamespace(logits=logits)
+
+
+@pytest.mark.parametrize("dataset", ["samsum", "triviaqa"])
+def test_samsum_generation_rules_as_pred_py(tokenizers, dataset):
+    """samsum: a newline ends the answer and the first token is neither EOS nor the newline
+    (pred.py's eos_token_id=[eos, newline], min_length = prompt + 1); other datasets: neither."""
+    from transformers import LlamaConfig
+
+    from kvcert.generation.engine import Engine
+    from kvcert.generation.spec import GenerationSpec
+
+    tok = tokenizers["qwen"]
+    record = longbench_records([_row(dataset, 60)], dataset, tok, max_length=1024)[0]
+    newline = tok.encode("\n", add_special_tokens=False)[-1]
+    word, other = tok.encode(" Ann", add_special_tokens=False)[0], tok.encode(" Bo", add_special_tokens=False)[0]
+    eos = tok.eos_token_id
+    # step 0 prefers EOS, then the newline, then a word; later a newline, then words again
+    plan = [{eos: 3.0, newline: 2.0, word: 1.0}, {other: 1.0}, {newline: 2.0, word: 1.0}, {word: 1.0}, {eos: 1.0}]
+    config = LlamaConfig(vocab_size=len(tok), num_hidden_layers=1)
+    spec = GenerationSpec.from_dict({"model": {"name": "ranked"}, "method": {"name": "full"}, "condition": "full"})
+    model = RankedModel(config, plan, eos)
+    out = Engine(model, tok, spec).run(record)
+    reference = RankedModel(config, plan, eos)
+    if dataset == "samsum":
+        expected = official_greedy(reference.logits_at, [eos, newline], 1, record.metadata["max_new_tokens"])
+        assert expected == [word, other, newline]
+    else:
+        expected = official_greedy(reference.logits_at, [eos], 0, record.metadata["max_new_tokens"])
+        assert expected == [eos]
+    assert out["tokens"] == expected
+    assert out["answer"] == tok.decode([t for t in expected if t != eos], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("dataset", OFFICIAL_E_DATASETS)
+def test_longbench_e_reads_the_e_files_with_the_v1_template(tokenizers, dataset, tmp_path):
+    import json
+
+    from kvcert.tasks.longbench import LONGBENCH_E_DATASETS, load_longbench, score_longbench_record
+
+    assert LONGBENCH_E_DATASETS == OFFICIAL_E_DATASETS
+    row = _row(dataset) | {"dataset": f"{dataset}_e"}
+    if dataset.startswith("passage_retrieval"):
+        row["answers"] = ["Paragraph 3"]
+    (tmp_path / f"{dataset}_e.jsonl").write_text(json.dumps(row) + "\n")
+    (tmp_path / f"{dataset}.jsonl").write_text("")  # v1's file is not read for the E name
+    rows = load_longbench(tmp_path, f"{dataset}_e")
+    tok = tokenizers["llama"]
+    record = longbench_records(rows, f"{dataset}_e", tok, max_length=320)[0]
+    assert record.task == f"longbench_{dataset}_e"
+    assert record.context + record.separator + record.question == official_truncation(
+        tok, DATASET2PROMPT[dataset].format(**row), 320)
+    assert record.metadata["max_new_tokens"] == OFFICIAL_MAXLEN[dataset]
+    from kvcert.tasks.longbench_metrics import score_sample
+
+    for prediction in (record.answers[0], "Paragraph 2, a word"):  # v1's metric
+        assert score_longbench_record(record, prediction) == score_sample(dataset, prediction, record.answers,
+                                                                           row["all_classes"])
+    assert record.metadata.get("chat_template", True) is (dataset not in OFFICIAL_NO_CHAT)
+
+
+def test_a_name_outside_longbench_e_is_refused(tokenizers):
+    with pytest.raises(ValueError, match="'narrativeqa_e' is not in LongBench-E"):
+        longbench_records([_row("narrativeqa")], "narrativeqa_e", tokenizers["llama"], max_length=320)
 
 
 # ------------------------------------------------------------ LoCoMo: evaluate_llama2.py

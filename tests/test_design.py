@@ -240,3 +240,37 @@ def test_bad_scores_name_the_argument():
         inclusion_probabilities(heavy_scores(n=30), 10)  # smaller than sinks + window
     with pytest.raises(ValueError, match="pi"):
         poisson_sample(torch.tensor([0.5, 1.5]))
+
+
+def test_replay_draws_with_the_cpu_recipe_whatever_the_device(monkeypatch):
+    """The replay's draws come from :func:`kvcert.design.cpu_generator` seeded from (seed, example,
+    layer, budget), whatever device π lives on (here ``meta``: a generator on π's device cannot
+    even be made there), and equal the CPU draw of the same π."""
+    from types import SimpleNamespace
+
+    from kvcert.design import DEFAULT_DESIGN, cpu_generator, poisson_sample
+    from kvcert.generation import replay
+
+    pi = torch.rand(2, 60, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 0.9 + 0.05
+    seen = {}
+    monkeypatch.setattr(replay, "get_scorer", lambda name: (lambda obs: torch.zeros(1, 2, 60)))
+    monkeypatch.setattr(replay, "inclusion_probabilities", lambda importance, budget, design: pi.to("meta"))
+    monkeypatch.setattr(replay, "poisson_sample", lambda p, gen: seen.update(pi=p, gen=gen) or "drawn")
+    _, drawn = replay.draw_samples(SimpleNamespace(prompt={4: None}), 4, 0.25, 3, DEFAULT_DESIGN, 11, "ex-1")
+    assert drawn == "drawn" and seen["pi"].device.type == "meta" and seen["gen"].device.type == "cpu"
+    recipe = cpu_generator(replay._seed(11, "ex-1", 4, 0.25))
+    assert torch.equal(seen["gen"].get_state(), recipe.get_state())
+    rows = pi.unsqueeze(0).expand(3, -1, -1).contiguous()
+    got, want = poisson_sample(rows, seen["gen"]), poisson_sample(rows, recipe)
+    assert torch.equal(got.indices, want.indices) and torch.equal(got.lengths, want.lengths)
+    assert int(got.lengths.sum()) > 0
+
+
+def test_press_draws_with_the_same_recipe():
+    from kvcert.design import cpu_generator
+    from kvcert.press import EvictionPress
+
+    press = EvictionPress(budget=0.25, sampler="poisson", seed=5)
+    gen = press.generator(3, 1)
+    assert gen.device.type == "cpu"
+    assert torch.equal(gen.get_state(), cpu_generator((5 * 1_000_003 + 3 * 7919 + 104_729) % 2**63).get_state())

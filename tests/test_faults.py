@@ -34,7 +34,7 @@ from smoke_pipeline import (
     reference, seed_workdir, shard_records, snakemake, start_snakemake, wait_for_lines,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.pipeline, pytest.mark.slow]
 
 LOCK_MESSAGE = "Directory cannot be locked"
 

@@ -108,7 +108,8 @@ def test_forked_rows_finish_apart_on_the_embedded_model():
     """The shipped model answers in a few tokens and stops (EOS) at different steps per variant:
     finished rows leave the batch, the others' records are unchanged."""
     model, tok = load_model(ModelSpec(name="embedded", path="embedded"))
-    records = generate_task("lookalike", tok, n_examples=2, target_tokens=512, seed=5000)
+    # the records fill their 512 tokens (no answer reserve): these two finish at different steps
+    records = generate_task("lookalike", tok, n_examples=2, target_tokens=512, seed=5000, answer_tokens=0)
     spec = {"name": "embedded", "path": "embedded"}
     engines = [Engine(model, tok, GenerationSpec.from_dict(j), {}) for j in grid_jobs(model=spec, max_new_tokens=24)]
     lengths = set()
@@ -162,6 +163,7 @@ _KILLER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.pipeline
 def test_sigkill_mid_example_resumes_to_the_uninterrupted_shard(model_dir, tokenizer, tmp_path):
     records = generate_task("needle", tokenizer, n_examples=2, target_tokens=200, seed=9)
     manifest = tmp_path / "records.jsonl"

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from kvcert import enable_certified_attention
 from kvcert.generation.engine import Engine
@@ -26,18 +25,8 @@ def tokenizer():
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory, tokenizer):
-    """A random-init Llama (GQA) saved with the word-level tokenizer: a real model directory."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
-    path = tmp_path_factory.mktemp("model")
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def model_dir(word_model_dir):
+    return word_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +36,8 @@ def loaded(model_dir):
 
 @pytest.fixture(scope="module")
 def records(tokenizer):
-    return generate_task("needle", tokenizer, n_examples=3, target_tokens=300, seed=123)
+    # 300-token prompts (no answer reserve): long enough for a sampled tail at budget 0.25
+    return generate_task("needle", tokenizer, n_examples=3, target_tokens=300, seed=123, answer_tokens=0)
 
 
 def job(condition="aware", sampler="poisson", budget=0.25, **extra):

@@ -218,6 +218,21 @@ def test_kernel_matches_float64_reference(seed, dtype, group, splits):
     check_all(res, ref, dtype, seed, var_scale=vs)
 
 
+@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.bfloat16, 3), (torch.float16, 2)],
+                         ids=["float32", "bfloat16", "float16"])
+@kernel_test
+def test_values_far_from_the_centre(seed, dtype, splits):
+    """Values 30 away from the origin, the centre among them: the pass sums B = Σ r v from the
+    values as loaded and centres it (B − A c) in float64 at the end; V̂ and b̂_c keep the
+    float64 reference's tolerance."""
+    q, k, v, lp, c, lengths = make_case(seed, dtype, group=4)
+    v, c = (v.float() + 30.0).to(dtype), c + 30.0
+    scale = q.shape[-1] ** -0.5
+    res = certified_decode(q, k, v, lp, c, scale, lengths=lengths, num_splits=splits, block_n=BLOCK_N, poison=True)
+    ref, vs = reference(q, k, v, lp, c, scale, lengths)
+    check_all(res, ref, dtype, seed, var_scale=vs)
+
+
 @kernel_test
 def test_special_heads_are_exact(seed):
     """Certainty-only head: V̂ = b̂_c = 0 exactly; a single kept token: ô = v_i, V̂ = 0."""
@@ -480,6 +495,6 @@ def test_kernel_module_is_importable_by_package_name():
 def test_bench_kernel_without_gpu_says_so(capsys):
     from kvcert.cli import main
 
-    assert main(["bench", "kernel"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 1 and "GPU" in lines[0]
+    assert main(["bench", "kernel"]) != 0  # nothing measured is a failure
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "GPU" in lines[0] and "nothing measured" in lines[0]

@@ -2,12 +2,12 @@
 
 ``tests/fixtures/kvpress/goldens.json`` holds the positions each layer and KV head keeps
 under kvpress's presses on the committed tiny checkpoint ``tests/fixtures/kvpress/model``
-(written by ``scripts/kvpress_goldens.sh`` in kvpress's own environment: it needs
-transformers < 5.3). Here kvcert prefills the same ids under ``configs/method/*-kvpress.yaml``
+(written by ``scripts/kvpress_goldens.py`` where kvpress 0.5.5 is installed, which needs
+transformers < 5.3; tests/test_kvpress_env.py re-derives them). Here kvcert prefills the same ids under ``configs/method/*-kvpress.yaml``
 and the sets are compared (Jaccard per layer and head): StreamingLLM, TOVA and key norm
 keep exactly kvpress's tokens; SnapKV and Ada-KV nearly (kvpress pools the window scores
 over the non-window columns with zero padding, kvcert over all columns without; Ada-KV's
-safeguard counts differently). H2O and PyramidKV differ by design (README, Baselines).
+safeguard counts differently). H2O and PyramidKV differ by design (docs/kvpress.md).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ MATCHED = {
     "streaming_llm": ("streaming_llm-kvpress", 1.0),
     "tova": ("tova-kvpress", 1.0),
     "knorm": ("knorm-kvpress", 1.0),
-    "snapkv": ("snapkv-kvpress", 0.97),  # measured: 0.981 at the least (compression 0.5)
-    "adakv": ("adakv-kvpress", 0.97),  # measured: 0.982
+    "snapkv": ("snapkv-kvpress", 0.97),  # on these goldens: 0.981 at the least (compression 0.5)
+    "adakv": ("adakv-kvpress", 0.97),  # on these goldens: 0.982
 }
 # by design: kvcert's H2O sums attention (kvpress averages over the queries that see a
 # token); kvcert's PyramidKV keeps its pyramid at every budget (kvpress falls back to
@@ -52,19 +52,11 @@ def model():
     return loaded
 
 
-def kvcert_kept(model, method: str, compression_ratio: float, monkeypatch) -> list[list[set[int]]]:
-    """[layer][kv head] -> positions kvcert keeps under a method config at kvpress's ratio."""
-    from kvcert import CertifiedCache, EvictionPress
+def kept_under(model, press, monkeypatch) -> list[list[set[int]]]:
+    """[layer][kv head] -> positions a kvcert ``press`` keeps of the golden ids."""
+    from kvcert import CertifiedCache
     from kvcert.cache import CompactLayer
-    from kvcert.generation.spec import GenerationSpec
-    from kvcert.pipeline.compose import analysis_plan, compose_config, generation_config
-    from kvcert.scorers import get_scorer
 
-    composed = compose_config([f"method={method}", "condition=aware"], REPO / "configs")
-    config = generation_config(composed, analysis_plan(REPO / "preregistration"), None)
-    m = GenerationSpec.from_dict({**config, "budget": 1.0 - compression_ratio}).method
-    press = EvictionPress(scorer=get_scorer(m.scorer, **m.scorer_options), compression_ratio=compression_ratio,
-                          sampler=m.sampler, allocation=m.allocation, design=m.design, rounding=m.rounding)
     samples = []
     original = CompactLayer.compact
 
@@ -77,6 +69,21 @@ def kvcert_kept(model, method: str, compression_ratio: float, monkeypatch) -> li
     with torch.no_grad():
         model(input_ids=ids, cache=CertifiedCache(press=press, record_certificates=False))
     return [[set(torch.nonzero(mask[h]).flatten().tolist()) for h in range(mask.shape[0])] for mask in samples]
+
+
+def kvcert_kept(model, method: str, compression_ratio: float, monkeypatch) -> list[list[set[int]]]:
+    """[layer][kv head] -> positions kvcert keeps under a method config at kvpress's ratio."""
+    from kvcert import EvictionPress
+    from kvcert.generation.spec import GenerationSpec
+    from kvcert.pipeline.compose import analysis_plan, compose_config, generation_config
+    from kvcert.scorers import get_scorer
+
+    composed = compose_config([f"method={method}", "condition=aware"], REPO / "configs")
+    config = generation_config(composed, analysis_plan(REPO / "preregistration"), None)
+    m = GenerationSpec.from_dict({**config, "budget": 1.0 - compression_ratio}).method
+    press = EvictionPress(scorer=get_scorer(m.scorer, **m.scorer_options), compression_ratio=compression_ratio,
+                          sampler=m.sampler, allocation=m.allocation, design=m.design, rounding=m.rounding)
+    return kept_under(model, press, monkeypatch)
 
 
 def jaccards(model, result, method, monkeypatch) -> list[float]:
@@ -98,7 +105,7 @@ def test_kvpress_matched_configs_keep_kvpress_tokens(model, result, monkeypatch)
 @pytest.mark.parametrize("press", sorted(BY_DESIGN))
 def test_the_differences_by_design_are_visible(model, press, monkeypatch):
     """Not a defect: these kvcert baselines follow their papers, and the goldens show
-    where kvpress's choices depart from them (README, Baselines)."""
+    where kvpress's choices depart from them (docs/kvpress.md)."""
     values = [j for r in GOLDEN["results"] if r["press"] == press
               for j in jaccards(model, r, BY_DESIGN[press], monkeypatch)]
     assert min(values) < 1.0

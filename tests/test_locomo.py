@@ -15,6 +15,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from locomo_official import official_context
+
 from kvcert.tasks.locomo import (
     CATEGORY_NAMES, MAX_NEW_TOKENS, NO_INFORMATION, category_means, f1_score, load_locomo,
     locomo_records, multi_answer_f1, normalize_answer, question_prompt, render_conversation,
@@ -156,8 +158,17 @@ def test_loader_reads_the_released_shape(tmp_path):
     path = tmp_path / "locomo10.json"
     path.write_text(json.dumps([_sample()]), encoding="utf-8")
     assert load_locomo(path) == [_sample()]
-    with pytest.raises(FileNotFoundError, match="nothing.json.*locomo10.json"):
+    with pytest.raises(FileNotFoundError, match="nothing.json.*locomo10.json") as missing_file:
         load_locomo(tmp_path / "nothing.json")
+    with pytest.raises(FileNotFoundError, match=f"^locomo: {tmp_path} is a directory, not the released LoCoMo JSON "
+                                                f"file \\(locomo10.json\\); it holds {path}, give that file") as folder:
+        load_locomo(tmp_path)
+    for error in (missing_file, folder):  # the loader takes no Hub id: none is suggested
+        assert "Hub id" not in str(error.value) and "hf:" not in str(error.value)
+    from kvcert.pipeline.check import check_task
+
+    problems = check_task({"name": "locomo", "kind": "locomo", "source": str(tmp_path)})
+    assert len(problems) == 1 and "is a directory" in problems[0]
 
 
 @pytest.mark.parametrize("breakage, message", [
@@ -183,19 +194,45 @@ def test_loader_names_the_broken_field(tmp_path, breakage, message):
 # ------------------------------------------------------------ records
 
 def test_rendered_conversation():
-    text = render_conversation(_sample())
+    """hf_llm_utils.py's context: sessions newest first (empty session 3 keeps its header), a
+    blank line after each turn, the caption of every turn that has one."""
+    sample = _sample()
+    text = render_conversation(sample)
     assert text.startswith("Below is a conversation between two people: Caroline and Melanie.")
     expected = (
-        "\nDATE: 1:56 pm on 8 May, 2023\nCONVERSATION:\n"
-        'Caroline said, "I went to a pottery class yesterday."\n'
-        'Melanie said, "Nice! I love painting and camping." [shares a photo of a red bicycle]\n'
-        "\nDATE: 7:00 pm on 20 May, 2023\nCONVERSATION:\n"
-        'Caroline said, "I moved here in 2022."\n'
         "\nDATE: 9:15 am on 2 July, 2023\nCONVERSATION:\n"
-        'Melanie said, "We adopted a puppy!"'
+        'Melanie said, "We adopted a puppy!"\n\n'
+        "\nDATE: 8:00 pm on 21 May, 2023\nCONVERSATION:\n"
+        "\nDATE: 7:00 pm on 20 May, 2023\nCONVERSATION:\n"
+        'Caroline said, "I moved here in 2022."\n\n'
+        "\nDATE: 1:56 pm on 8 May, 2023\nCONVERSATION:\n"
+        'Caroline said, "I went to a pottery class yesterday."\n\n'
+        'Melanie said, "Nice! I love painting and camping."\n and shared a photo of a red bicycle.'
     )
-    assert text.endswith(expected)  # numeric session order, empty session 3 skipped
-    assert "8:00 pm on 21 May" not in text
+    assert text.endswith(expected)
+    assert text == official_context(sample["conversation"], ("Caroline", "Melanie")).rstrip()
+
+
+def test_the_context_is_hf_llm_utils_on_generated_conversations():
+    """Captions on turns without an image URL too, clean_text ignored, sessions out of order."""
+    import random as _random
+
+    rng = _random.Random(5)
+    for trial in range(20):
+        conversation = {"speaker_a": "Ann", "speaker_b": "Bo"}
+        numbers = rng.sample(range(1, 30), rng.randint(1, 6))
+        for number in numbers:
+            conversation[f"session_{number}_date_time"] = f"day {number}"
+            turns = []
+            for t in range(rng.randint(0, 4)):
+                turn = {"speaker": rng.choice(["Ann", "Bo"]), "dia_id": f"D{number}:{t}",
+                        "text": rng.choice(["Hi.", 'She said "no".', "ok\nthen"]), "clean_text": "x"}
+                if rng.random() < 0.4:
+                    turn["blip_caption"] = "a photo of a cat"
+                turns.append(turn)
+            conversation[f"session_{number}"] = turns
+        sample = {"sample_id": f"g{trial}", "conversation": conversation, "qa": []}
+        assert render_conversation(sample) == official_context(conversation, ("Ann", "Bo")).rstrip()
 
 
 def test_records(tok):
@@ -258,3 +295,25 @@ def test_generate_and_score_with_a_random_init_model(tok):
     assert 0 < len(new) <= MAX_NEW_TOKENS
     score = score_locomo_record(record, tok.decode(new, skip_special_tokens=True))
     assert 0.0 <= score <= 1.0
+
+
+def test_a_spread_sample_covers_every_conversation():
+    """The paper cell's 400 of 1,986 items: a share of each conversation proportional to its items, at evenly
+    spaced positions (the released file lists categories in runs), in file order."""
+    from kvcert.pipeline.manifest import spread_over_conversations
+    from kvcert.tasks.records import TaskRecord
+
+    sizes = [199, 105, 193, 260, 242, 158, 190, 239, 196, 204]  # locomo10.json's QA items per conversation
+    records = [TaskRecord(id=f"c{c}:{i}", task="locomo", context="", question="", answers=["x"],
+                          metadata={"sample_id": f"c{c}", "category": 1 + (5 * i) // n, "target_tokens": 0})
+               for c, n in enumerate(sizes) for i in range(n)]
+    chosen = spread_over_conversations(records, 400)
+    assert len(chosen) == 400 and len({r.id for r in chosen}) == 400
+    per = {f"c{c}": sum(r.metadata["sample_id"] == f"c{c}" for r in chosen) for c in range(10)}
+    for c, n in enumerate(sizes):
+        assert abs(per[f"c{c}"] - 400 * n / sum(sizes)) < 1.0
+    order = [records.index(r) for r in chosen]
+    assert order == sorted(order)
+    for c in range(10):  # every category run of every conversation is represented
+        assert {r.metadata["category"] for r in chosen if r.metadata["sample_id"] == f"c{c}"} == {1, 2, 3, 4, 5}
+    assert spread_over_conversations(records[:7], 400) == records[:7]

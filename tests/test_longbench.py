@@ -441,3 +441,30 @@ def test_generate_and_score_with_a_random_init_model(tok):
     assert total == round(100 * sum(scores) / len(scores), 2)
     # a perfect answer scores 1 through the same path
     assert score_longbench_record(records[0], "lamp 0") == 1.0
+
+
+def test_every_longbench_dataset_has_a_task_config(tmp_path):
+    """All 21 datasets compose as ``task=longbench_<dataset>`` and build records through the
+    manifest step, the chat rule of the config applied."""
+    import json as _json
+    import random as _random
+
+    from kvcert.pipeline.compose import compose_config
+    from kvcert.pipeline.manifest import build_records
+    from kvcert.rehearsal import checkpoints, longbench_files, text
+    from kvcert.tasks.longbench import DATASET2PROMPT, NO_CHAT_TEMPLATE_DATASETS
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    tok = checkpoints.train_tokenizer(checkpoints.ARCHITECTURES["llama"],
+                                      text.corpus(_random.Random(0), 50) + list(DATASET2PROMPT.values()))
+    for dataset in sorted(DATASET2PROMPT):
+        task = compose_config([f"task=longbench_{dataset}"], configs)["task"]
+        assert (task["name"], task["kind"], task["dataset"]) == (f"longbench_{dataset}", "longbench", dataset)
+        row = longbench_files.row(_random.Random(dataset), "hotpotqa", 0, 80)
+        row.update(dataset=dataset, all_classes=["Location"] if dataset in ("trec", "lsht") else None)
+        (tmp_path / f"{dataset}.jsonl").write_text(_json.dumps(row) + "\n")
+        record = build_records({**task, "source": str(tmp_path)}, tok, 1024, 1, 0)[0]
+        assert record.task == f"longbench_{dataset}"
+        assert (record.metadata.get("chat_template", True) is False) == (dataset in NO_CHAT_TEMPLATE_DATASETS)
+        everything = build_records({**task, "source": str(tmp_path), "chat_template": "all"}, tok, 1024, 1, 0)[0]
+        assert "chat_template" not in everything.metadata

@@ -47,6 +47,7 @@ def test_composed_run_is_the_setting_plus_the_full_cache():
     assert compose_run(["method=snapkv-topk", "budget=0.25"], configs_dir(), prereg_dir())[0][1]["condition"] == "aware"
 
 
+@pytest.mark.pipeline
 def test_kvcert_run_prints_a_table_and_its_records_are_not_scored(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(

@@ -43,6 +43,7 @@ def job_stats(output: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
 
 
+@pytest.mark.pipeline
 def test_paper_plan_matches_dry_run(paper_env):
     plan = build_plan("paper", load_grid(REPO / "preregistration", "grids/paper.yaml"))
     main = sum(s.generations for s in plan.shards if s.cell == "main")
@@ -59,9 +60,25 @@ def test_paper_plan_matches_dry_run(paper_env):
                               cwd=REPO, capture_output=True, text=True, timeout=120)
     last = plan_cli.stdout.strip().splitlines()[-1]
     assert last.startswith(f"generations={plan.generations} jobs={plan.jobs} gpu_hours=")
-    assert float(last.split("gpu_hours=")[1]) > 0
+    fields = dict(f.split("=") for f in last.split())
+    assert float(fields["gpu_hours"]) > float(fields["gpu_hours_roofline"]) > 0  # the roofline bounds the estimate
 
 
+@pytest.mark.parametrize("experiment,examples,seed", [("smoke", 3, 4000), ("paper", 8, 0)])
+def test_the_replay_has_its_own_manifest(experiment, examples, seed):
+    """The replay runs the examples and seed its grid entry registers, from a manifest of its own — never the
+    larger manifest a generation cell keeps for the same model, task and length."""
+    grid = load_grid(REPO / "preregistration", f"grids/{experiment}.yaml")
+    plan = build_plan(experiment, grid)
+    assert plan.replays and all((r.examples, r.seed, r.set) == (examples, seed, "replay") for r in plan.replays)
+    grid_paths = {m.path for m in plan.manifests}
+    for r in plan.replays:
+        assert r.path == f"manifests/{r.model}/replay/{r.task}/{r.length}.jsonl" and r.path not in grid_paths
+        assert plan.manifest(r.model, r.task, r.length, "replay") == r
+    assert plan.jobs_per_rule()["replay_manifest"] == len(plan.replays)
+
+
+@pytest.mark.pipeline
 def test_dry_run_stops_on_missing_models_and_data():
     """Model folders and data the user has not set up: a dry run stops before any job,
     with one line per missing folder, no traceback and no Hub lookup."""
@@ -81,6 +98,7 @@ def test_dry_run_stops_on_missing_models_and_data():
     assert "problem(s) found before any job ran; `kvcert check --experiment paper` lists them again" in text
 
 
+@pytest.mark.pipeline
 def test_check_command(paper_env, tmp_path):
     """kvcert check: ready on complete sources; each broken piece named in one line."""
     def check(*args, env=paper_env):
@@ -111,6 +129,7 @@ def test_check_command(paper_env, tmp_path):
         f"task longbench_qasper: {data} has no qasper.jsonl (nor Parquet files of it)"]
 
 
+@pytest.mark.pipeline
 def test_lint_is_clean():
     out = snakemake("--lint")
     assert out.returncode == 0 and "Congratulations" in out.stdout + out.stderr
@@ -164,6 +183,7 @@ def test_freeze_verify_and_amend(tmp_path):
     assert verify(prereg).path == second.path
 
 
+@pytest.mark.pipeline
 def test_tampered_preregistration_stops_the_dag(tmp_path):
     prereg = tmp_path / "preregistration"
     shutil.copytree(REPO / "preregistration", prereg, ignore=shutil.ignore_patterns("freeze"))
@@ -176,6 +196,7 @@ def test_tampered_preregistration_stops_the_dag(tmp_path):
     assert "claims.yaml was edited after the freeze" in out.stdout + out.stderr
 
 
+@pytest.mark.pipeline
 @pytest.mark.slow
 def test_wheel_install_finds_its_configs_and_preregistration(tmp_path):
     """A non-editable install carries configs/ and preregistration/; run outside any
@@ -201,7 +222,7 @@ def test_wheel_install_finds_its_configs_and_preregistration(tmp_path):
     plan = subprocess.run([sys.executable, "-m", "kvcert.cli", "plan", "--experiment", "paper"], cwd=elsewhere,
                           capture_output=True, text=True, timeout=120, env=env)
     assert plan.returncode == 0, plan.stderr
-    assert plan.stdout.strip().splitlines()[-1].startswith("generations=84240 jobs=661")
+    assert plan.stdout.strip().splitlines()[-1].startswith("generations=84240 jobs=669")  # 661 + the replay manifests
     where = subprocess.run([sys.executable, "-c", "import kvcert.pipeline.compose as c; print(c.configs_dir())"],
                            cwd=elsewhere, capture_output=True, text=True, timeout=60, env=env)
     assert where.stdout.strip() == str(site / "kvcert" / "_bundled" / "configs")
@@ -210,6 +231,7 @@ def test_wheel_install_finds_its_configs_and_preregistration(tmp_path):
     assert check.returncode == 0 and "ready" in check.stdout, check.stdout + check.stderr
 
 
+@pytest.mark.pipeline
 def test_adding_a_model_to_the_paper_grid(paper_env, tmp_path):
     """The README's path: a model config, the grid and its planning estimate, an amendment;
     then the plan has the new model's jobs and the pre-flight finds its folder."""
@@ -246,3 +268,32 @@ def test_adding_a_model_to_the_paper_grid(paper_env, tmp_path):
     plan = kvcert("plan")
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout.strip().splitlines()[-1].startswith("generations=105300 ")  # 84,240 × 5 / 4
+
+
+def test_profile_check_asks_for_a_qos_where_the_account_has_no_default(tmp_path, monkeypatch):
+    """A site whose association sets no default QoS refuses jobs without --qos: the pre-flight says so in one
+    line, naming the allowed ones; with a default QoS, or with qos set in the profile, it says nothing."""
+    import yaml
+
+    from kvcert.pipeline import check
+
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"]["slurm_account"] = "lab"
+    answers = {"out": "normal,long|\n"}
+
+    class Done:
+        def __init__(self, stdout):
+            self.stdout = stdout
+
+    monkeypatch.setattr(check.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(check.subprocess, "run", lambda cmd, **kw: Done(answers["out"] if cmd[0] == "sacctmgr" else ""))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    lines = [p for p in check.check_profile(path) if "QoS" in p]
+    assert len(lines) == 1 and "long, normal" in lines[0] and "default-resources" in lines[0]
+    answers["out"] = "normal,long|normal\n"
+    assert not [p for p in check.check_profile(path) if "QoS" in p]
+    answers["out"] = "normal,long|\n"
+    profile["default-resources"]["qos"] = "normal"
+    path.write_text(yaml.safe_dump(profile))
+    assert not [p for p in check.check_profile(path) if "QoS" in p]

@@ -5,7 +5,7 @@ slurmdbd, slurmctld and slurmd on loopback; the tests skip with one line where t
 impossible. The reduced smoke experiment of :mod:`smoke_pipeline` is submitted with
 ``snakemake --profile <profiles/slurm, made local>`` through
 snakemake-executor-plugin-slurm (``executor: slurm``): the profile is the shipped one
-with its three placeholders filled (account and partition of the local cluster, no GPU)
+with its placeholders filled (account and partitions of the local cluster, no GPU)
 and the resources cut to fit one small node.
 
 Faults are injected by a stand-in ``kvcert`` put first on PATH (no product code knows
@@ -31,7 +31,7 @@ from smoke_pipeline import (
     run_env, seed_workdir, snakemake,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.pipeline, pytest.mark.slurm, pytest.mark.slow]
 
 SCRIPT = REPO / "scripts" / "local_slurm.sh"
 ACCOUNT, PARTITION = "kvcert", "debug"
@@ -116,6 +116,8 @@ def local_profile(folder: Path) -> Path:
         resources.pop("gpu", None)
         resources.pop("gpu_model", None)
         resources.update(mem_mb=2000, cpus_per_task=1)
+        if "slurm_partition" in resources:  # the CPU jobs' partition: the one local partition
+            resources["slurm_partition"] = PARTITION
     profile["set-threads"] = {rule: 1 for rule in profile["set-threads"]}  # threads of the local reference run
     profile["slurm-init-seconds-before-status-checks"] = 2  # the plugin's default waits 40 s
     text = yaml.safe_dump(profile, sort_keys=False)

@@ -50,7 +50,7 @@ generations_per_shard: 40
 """
 CLAIM_FIELDS = {"id", "statement", "verdict", "statistic", "value", "ci", "threshold", "tests", "paper"}
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.pipeline, pytest.mark.slow]
 
 
 def snakemake(workdir: Path, *args: str, timeout: int = 1200):
@@ -84,8 +84,9 @@ def test_outputs_and_every_claim_has_a_verdict(finished):
     assert [c["id"] for c in claims] == [f"C{i}" for i in range(1, 9)]  # the paper's seven and this project's C8
     for claim in claims:
         assert CLAIM_FIELDS <= set(claim), claim["id"]
-        assert claim["verdict"] in {"holds", "killed", "inconclusive"}
+        assert claim["verdict"] in {"holds", "killed", "inconclusive", "uninformative"}
         assert claim["paper"]["verdict"] in {"holds", "killed"} or claim["beyond_paper"]
+        assert {"placebo", "seed_stability"} <= set(claim), claim["id"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["generations"]["grid"] == 2 * 4 * 9 + 4 * 3  # main: 2 tasks x 4 examples x 9 runs; multiturn 4 x 3
     accuracy = summary["full_cache_accuracy"]
@@ -95,6 +96,20 @@ def test_outputs_and_every_claim_has_a_verdict(finished):
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and not re.search(r'<img[^>]+src="(?!data:)', html)
     assert "C1" in (out / "report.md").read_text().split("## Figures")[0]
+
+
+def test_the_replay_reads_its_own_registered_examples(finished):
+    """The grid registers the replay as 1 example of seed 4000; the main grid's needle cell (4 examples, seed 1000)
+    at the same length must not be what it replays."""
+    import pandas as pd
+
+    from kvcert.tasks.records import read_jsonl
+
+    out = finished / "results" / "smoke"
+    replayed = set(pd.read_parquet(out / "replay/embedded/needle-512.parquet", columns=["example_id"])["example_id"])
+    own = [r.id for r in read_jsonl(out / "manifests/embedded/replay/needle/512.jsonl")]
+    main = [r.id for r in read_jsonl(out / "manifests/embedded/needle/512.jsonl")]
+    assert len(own) == 1 and replayed == set(own) and not set(own) & set(main)
 
 
 def test_second_run_does_nothing_and_a_deleted_shard_is_redone_alone(finished):

@@ -41,7 +41,8 @@ def test_target_length_within_tolerance(tok, task, target):
     for record in TASKS[task].generate(tok, 3, target, seed=1):
         ids, question_start = build_prompt_ids(tok, record)
         assert record.length == len(ids)
-        assert target - LENGTH_TOLERANCE <= record.length <= target
+        room = target - record.metadata.get("answer_tokens", 0)  # RULER's answer reserve (needle tasks)
+        assert room - LENGTH_TOLERANCE <= record.length <= room
         assert 0 < question_start < len(ids)
         assert tok.unk_token_id not in ids, "the word-level vocabulary misses a word"
         assert record.metadata["target_tokens"] == target
@@ -63,7 +64,7 @@ def test_needle_depth_and_answer(tok):
         assert key in record.question
     haystack_start = len(needle.INSTRUCTION) + 1
     assert shallow.context.index("One of the special") == haystack_start
-    assert deep.context.rstrip().endswith(f"is: {deep.answers[0]}.")
+    assert deep.context.endswith(f"is: {deep.answers[0]}.\n{needle.HAYSTACK}")  # before the last line, as RULER
     # distractor needles carry other keys and values
     multi = needle.make_record(tok, 800, seed=3, index=1, num_needles=4)
     values = [n["value"] for n in multi.metadata["needles"]]
@@ -346,3 +347,47 @@ def test_optional_record_fields(tmp_path):
     assert (loaded.separator, loaded.answer_prefix) == ("\n\n", "")
     with pytest.raises(RecordError, match="'answer_prefix' must be str"):
         TaskRecord.from_dict({**old, "answer_prefix": 3})
+
+
+# ---------------------------------------------------------------- RULER's conventions (NVIDIA/RULER niah.py)
+
+@pytest.mark.parametrize("task, haystack", [("needle", "noise"), ("needle", "needle"), ("lookalike", "noise")])
+@pytest.mark.parametrize("target", [512, 2048])
+def test_the_haystack_is_sized_as_ruler_sizes_it(tok, task, haystack, target):
+    """niah.py: the prompt plus 128 answer tokens fit the length, and one more haystack line would not."""
+    from ruler_official import TOKENS_TO_GENERATE, official_fits
+
+    from kvcert.tasks.prompting import prompt_length
+
+    options = {"haystack": haystack} if task == "needle" else {}
+    for record in TASKS[task].generate(tok, 3, target, seed=4, **options):
+        assert record.metadata["answer_tokens"] == TOKENS_TO_GENERATE
+        assert official_fits(record.length, target)
+        lines = record.context.split("\n")
+        extra = lines[1] if haystack == "noise" else needle.NEEDLE.format(key="pocket", value="1234567")
+        longer = "\n".join([*lines, extra])
+        assert not official_fits(prompt_length(tok, longer, record.question, record.separator, record.answer_prefix),
+                                 target)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 40])
+@pytest.mark.parametrize("depth", [0, 10, 50, 90, 99, 100])
+def test_a_needle_goes_before_a_haystack_line_as_ruler_inserts_it(depth, n):
+    from ruler_official import official_insert
+
+    out = needle.haystack_lines([(depth, "NEEDLE")], n)
+    index = out.index("NEEDLE")
+    assert out == official_insert([needle.HAYSTACK] * n, ["NEEDLE"], [index])  # index in range(n)
+    assert out[-1] == needle.HAYSTACK  # never after the last haystack line
+    if depth == 100:
+        assert index == n - 1
+
+
+def test_the_needle_haystack_holds_random_needles(tok):
+    record = needle.make_record(tok, 1024, seed=2, index=0, haystack="needle", depth=50)
+    lines = record.context.split("\n")[1:]
+    assert all(line.startswith("One of the special magic numbers for ") for line in lines)
+    key = record.metadata["needles"][0]["key"]
+    assert sum(f" for {key} is:" in line for line in lines) == 1  # the queried key is on its needle alone
+    with pytest.raises(ValueError, match="haystack: 'essay' is not one of"):
+        needle.make_record(tok, 1024, seed=2, index=0, haystack="essay")

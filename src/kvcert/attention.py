@@ -1,7 +1,7 @@
 """Hájek-corrected attention over a retained (compacted) KV cache, with its certificate.
 
 Attention over the retained set S with logits s_i − log π_i is exactly the Hájek ratio
-estimator ô = Σ_S (e^{s_i}/π_i) v_i / Σ_S e^{s_i}/π_i (Xie, arXiv 2607.21475; DESIGN.md
+estimator ô = Σ_S (e^{s_i}/π_i) v_i / Σ_S e^{s_i}/π_i (Xie, arXiv 2607.21475; docs/design.md
 §1): the per-key bias −log π_i is the whole correction. This module computes it for
 grouped-query attention without repeating keys (query heads are grouped per KV head),
 and, when asked, the certificate's variance V̂ and range term b̂_c in the same pass
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .certificate import bernstein_radius, robust_radius, unit_roundoff
-from .checks import check_delta, check_ndim
+from .checks import check_delta, check_finite, check_ndim
 from .sketch import EvictionSketch, sketch_terms
 
 
@@ -345,8 +345,7 @@ def certified_attention(
         raise ValueError(f"query, key, value: dtypes differ ({query.dtype}, {key.dtype}, {value.dtype}); "
                          "cast them to one dtype")
     for name, tensor in (("query", query), ("key", key), ("value", value)):
-        if torch.isnan(tensor).any():
-            raise ValueError(f"{name}: contains NaN")
+        check_finite(name, tensor)
     if scaling is not None and not math.isfinite(float(scaling)):
         raise ValueError(f"scaling: must be a finite number, got {scaling!r}")
     if log_pi is not None:
@@ -368,6 +367,12 @@ def certified_attention(
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     if centre is None:
         centre = kept_value_mean(value, log_pi)
+    else:
+        check_ndim("centre", centre, 3, "[B, Hkv, D]")
+        if tuple(centre.shape) != (key.shape[0], key.shape[1], value.shape[-1]):
+            raise ValueError(f"centre: shape {tuple(centre.shape)} does not match value {tuple(value.shape)}; give "
+                             f"[B, Hkv, D] = {(key.shape[0], key.shape[1], value.shape[-1])} (or None: the kept values' mean)")
+        check_finite("centre", centre)
     res = hajek_attention(query, key, value, log_pi, scale, causal=False, certificate=True, centre=centre, sketch=sketch)
     radius = bernstein_radius(res.variance, res.range_term, delta)
     if sketch is None:

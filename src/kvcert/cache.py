@@ -14,6 +14,14 @@ Positions: ``get_seq_length`` reports the number of tokens *seen* (the original,
 uncompressed length plus appended tokens), so position ids — and RoPE — continue from
 the original context length; the physical number of stored slots is ``stored_length``.
 
+Crops: ``layer.keys = layer.keys[:, :, :n]`` (what kvpress's pipeline does between
+questions, with ``n`` a length it read from ``get_seq_length``) removes the tokens
+appended after the first ``n`` tokens seen (:meth:`CompactLayer.crop`). A slice cannot say
+an ``n`` beyond the stored slots; a full-length slice of a compacted layer therefore crops
+back to the layer as its last compaction left it. Any other assignment (a press that
+gathers keys, e.g. a kvpress ``ScorerPress``) raises: a kvcert cache is compressed by
+kvcert's presses only.
+
 A compaction given the tokens' selection score (:func:`kvcert.sketch.sketch_potential`;
 the press passes it for randomized samplers) also keeps the layer's eviction sketch
 (:mod:`kvcert.sketch`): the shadow of the evicted tokens the robust certificate bounds
@@ -81,6 +89,7 @@ class CompactLayer(CacheLayerMixin):
         self.has_tail = False  # some kept token has π < 1
         self.has_padding = False
         self.compactions = 0
+        self.compacted_seen = 0  # tokens seen when the last compaction ran
         self.undecided = 0  # trailing slots appended since the last compaction (π = 1, not yet decided)
         self.sketch: EvictionSketch | None = None
         self.score_mass: ScoreMass | None = None  # what compaction evicted of the scorer's importance
@@ -107,8 +116,66 @@ class CompactLayer(CacheLayerMixin):
 
     def _refresh_views(self) -> None:
         n = self.length
-        self.keys, self.values = self._k[:, :, :n], self._v[:, :, :n]
+        self._views = (self._k[:, :, :n], self._v[:, :, :n])
         self.log_pi, self.one_minus, self.dev = self._lp[:, :, :n], self._om[:, :, :n], self._dev[:, :, :n]
+
+    # --- keys and values: what the layer holds; assigning a prefix crops ------------------
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self.__dict__.get("_views", (None, None))[0]
+
+    @keys.setter
+    def keys(self, tensor: torch.Tensor | None) -> None:
+        self._assign(0, tensor)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return self.__dict__.get("_views", (None, None))[1]
+
+    @values.setter
+    def values(self, tensor: torch.Tensor | None) -> None:
+        self._assign(1, tensor)
+
+    def _assign(self, which: int, tensor: torch.Tensor | None) -> None:
+        """``keys`` (0) or ``values`` (1) assigned: a crop when ``tensor`` is a prefix of the stored slots."""
+        views = self.__dict__.get("_views", (None, None))
+        if views[which] is None or tensor is views[which]:
+            if views[which] is None:
+                self._views = (tensor, views[1]) if which == 0 else (views[0], tensor)
+            return
+        storage = self._k if which == 0 else self._v
+        prefix = (isinstance(tensor, torch.Tensor) and tensor.data_ptr() == storage.data_ptr()
+                  and tensor.stride() == storage.stride() and tensor.shape[:2] == storage.shape[:2]
+                  and tensor.shape[3:] == storage.shape[3:] and tensor.shape[2] <= self.length)
+        if not prefix:
+            raise ValueError(
+                f"layer {'keys' if which == 0 else 'values'}: a kvcert CompactLayer can only be cropped "
+                "(layer.keys = layer.keys[:, :, :n]); a press that gathers or masks keys (a kvpress press) cannot "
+                "compress a CertifiedCache: use a kvcert press (docs/kvpress.md) or a DynamicCache")
+        n = tensor.shape[2]
+        if which == 1:  # the keys decide a crop; the values' slice must agree with them
+            if n < self.length:
+                self.crop(n)
+            return
+        if n < self.length:
+            self.crop(n)
+        elif self.compactions and self.seen > self.length:  # the slice hides n >= the stored slots
+            self.crop(self.compacted_seen)
+
+    def crop(self, seen: int) -> None:
+        """Keep the first ``seen`` tokens seen: remove the tokens appended after them. Only tokens
+        appended since the last compaction can go (a compaction's decisions cannot be undone)."""
+        removed = self.seen - seen
+        if removed <= 0:
+            return
+        if removed > self.undecided:
+            raise ValueError(f"crop: the layer keeps {self.seen - self.undecided} decided tokens of the "
+                             f"{self.seen} seen; it cannot be cropped to {seen}")
+        self.length -= removed
+        self.seen = seen
+        self.kept -= removed
+        self.undecided -= removed
+        self._refresh_views()
 
     @property
     def sq_dev(self) -> torch.Tensor | None:
@@ -203,19 +270,28 @@ class CompactLayer(CacheLayerMixin):
         self.has_padding = bool((self.kept < k_new).any())
         self.has_tail = bool(((log_pi_new < 0) & valid_new).any())
         self.compactions += 1
+        self.compacted_seen = self.seen
         self._refresh_views()
 
     # --- CacheLayerMixin API ---------------------------------------------------------
     def get_seq_length(self) -> int:
         return self.seen
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+    def get_mask_sizes(self, query_length) -> tuple[int, int]:
+        """(key length, offset) of the attention mask; ``query_length`` is the query's length
+        (transformers 5.24) or its cache positions (5.2)."""
+        if isinstance(query_length, torch.Tensor):
+            query_length = query_length.shape[0]
         return self.length + query_length, 0
 
     def get_max_length(self) -> int:
         return -1
 
+    def get_max_cache_shape(self) -> int:  # get_max_length under its name in transformers 5.2
+        return -1
+
     def reset(self) -> None:
+        self.__dict__.pop("_views", None)
         self.__init__(reserve=self.reserve, growth=self.growth)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -329,10 +405,12 @@ class CertifiedCache(Cache):
             return
         layer = self.layers[layer_idx]
         num_layers = getattr(module.config, "num_hidden_layers", len(self.layers))
+        inputs = getattr(module, "_kvcert_inputs", None) or (None, None)
         obs = LayerObservation(
             query=query, key=layer.keys, value=layer.values,
             log_pi=layer.log_pi if layer.needs_bias else None,
             scaling=scaling, layer_idx=layer_idx, num_layers=num_layers,
+            module=module, hidden_states=inputs[0], position_embeddings=inputs[1],
         )
         self.recorder.capture(obs)
         if fires:

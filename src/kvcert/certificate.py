@@ -1,6 +1,6 @@
 """The error certificate: variance estimator, range term and Bernstein radius.
 
-Notation (DESIGN.md §1), per (layer, head, query): logits s_i = q·k_i·scale, retained
+Notation (docs/design.md §1), per (layer, head, query): logits s_i = q·k_i·scale, retained
 set S with inclusion probabilities π_i, Hájek weights w_i = e^{s_i}/π_i / Σ_S e^{s_j}/π_j
 (one logit offset −log π_i inside the softmax), Hájek output ô = Σ_S w_i v_i.
 

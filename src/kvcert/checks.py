@@ -12,12 +12,18 @@ from numbers import Integral, Real
 import torch
 
 
+class NonFiniteError(ValueError):
+    """A tensor holds NaN or ±inf where finite numbers belong (a model's broken weights surface so)."""
+
+
 def check_finite(name: str, tensor: torch.Tensor) -> None:
     """Reject NaN (and infinite) entries."""
+    if bool(torch.isfinite(tensor).all()):
+        return
     if torch.isnan(tensor).any():
-        raise ValueError(f"{name}: contains NaN")
+        raise NonFiniteError(f"{name}: contains NaN")
     if torch.isinf(tensor).any():
-        raise ValueError(f"{name}: contains an infinite value")
+        raise NonFiniteError(f"{name}: contains an infinite value (±inf)")
 
 
 def check_nonnegative(name: str, tensor: torch.Tensor) -> None:
@@ -27,9 +33,9 @@ def check_nonnegative(name: str, tensor: torch.Tensor) -> None:
     low, high = torch.aminmax(tensor)
     low, high = float(low), float(high)
     if low != low or high != high:
-        raise ValueError(f"{name}: contains NaN")
+        raise NonFiniteError(f"{name}: contains NaN")
     if high == float("inf") or low == float("-inf"):
-        raise ValueError(f"{name}: contains an infinite value")
+        raise NonFiniteError(f"{name}: contains an infinite value (±inf)")
     if low < 0:
         raise ValueError(f"{name}: must be >= 0 (min is {low:.4g})")
 

@@ -10,7 +10,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
+
+#: reStructuredText roles and literals of docstrings, as plain text for --help
+_RST = [(re.compile(r":(?:func|class|mod|meth|data|attr):`~?([^`]+)`"), r"\1"), (re.compile(r"``([^`]+)``"), r"\1")]
+
+
+def plain_text(text: str | None) -> str | None:
+    """A docstring as --help shows it: roles (:func:`x`) and literals (``x``) reduced to their text."""
+    if text is None:
+        return None
+    for pattern, repl in _RST:
+        text = pattern.sub(repl, text)
+    return text
 
 # (module path) — each registers one or more subcommands.
 SUBCOMMANDS: list[str] = [
@@ -33,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     for module_name in SUBCOMMANDS:
         importlib.import_module(module_name).register(subparsers)
+    for sub in subparsers.choices.values():
+        sub.description = plain_text(sub.description)
+        for action in sub._actions:
+            action.help = plain_text(action.help) if isinstance(action.help, str) else action.help
     return parser
 
 

@@ -1,7 +1,7 @@
 """Retention designs: inclusion probabilities and samplers for KV-cache eviction.
 
 Implements the randomized retention design of Xie (arXiv 2607.21475, §3) as spelled
-out in the project's DESIGN.md §1, per row (one row = one (layer, KV head) of one
+out in the project's docs/design.md §1, per row (one row = one (layer, KV head) of one
 sequence):
 
 * a *certainty set* C with inclusion probability π_i = 1: the first ``sinks`` tokens
@@ -290,6 +290,13 @@ def inclusion_probabilities(
     return _inclusion_rows(rows, k, design).reshape(*lead, n)
 
 
+def cpu_generator(seed: int) -> torch.Generator:
+    """The one generator recipe of every random draw (the press's evictions, the replay's draws):
+    a CPU ``torch.Generator`` seeded with ``seed``. The samplers draw their uniforms on it and
+    move them to the scores' device (:func:`_uniform`), so a draw is the same on a GPU as on a CPU."""
+    return torch.Generator().manual_seed(int(seed))
+
+
 def _uniform(shape, generator: torch.Generator | None, device, dtype=torch.float64) -> torch.Tensor:
     """U[0, 1) draws from ``generator`` (on its own device), moved to ``device``."""
     gen_device = generator.device if generator is not None else torch.device("cpu")
@@ -375,6 +382,9 @@ def poisson_sample(pi: torch.Tensor, generator: torch.Generator | None = None) -
     """Keep token i independently with probability π_i (Poisson sampling design)."""
     if not isinstance(pi, torch.Tensor) or pi.ndim < 1:
         raise ValueError(f"pi: expected a tensor [..., N], got {getattr(pi, 'shape', pi)!r}")
+    if pi.numel() == 0:
+        raise ValueError(f"pi: empty (shape {tuple(pi.shape)}): no token to sample; give at least one inclusion "
+                         "probability per row")
     check_nonnegative("pi", pi)
     if float(pi.max()) > 1.0:
         raise ValueError("pi: inclusion probabilities must lie in [0, 1]")

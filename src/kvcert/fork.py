@@ -81,7 +81,10 @@ def _slice_obs(obs: LayerObservation, end: int) -> LayerObservation:
         return obs
     return LayerObservation(query=obs.query[:, :, :end], key=obs.key[:, :, :end], value=obs.value[:, :, :end],
                             log_pi=None if obs.log_pi is None else obs.log_pi[:, :, :end], scaling=obs.scaling,
-                            layer_idx=obs.layer_idx, num_layers=obs.num_layers)
+                            layer_idx=obs.layer_idx, num_layers=obs.num_layers, module=obs.module,
+                            hidden_states=None if obs.hidden_states is None else obs.hidden_states[:, :end],
+                            position_embeddings=None if obs.position_embeddings is None
+                            else tuple(t[:, :end] for t in obs.position_embeddings))
 
 
 class ForkSchedule:
@@ -107,9 +110,10 @@ class ForkSchedule:
         shared: dict = {}  # scores and sketch potentials, once per (scorer, prefix)
         for branch in self.branches:
             press, view = branch.press, _slice_obs(obs, branch.end)
-            key = (repr(press.scorer), branch.end)
+            # a scorer told the budget (a kvpress press's compression ratio) is shared per budget only
+            key = (repr(press.scorer), branch.end, press.budget if hasattr(press.scorer, "compression_ratio") else None)
             if key not in shared:
-                shared[key] = press.scorer(view)
+                shared[key] = press.score(view)
             if press.randomized and ("potential", branch.end) not in shared:
                 shared["potential", branch.end] = press.potential(view, 0, branch.end)
             # a single run's peak: its earlier layers compacted, this one still full (later ones empty)

@@ -21,6 +21,7 @@ attention.
 from __future__ import annotations
 
 import contextvars
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -46,11 +47,13 @@ def kvcert_attention_forward(
     key: torch.Tensor,
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
     dropout: float = 0.0,
+    scaling: float | None = None,
     **kwargs,
 ):
-    """Attention function registered as ``"kvcert"``; returns (output [B, Q, Hq, D], None)."""
+    """Attention function registered as ``"kvcert"``; returns (output [B, Q, Hq, D], None). Its
+    arguments are in the order of transformers' ``sdpa_attention_forward`` (kvpress's attention
+    patch passes ``dropout`` by position)."""
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     window = kwargs.get("sliding_window")
@@ -61,12 +64,18 @@ def kvcert_attention_forward(
         )
     cache = _ACTIVE_CACHE.get()
     layer = None
+    n_q, length = query.shape[2], key.shape[2]
     if isinstance(cache, CertifiedCache) and getattr(module, "layer_idx", None) is not None:
         layer = cache.layers[module.layer_idx]
-    n_q, length = query.shape[2], key.shape[2]
-    biased = layer is not None and layer.needs_bias
+        if getattr(module, "masked_key_indices", None) is not None:
+            raise ValueError("press: a kvpress press that masks keys (AdaKVPress) cannot compress a kvcert "
+                             "CertifiedCache; use kvcert's adakv allocation (docs/kvpress.md) or a DynamicCache")
+        log_pi = layer.log_pi
+    else:
+        log_pi = plain_log_pi(module, n_q, length, key.device)
+    biased = (layer.needs_bias if layer is not None else log_pi is not None)
     recorder = cache.recorder if layer is not None else None
-    certify = biased and layer.has_tail and recorder.certificates
+    certify = biased and layer is not None and layer.has_tail and recorder.certificates
     # the attention entropy over the retained tokens (issue 18): every forward over a compressed layer
     entropy = layer is not None and recorder.entropy and layer.compactions > 0
     extra = attention_mask if isinstance(attention_mask, torch.Tensor) else None
@@ -75,7 +84,7 @@ def kvcert_attention_forward(
     else:
         res = hajek_attention(
             query, key, value,
-            layer.log_pi if biased else None,
+            log_pi if biased else None,
             scaling,
             causal=True,
             certificate=certify,
@@ -95,7 +104,28 @@ def kvcert_attention_forward(
                                  res.shadow_range)
     if layer is not None:  # the armed press (the cache's schedule) compresses the layer now
         cache.after_attention(module, query, scaling)
+    elif cache is not None and n_q > 1 and n_q == length and getattr(module, "kvcert_compress", None) is not None:
+        module.kvcert_compress(module, cache, query, scaling)  # a kvcert press used the kvpress way
     return output.transpose(1, 2).contiguous(), None
+
+
+def plain_log_pi(module: torch.nn.Module, n_q: int, length: int, device) -> torch.Tensor | None:
+    """log π [B, Hkv, length] of a layer held in a plain transformers cache that a kvcert press
+    compressed the kvpress way (:mod:`kvcert.kvpress_bridge`): the press leaves log π of the
+    slots it kept on the attention module (``module.kvcert_log_pi``, as kvpress's Ada-KV leaves
+    its masked indices); tokens appended since enter with log π = 0. A forward that fills an
+    empty cache (a new prefill) forgets it."""
+    stored = getattr(module, "kvcert_log_pi", None)
+    if stored is None:
+        return None
+    if n_q == length:
+        module.kvcert_log_pi = None
+        return None
+    b, h, m = stored.shape
+    if m > length:
+        raise ValueError(f"cache: layer {module.layer_idx} holds {length} slots, fewer than the {m} its press "
+                         "kept; crop a compressed cache only back to its compressed length")
+    return torch.cat([stored, stored.new_zeros(b, h, length - m)], -1).to(device)
 
 
 def _find_cache(kwargs: dict):
@@ -107,6 +137,9 @@ def _find_cache(kwargs: dict):
 
 def _pre_hook(module, args, kwargs):
     cache = _find_cache(kwargs)
+    if module._kvcert_cache_name != "cache" and kwargs.get("cache") is not None:
+        # a transformers release whose decoders take the cache as ``past_key_values``
+        kwargs[module._kvcert_cache_name] = kwargs.pop("cache")
     if isinstance(cache, CertifiedCache):
         mask = kwargs.get("attention_mask")
         if isinstance(mask, torch.Tensor) and mask.ndim == 2 and not bool(mask.all()):
@@ -116,7 +149,7 @@ def _pre_hook(module, args, kwargs):
             )
         cache.begin_forward()
     module._kvcert_tokens.append(_ACTIVE_CACHE.set(cache))
-    return None
+    return args, kwargs
 
 
 def _post_hook(module, args, kwargs, output):
@@ -127,6 +160,23 @@ def _post_hook(module, args, kwargs, output):
     if token is not None:
         _ACTIVE_CACHE.reset(token)
     return None
+
+
+def _attention_pre_hook(module, args, kwargs):
+    """Keep the attention module's hidden states and RoPE of this forward for the scorers
+    (:class:`~kvcert.scorers.base.LayerObservation`); dropped once the module returns."""
+    hidden = kwargs.get("hidden_states", args[0] if args else None)
+    module._kvcert_inputs = (hidden, kwargs.get("position_embeddings"))
+
+
+def _attention_post_hook(module, args, kwargs, output):
+    module._kvcert_inputs = None
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The attention modules of ``model``: those with a ``layer_idx`` that project queries."""
+    return [m for m in model.modules() if getattr(m, "layer_idx", None) is not None
+            and any(hasattr(m, name) for name in ("q_proj", "qkv_proj"))]
 
 
 def _decoder(model: torch.nn.Module) -> torch.nn.Module:
@@ -142,6 +192,13 @@ def _decoder(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "base_model", model)
 
 
+def cache_argument(decoder: torch.nn.Module) -> str:
+    """The name under which ``decoder.forward`` takes its cache: ``cache`` (transformers 5.24)
+    or ``past_key_values`` (5.2, the release kvpress 0.5.5 supports)."""
+    parameters = inspect.signature(decoder.forward).parameters
+    return "cache" if "cache" in parameters or "past_key_values" not in parameters else "past_key_values"
+
+
 def enable_certified_attention(model: torch.nn.Module) -> torch.nn.Module:
     """Switch ``model`` to kvcert attention (idempotent); returns the model."""
     AttentionInterface.register(ATTENTION_NAME, kvcert_attention_forward)
@@ -149,9 +206,13 @@ def enable_certified_attention(model: torch.nn.Module) -> torch.nn.Module:
     decoder = _decoder(model)
     if not getattr(decoder, "_kvcert_hooked", False):
         decoder._kvcert_tokens = []
+        decoder._kvcert_cache_name = cache_argument(decoder)
         decoder.register_forward_pre_hook(_pre_hook, with_kwargs=True)
         decoder.register_forward_hook(_post_hook, with_kwargs=True, always_call=True)
         decoder._kvcert_hooked = True
+        for attention in attention_modules(model):
+            attention.register_forward_pre_hook(_attention_pre_hook, with_kwargs=True)
+            attention.register_forward_hook(_attention_post_hook, with_kwargs=True, always_call=True)
     return model
 
 

@@ -59,19 +59,36 @@ def resolve_model_path(path: str) -> str:
 
 
 def pick_device(device: str) -> torch.device:
+    """``auto``: a GPU where there is one, else the CPU; ``cuda[:n]`` refused in one line without a GPU."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        picked = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"model.device: {device!r} is not a device; give auto, cpu or cuda[:n]") from None
+    if picked.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"model.device={device}: no CUDA GPU on this machine; use model.device=cpu (or auto)")
+        if picked.index is not None and picked.index >= torch.cuda.device_count():
+            raise ValueError(f"model.device={device}: this machine has {torch.cuda.device_count()} GPU(s); "
+                             f"give cuda:0 .. cuda:{torch.cuda.device_count() - 1} (or auto)")
+    return picked
 
 
 def load_model(spec: ModelSpec):
     """(model, tokenizer) in eval mode, with kvcert attention enabled."""
+    import sys
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from .integration import enable_certified_attention
 
+    if not sys.stderr.isatty():  # a job's log: the weight-loading bar would be one long line of redraws
+        hf_logging.disable_progress_bar()
     path = resolve_model_path(spec.path)
     device = pick_device(spec.device)
+    hf_logging.disable_progress_bar()  # a loading bar per job says nothing a log needs
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[spec.dtype], attn_implementation="sdpa")
         tokenizer = AutoTokenizer.from_pretrained(path)

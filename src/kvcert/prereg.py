@@ -1,28 +1,50 @@
-"""Pre-registration freeze and verification.
+"""Pre-registration freeze and verification: a chain of freeze records that guards itself.
 
 The pre-registration is the set of files ``claims.yaml`` and ``grids/*.yaml`` under a
 pre-registration folder. ``kvcert prereg freeze`` writes a freeze record
 ``freeze/<UTC time>.yaml`` holding the UTC time, the git commit, the reason, and the
 SHA-256 of every file; a later freeze is an amendment (it names the one it amends and
-must give a reason) and earlier records are never overwritten. ``kvcert prereg verify``
-recomputes the hashes against the newest freeze: a file edited after it stops the
-analysis with one line naming the file and how to amend. The pre-registration hash
-stamped on records is the SHA-256 of the canonical listing of file hashes.
+must give a reason) and earlier records are never overwritten.
+
+**The chain.** A freeze record carries ``chain: 1`` and its ``prereg_hash`` is the
+SHA-256 of the canonical JSON of (the full content of every earlier record, in chain
+order; its own ``frozen_utc``, ``git_commit``, ``reason``, ``amends``, ``files`` and
+``files_hash``). That hash is what every later file is stamped with, so editing,
+removing or reordering any earlier record — its ``frozen_utc`` included — changes
+the hash the chain should have, and :func:`verify` refuses it in one line. The order
+is the chain's (each record names the one it amends), not the file names': a freeze
+made on a clock that was wrong is amended like any other, and the amendment is the
+newest record even when its name sorts first. Records written before the chain began
+(no ``chain`` key) keep their own hash (the listing of file hashes), are ordered by
+file name, and become part of the first chained record's hash.
+
+:func:`verify` refuses, in one line each: a file edited since the newest freeze; a
+record whose ``frozen_utc`` is not the time in its file name; a chained record whose
+hash does not match the records before it; a chain that forks or has a gap; a newest
+freeze time ahead of this machine's clock (by more than :data:`CLOCK_TOLERANCE`). The
+hashes guard against accidents (an edit, a bad merge, a wrong clock), not against an
+insider, who can recompute them (docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import yaml
 
+from .atomic import write_text
 from .provenance import git_commit
 
 FREEZE_DIR = "freeze"
+CHAIN_VERSION = 1
+#: a freeze time may be this far ahead of the verifying machine's clock (ordinary clock skew)
+CLOCK_TOLERANCE = timedelta(minutes=5)
+#: what a chained record's own hash covers (besides every earlier record's full content)
+CHAINED_FIELDS = ("frozen_utc", "git_commit", "reason", "amends", "chain", "files", "files_hash")
 
 
 class PreregError(ValueError):
@@ -52,6 +74,25 @@ def hash_listing(files: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
+def chain_hash(earlier: list[dict], record: dict) -> str:
+    """SHA-256 of the canonical JSON of every earlier record's full content (chain order) and
+    ``record``'s :data:`CHAINED_FIELDS`."""
+    payload = {"earlier": earlier, "record": {k: record.get(k) for k in CHAINED_FIELDS}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def parse_utc(text: str) -> datetime:
+    """An ISO time (``Z`` or an offset; naive = UTC) as an aware datetime."""
+    t = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def stamp(moment: datetime) -> str:
+    """The file name (stem) of a freeze record made at ``moment``."""
+    moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y%m%dT%H%M%S") + f".{moment.microsecond:06d}Z"
+
+
 @dataclass(frozen=True)
 class Freeze:
     path: Path
@@ -61,6 +102,11 @@ class Freeze:
     files: dict[str, str]
     prereg_hash: str
     amends: str | None
+    content: dict = field(default_factory=dict, compare=False, repr=False)  # the record as parsed
+
+    @property
+    def chained(self) -> bool:
+        return "chain" in self.content
 
     def to_dict(self) -> dict:
         return {
@@ -70,50 +116,128 @@ class Freeze:
         }
 
 
+def _read(path: Path) -> Freeze:
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise PreregError(f"{path}: not a freeze record (a YAML mapping); restore it from git "
+                          f"(git checkout -- {path})")
+    try:
+        return Freeze(path, str(data["frozen_utc"]), data["git_commit"], data.get("reason", ""), data["files"],
+                      data["prereg_hash"], data.get("amends"), data)
+    except KeyError as exc:
+        raise PreregError(f"{path}: freeze record lacks {exc.args[0]!r}; restore it from git "
+                          f"(git checkout -- {path})") from None
+
+
+def _restore(folder: Path) -> str:
+    return f"restore the records from git (git checkout -- {folder / FREEZE_DIR})"
+
+
 def freezes(folder: str | Path) -> list[Freeze]:
-    """All freeze records, oldest first."""
-    out = []
-    for path in sorted((Path(folder) / FREEZE_DIR).glob("*.yaml")):
-        data = yaml.safe_load(path.read_text())
-        out.append(Freeze(path, data["frozen_utc"], data["git_commit"], data.get("reason", ""), data["files"],
-                          data["prereg_hash"], data.get("amends")))
-    return out
+    """All freeze records in chain order, oldest first (see the module docstring); a chain that
+    forks or has a gap raises :class:`PreregError`."""
+    folder = Path(folder)
+    records = [_read(path) for path in sorted((folder / FREEZE_DIR).glob("*.yaml"))]
+    order = [r for r in records if not r.chained]
+    chained = {r.path.name: r for r in records if r.chained}
+    previous = order[-1].path.name if order else None
+    while chained:
+        following = sorted(name for name, r in chained.items() if r.amends == previous)
+        if len(following) > 1:
+            raise PreregError(
+                f"{folder / FREEZE_DIR}: {' and '.join(following)} both amend {previous}: the chain forks "
+                "(amendments made on parallel branches); remove all but one (git rm) and amend again with "
+                f"`kvcert prereg freeze --folder {folder} --reason '...'`")
+        if not following:
+            stray = sorted(chained)[0]
+            raise PreregError(
+                f"{folder / FREEZE_DIR / stray}: amends {chained[stray].amends}, but the chain ends with "
+                f"{previous}: a record is missing or out of order; {_restore(folder)}")
+        record = chained.pop(following[0])
+        order.append(record)
+        previous = record.path.name
+    return order
+
+
+def check_chain(folder: str | Path, records: list[Freeze]) -> None:
+    """Refuse a record whose ``frozen_utc`` is not the time in its file name, a record whose hash
+    does not match its content (and, chained, the records before it)."""
+    folder = Path(folder)
+    for index, record in enumerate(records):
+        try:
+            named = stamp(parse_utc(record.frozen_utc))
+        except ValueError:
+            named = None
+        if named != record.path.stem:
+            raise PreregError(
+                f"{record.path}: frozen_utc {record.frozen_utc} is not the time of its file name: the record "
+                f"was edited after it was written; {_restore(folder)}")
+        if record.chained:
+            expected = chain_hash([r.content for r in records[:index]], record.content)
+        else:
+            expected = hash_listing(record.files)
+        if record.prereg_hash != expected:
+            raise PreregError(
+                f"{record.path}: its prereg_hash {record.prereg_hash} does not match its content"
+                + (" and the records before it" if record.chained else "")
+                + f" ({expected}): a freeze record was edited, removed or reordered after it was written; "
+                + _restore(folder))
+
+
+def _span(delta: timedelta) -> str:
+    hours = delta.total_seconds() / 3600
+    return f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days"
+
+
+def _ahead(record: Freeze, now: datetime) -> timedelta:
+    return parse_utc(record.frozen_utc) - now
 
 
 def freeze(folder: str | Path, reason: str = "", now: datetime | None = None) -> Freeze:
     """Write a new freeze record (an amendment if one exists: a reason is then required)."""
     folder = Path(folder)
     previous = freezes(folder)
+    check_chain(folder, previous)
     if previous and not reason.strip():
         raise PreregError("reason: an amendment of a frozen pre-registration must say why (--reason '...')")
     files = prereg_files(folder)
-    if previous and previous[-1].files == files:
-        raise PreregError(f"nothing to amend: the files match the freeze {previous[-1].path.name}")
     now = now or datetime.now(timezone.utc)
-    stamp = now.strftime("%Y%m%dT%H%M%S") + f".{now.microsecond:06d}Z"
-    target = folder / FREEZE_DIR / f"{stamp}.yaml"
+    if previous and previous[-1].files == files and _ahead(previous[-1], now) <= CLOCK_TOLERANCE:
+        raise PreregError(f"nothing to amend: the files match the freeze {previous[-1].path.name}")
+    target = folder / FREEZE_DIR / f"{stamp(now)}.yaml"
     if target.exists():
         raise PreregError(f"{target}: a freeze record with this time exists already; try again in a second")
     record = {
-        "frozen_utc": now.isoformat(timespec="microseconds"),
+        "frozen_utc": now.astimezone(timezone.utc).isoformat(timespec="microseconds"),
         "git_commit": git_commit(folder),
         "reason": reason.strip() or "initial freeze, before any result exists",
         "amends": previous[-1].path.name if previous else None,
+        "chain": CHAIN_VERSION,
         "files": files,
-        "prereg_hash": hash_listing(files),
+        "files_hash": hash_listing(files),
     }
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(yaml.safe_dump(record, sort_keys=False))
+    record["prereg_hash"] = chain_hash([r.content for r in previous], record)
+    write_text(target, yaml.safe_dump(record, sort_keys=False))
     return freezes(folder)[-1]
 
 
-def verify(folder: str | Path) -> Freeze:
-    """The newest freeze if every file still matches it; else :class:`PreregError` in one line."""
+def verify(folder: str | Path, now: datetime | None = None) -> Freeze:
+    """The newest freeze if the chain is intact, its time not ahead of this clock and every file
+    still matches it; else :class:`PreregError` in one line."""
     folder = Path(folder)
     records = freezes(folder)
     if not records:
         raise PreregError(f"{folder}: the pre-registration is not frozen; run `kvcert prereg freeze --folder {folder}`")
+    check_chain(folder, records)
     latest = records[-1]
+    now = now or datetime.now(timezone.utc)
+    ahead = _ahead(latest, now)
+    if ahead > CLOCK_TOLERANCE:
+        raise PreregError(
+            f"{latest.path}: frozen {latest.frozen_utc}, {_span(ahead)} ahead of this "
+            f"machine's clock ({now.isoformat(timespec='seconds')}): it was made on a wrong clock (or this one is); "
+            f"with this clock right, amend it: `kvcert prereg freeze --folder {folder} --reason 'the freeze "
+            f"{latest.path.name} was made on a wrong clock'`")
     current = prereg_files(folder)
     for name in sorted(set(current) | set(latest.files)):
         if current.get(name) != latest.files.get(name):
@@ -125,15 +249,48 @@ def verify(folder: str | Path) -> Freeze:
     return latest
 
 
+def read_verified(path: str | Path) -> dict:
+    """The content of a ``kvcert prereg verify --out`` file; a missing, empty or unreadable one is
+    refused in one line naming it."""
+    path = Path(path)
+    redo = f"rerun `kvcert prereg verify --out {path}`"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise PreregError(f"{path}: no such verification file; {redo}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise PreregError(f"{path}: not a verification record ({'an empty file' if not text.strip() else exc}); "
+                          f"{redo}") from None
+    if not isinstance(data, dict) or "prereg_hash" not in data:
+        raise PreregError(f"{path}: not a verification record (no prereg_hash); {redo}")
+    return data
+
+
+def check_clock(verified: str | Path, verified_utc: str | None, now: datetime | None = None) -> None:
+    """Refuse to start a job on a machine whose clock reads earlier than the verification it read
+    (by more than :data:`CLOCK_TOLERANCE`): its records would be stamped before the freeze."""
+    if verified_utc is None:
+        return
+    now = now or datetime.now(timezone.utc)
+    behind = parse_utc(verified_utc) - now
+    if behind > CLOCK_TOLERANCE:
+        raise PreregError(
+            f"this machine's clock reads {now.isoformat(timespec='seconds')}, {_span(behind)} "
+            f"before the verification it read ({verified}, {verified_utc}); a job cannot start before it: fix this "
+            "machine's clock (NTP) and rerun")
+
+
 def run(args) -> int:
     if args.action == "freeze":
         record = freeze(args.folder, args.reason or "")
         print(f"frozen {record.path} prereg_hash={record.prereg_hash}")
     else:
         record = verify(args.folder)
-        if args.out:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.out).write_text(json.dumps(record.to_dict(), indent=2, sort_keys=True) + "\n")
+        if args.out:  # the time of the verification: no job that reads it can start before it
+            data = record.to_dict() | {"verified_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            write_text(args.out, json.dumps(data, indent=2, sort_keys=True) + "\n")
         print(f"verified against {record.path.name} (frozen {record.frozen_utc}) prereg_hash={record.prereg_hash}")
     return 0
 

@@ -10,7 +10,7 @@ Here a press is the composition of three independent choices:
   kept token), ``"poisson"`` (the randomized design with a certainty set and a Poisson
   tail, Xie arXiv 2607.21475) or ``"priority"`` (exact-size priority sampling).
 
-Random draws come from a CPU ``torch.Generator`` seeded by (seed, layer, round), so a
+Random draws come from :func:`kvcert.design.cpu_generator` seeded by (seed, layer, round), so a
 run is repeatable whatever the device and whatever order layers are processed in. A
 randomized press also hands the layer the selection score of the decided tokens, from
 which the layer keeps its eviction sketch (:mod:`kvcert.sketch`) for the robust
@@ -27,7 +27,7 @@ import torch
 from .allocation import get_allocation
 from .cache import CompactLayer, ScoreMass
 from .checks import ROUNDINGS, kept_budget, resolve_budget
-from .design import DEFAULT_DESIGN, SAMPLERS, RetentionDesign, inclusion_probabilities, sample_retention
+from .design import DEFAULT_DESIGN, SAMPLERS, RetentionDesign, cpu_generator, inclusion_probabilities, sample_retention
 from .scorers import Scorer, get_scorer
 from .scorers.base import LayerObservation
 from .sketch import POTENTIAL_WINDOW, sketch_potential
@@ -79,9 +79,16 @@ class EvictionPress:
     def randomized(self) -> bool:
         return self.sampler != "topk"
 
+    def __call__(self, model):
+        """``with press(model):`` — kvpress's way of applying a press, and the press of kvpress's
+        pipeline (``pipeline(context, question=..., press=press)``): :func:`kvcert.kvpress_bridge.pressing`."""
+        from .kvpress_bridge import pressing
+
+        return pressing(self, model)
+
     def generator(self, layer_idx: int, round_index: int = 0) -> torch.Generator:
-        """CPU generator seeded by (seed, layer, round)."""
-        return torch.Generator().manual_seed((self.seed * 1_000_003 + layer_idx * 7919 + round_index * 104_729) % 2**63)
+        """The draws' generator (:func:`kvcert.design.cpu_generator`) seeded by (seed, layer, round)."""
+        return cpu_generator((self.seed * 1_000_003 + layer_idx * 7919 + round_index * 104_729) % 2**63)
 
     def compress_layer(
         self, layer: CompactLayer, obs: LayerObservation, start: int = 0, end: int | None = None, round_index: int = 0,
@@ -102,7 +109,7 @@ class EvictionPress:
         if n <= 0:
             return
         design = self.design if design is None else design
-        scores = (self.scorer(obs) if scores is None else scores)[..., start:end]
+        scores = (self.score(obs) if scores is None else scores)[..., start:end]
         if isinstance(self.budget, int):
             budget = min(self.budget, n)
         elif self.rounding == "floor":  # a token count, so that every allocation floors alike
@@ -117,6 +124,16 @@ class EvictionPress:
         mass = self.score_mass(scores, counts, sample, torch.isfinite(layer.log_pi[..., start:end]), design)
         layer.compact(sample, start, end, potential=potential if self.randomized else None)
         layer.score_mass = mass if layer.score_mass is None else layer.score_mass.add(mass)
+
+    def score(self, obs: LayerObservation) -> torch.Tensor:
+        """The scorer's importance of every slot of ``obs``. A scorer with a ``compression_ratio``
+        (a kvpress press, :mod:`kvcert.kvpress_bridge`: StreamingLLMPress's scores depend on it)
+        is first given this press's, 1 − the kept fraction."""
+        if hasattr(self.scorer, "compression_ratio"):
+            n = obs.key.shape[2]
+            self.scorer.compression_ratio = 1.0 - (min(self.budget, n) / n if isinstance(self.budget, int)
+                                                   else float(self.budget))
+        return self.scorer(obs)
 
     def score_mass(self, scores: torch.Tensor, counts: torch.Tensor, sample, valid: torch.Tensor,
                    design: RetentionDesign) -> ScoreMass:

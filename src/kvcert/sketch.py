@@ -3,7 +3,7 @@
 The plug-in certificate (:mod:`kvcert.certificate`) sees only the retained tokens. Under a
 later query — every decode step after the one that set π — the tokens that query weighs
 may have been evicted: V̂ and b̂ then miss their share of the error, and no estimator
-computable from the retained set can see it (DESIGN.md §1; Theorem 1). The sketch keeps,
+computable from the retained set can see it (docs/design.md §1; Theorem 1). The sketch keeps,
 per (batch, KV head), a small record of the evicted tokens most at risk of being
 attended later, so that their part of the error is bounded under *any* later query.
 

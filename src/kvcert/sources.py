@@ -47,12 +47,18 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no")
 
 
+#: the sources whose loader also takes a Hub id (LoCoMo's takes only its local file)
+HUB_SOURCES = ("model.path", "longbench")
+
+
 def missing(what: str, path: str, expected: str) -> SourceError:
-    """The one-line error of a missing local ``path`` (``what``: a key of ENV_VARS)."""
+    """The one-line error of a missing local ``path`` (``what``: a key of ENV_VARS); a Hub id
+    is suggested only where the loader takes one (:data:`HUB_SOURCES`)."""
     hint = ""
     if what in ENV_VARS:
         variable, holds = ENV_VARS[what]
         value = os.environ.get(variable)
         now = f"now {value}" if value else "unset here"
         hint = f"; the shipped configs read {variable} ({holds}; {now})"
-    return SourceError(f"{what}: {path} {expected}{hint}; a Hub id is written {HUB_PREFIX}owner/name")
+    hub = f"; a Hub id is written {HUB_PREFIX}owner/name" if what in HUB_SOURCES else ""
+    return SourceError(f"{what}: {path} {expected}{hint}{hub}")

@@ -11,6 +11,10 @@ certificate's, 1.25 × ``signal``). The comparison signals (issue 18) are consta
 steps too: ``signals`` maps ``output_entropy``, ``top2_margin``, ``attention_entropy``,
 ``evicted_mass``, ``evicted_mass_expected`` to the value every step / aggregation takes.
 
+The record's ``answer`` and ``answers`` realise its ``score`` under the task's metric
+(:func:`scored_answer`): the analysis rescores every record from its answer, so a
+fixture's score is what its answer earns, never a number pasted beside it.
+
 :func:`paper_records` simulates the paper's main grid — models × lengths × tasks ×
 examples × 13 runs (the full cache, and {aware, streaming} × {12.5, 25, 50} % ×
 {top-k, Poisson}) — under a simple latent model: an example is answerable by the full
@@ -31,6 +35,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .atomic import write_text
 from .generation.record import GenerationRecord, certificate_field, evicted_mass_field
 
 AGGREGATIONS = ("max", "mean", "rms")
@@ -48,6 +53,29 @@ def certificate_block(signal: float, steps: int, layers: int, delta: float = 0.1
         {a: list(per_step) for a in AGGREGATIONS}, [float(signal) ** 2 / 10.0] * steps,
         {a: [float(signal)] * layers for a in AGGREGATIONS},
     )
+
+
+#: reference tokens of a fractional score (fixed width: no token is a substring of another)
+_WORDS = [f"w{i:03d}" for i in range(100)]
+
+
+def scored_answer(task: str, score: float | None) -> tuple[str, list[str], dict]:
+    """(answer, reference answers, task metadata) whose score under ``task``'s metric
+    (:func:`kvcert.tasks.scoring.score_record`) is ``score``: 1 and 0 with one reference
+    ``x``; a multiple of 0.01 with 100 reference words of which the answer holds that share
+    (RULER's string match: 100 references; recall and LongBench's F1: one 100-word
+    reference, the answer as long, so precision = recall = F1); None: no references."""
+    metadata = {"dataset": task[len("longbench_"):], "all_classes": None} if task.startswith("longbench_") else {}
+    if score is None:
+        return "x", [], metadata
+    if float(score) in (0.0, 1.0):
+        return ("x" if score else ""), ["x"], metadata
+    k = round(100 * float(score))
+    if abs(k / 100 - float(score)) > 1e-12:
+        raise ValueError(f"make_record: a score of {score} is not a multiple of 0.01; pass answer= and answers=")
+    if task in ("needle", "lookalike"):
+        return " ".join(_WORDS[:k]), list(_WORDS), metadata
+    return " ".join(_WORDS[:k] + [f"z{i:03d}" for i in range(100 - k)]), [" ".join(_WORDS)], metadata
 
 
 DEFAULT_SIGNALS = {"output_entropy": 0.5, "top2_margin": 0.5, "attention_entropy": 2.0, "evicted_mass": 0.3,
@@ -71,7 +99,8 @@ def make_record(
     robust = certificate_block(1.25 * signal, decode_steps, layers) if cert is not None else None
     tokens = list(range(5, 5 + decode_steps))
     lp = -0.5 if mean_logprob is None else float(mean_logprob)
-    metadata = {"target_tokens": target_tokens, "depth": 50}
+    answer, answers, task_metadata = scored_answer(task, score)
+    metadata = {"target_tokens": target_tokens, "depth": 50, **task_metadata}
     if turn_distance is not None:
         metadata["turn_distance"] = turn_distance
     sig = {**DEFAULT_SIGNALS, **(signals or {})}
@@ -81,9 +110,9 @@ def make_record(
     record = GenerationRecord(
         example_id=example_id, task=task, target_tokens=target_tokens, prompt_tokens=target_tokens,
         question_tokens=20, model=model, condition=condition, method=method, scorer=None if full else "snapkv",
-        sampler=sampler, allocation=None if full else "uniform", budget=float(budget), seed=seed, answer="x",
+        sampler=sampler, allocation=None if full else "uniform", budget=float(budget), seed=seed, answer=answer,
         tokens=tokens, token_logprobs=[lp] * decode_steps, mean_logprob=mean_logprob,
-        min_logprob=None if mean_logprob is None else lp - 1.0, answers=["x"], score=score,
+        min_logprob=None if mean_logprob is None else lp - 1.0, answers=answers, score=score,
         certificate=cert, certificate_status=("certified" if cert is not None else None) if randomized else None,
         certificate_robust=robust, kept_fraction=[float(budget)] * layers,
         output_entropy_steps=[sig["output_entropy"]] * decode_steps, top2_margin_steps=[sig["top2_margin"]] * decode_steps,
@@ -163,13 +192,22 @@ def multiturn_records(
                           signal=float(0.2 + 0.1 * rng.random() if lost else 0.05 * rng.random()), **base, **extra)
 
 
-def frozen_copy(source: str | Path, dest: str | Path):
-    """Copy a pre-registration (claims.yaml, grids/) to ``dest`` and freeze the copy; returns the freeze."""
+def frozen_copy(source: str | Path, dest: str | Path, resamples: int | None = None):
+    """Copy a pre-registration (claims.yaml, grids/) to ``dest`` and freeze the copy; returns the freeze.
+    ``resamples``: the copy's bootstrap resamples instead of the registered number (a test of known answers
+    does not need the registered precision; everything else stays as registered)."""
+    import yaml
+
+    from .atomic import write_text
     from .prereg import freeze
 
     source, dest = Path(source), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(source / "claims.yaml", dest / "claims.yaml")
+    if resamples is not None:
+        doc = yaml.safe_load((dest / "claims.yaml").read_text())
+        doc["analysis_plan"]["bootstrap"]["resamples"] = int(resamples)
+        write_text(dest / "claims.yaml", yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
     if (source / "grids").exists():
         shutil.copytree(source / "grids", dest / "grids", dirs_exist_ok=True)
     return freeze(dest)
@@ -180,9 +218,8 @@ def write_shard(records, path: str | Path) -> Path:
     from .generation.shards import write_seal
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     records = list(records)
-    path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+    write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
     write_seal(path, path, len(records))
     return path
 
@@ -190,16 +227,21 @@ def write_shard(records, path: str | Path) -> Path:
 def replay_frame(
     cells: int, draws: int, later: int, seed: int = 0, overshoot: float = 1.05, informative: bool = True,
     layers: int = 32, heads: int = 8, budgets: Sequence[float] = GRID_BUDGETS, robust_scale: float = 1.25,
-    sample_dependent: bool = False,
+    sample_dependent: bool = False, diverged: bool = True, spread: float = 0.2, floor: float = 0.05,
+    informative_within: bool = True,
 ):
     """A replay table (the columns of :func:`kvcert.generation.replay.replay_model`) with a known certificate.
 
     ``cells`` groups of (example, layer, head, budget), each with ``draws`` draws of the
-    setting query and ``later`` later queries. The radius has a per-group scale; the
-    error is radius × U(0.05, ``overshoot``), so coverage is 0.95 / (overshoot − 0.05);
-    with ``informative=False`` the radius is drawn independently of the error. The robust
+    setting query and ``later`` later queries. The radius has a per-group scale and a
+    per-draw factor lognormal(0, ``spread``); the error is radius × U(``floor``, ``overshoot``),
+    so coverage is (1 − floor) / (overshoot − floor); with ``informative=False`` the radius is
+    drawn independently of the error; with ``informative_within=False`` it keeps the group's
+    scale but its per-draw factor is drawn independently of the error's (it knows the cell,
+    not the draw). The robust
     radius is ``robust_scale`` × the radius. With ``sample_dependent`` the later rows are
-    repeated as the sample-dependent query kind (their own decode path).
+    repeated as the sample-dependent query kind (their own decode path), marked ``diverged`` from
+    the second decode step on when ``diverged`` (the compressed run fed other tokens than the full run).
     """
     import pandas as pd
 
@@ -209,10 +251,13 @@ def replay_frame(
     steps = later + 1
     n = cells * draws * steps
     cell = np.repeat(np.arange(cells), draws * steps)
-    radius = rng.lognormal(0.0, 1.0, cells)[cell] * rng.lognormal(0.0, 0.2, n)
-    error = radius * rng.uniform(0.05, overshoot, n)
+    scale = rng.lognormal(0.0, 1.0, cells)[cell]
+    radius = scale * rng.lognormal(0.0, spread, n)
+    error = radius * rng.uniform(floor, overshoot, n)
     if not informative:
         radius = rng.lognormal(0.0, 1.0, n)
+    elif not informative_within:
+        radius = scale * rng.lognormal(0.0, spread, n)
     budgets = np.asarray(budgets, dtype=float)
     nb = budgets.size
     step = np.tile(np.arange(steps), cells * draws)
@@ -222,7 +267,7 @@ def replay_frame(
         "layer": ((cell // nb) % layers).astype(np.int16), "head": ((cell // (nb * layers)) % heads).astype(np.int16),
         "kv_head": (((cell // (nb * layers)) % heads) // 2).astype(np.int16), "budget": budgets[cell % nb],
         "query_kind": np.where(step == 0, "setting", "later"), "step": step.astype(np.int16),
-        "draw": np.tile(np.repeat(np.arange(draws), steps), cells).astype(np.int32), "kept": 100,
+        "draw": np.tile(np.repeat(np.arange(draws), steps), cells).astype(np.int32), "kept": 100, "diverged": False,
         "error": error, "radius": radius, "anytime_radius": anytime, "variance": radius**2 / 4.0,
         "range_term": radius / 10.0, "output_norm": 1.0, "radius_robust": robust_scale * radius,
         "anytime_radius_robust": robust_scale * anytime, "shadow_sum": radius**2 / 8.0, "shadow_range": radius / 20.0,
@@ -230,5 +275,7 @@ def replay_frame(
         "covered_anytime_robust": error <= robust_scale * anytime,
     })
     if sample_dependent:
-        df = pd.concat([df, df[df["step"] > 0].assign(query_kind="sample_dependent")], ignore_index=True)
+        own = df[df["step"] > 0].assign(query_kind="sample_dependent")
+        own["diverged"] = diverged & (own["step"] >= 2)
+        df = pd.concat([df, own], ignore_index=True)
     return df[REPLAY_COLUMNS]

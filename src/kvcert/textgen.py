@@ -10,8 +10,22 @@ records are (:mod:`kvcert.tasks.prompting`); the generation runs through the sam
 (:class:`kvcert.generation.engine.Engine`), so the returned dict is a generation record:
 the raw answer, its tokens and log-probabilities, the per-step certificates (plug-in and
 robust), the kept fraction per layer and the cache's bytes. ``budget`` is the fraction
-kept, ``compression_ratio`` kvpress's fraction removed (one of the two); ``condition``
-``aware`` compresses after the question, ``streaming`` before it, ``full`` not at all.
+kept, ``compression_ratio`` kvpress's fraction removed (one of the two).
+
+Which order, ``condition`` (the record's ``condition`` field says which one ran):
+
+* ``"aware"`` (the default, the pre-registered question-aware condition): context and
+  question are prefilled together and compressed after the question is seen;
+* ``"streaming"`` — kvpress's order (:data:`KVPRESS_ORDER`): the context alone is prefilled
+  and compressed, then the question is fed over the compressed cache, as kvpress's
+  text-generation pipeline does. With ``separator=""`` and the question carrying any
+  separator (kvpress's pipeline renders ``context + question`` as one user message), the
+  prompt is token for token the pipeline's, and a kvcert press answers the same in both
+  (docs/kvpress.md). The same press can score very differently in the two orders;
+* ``"full"``: no compression.
+
+``method`` is ``<scorer>-<sampler>`` (``snapkv-poisson``, ``tova-topk``,
+``kvpress:SnapKVPress-poisson`` for a kvpress press as the scorer) or ``full``.
 """
 
 from __future__ import annotations
@@ -20,12 +34,16 @@ from typing import Any
 
 from .checks import kept_budget
 
+KVPRESS_ORDER = "streaming"  # the condition that compresses the context before the question, as kvpress does
+
 
 def generate_answer(model: Any, tokenizer: Any, context: str, question: str, *, method: str = "snapkv-poisson",
                     budget: float | None = None, compression_ratio: float | None = None,
                     condition: str = "aware", max_new_tokens: int = 32, separator: str = "\n\n",
                     answer_prefix: str = "", seed: int = 0, delta: float = 0.1) -> dict:
-    """Answer ``question`` about ``context`` (see the module docstring); ``method`` is
+    """Answer ``question`` about ``context`` (see the module docstring). ``condition``:
+    ``aware`` (default: compressed after the question), ``streaming`` (kvpress's order:
+    compressed before it, :data:`KVPRESS_ORDER`) or ``full``; ``method``:
     ``<scorer>-<sampler>`` (e.g. ``snapkv-poisson``, ``tova-topk``) or ``full``."""
     from .generation.engine import Engine
     from .generation.spec import CertificateSpec, GenerationSpec, MethodSpec

@@ -1,6 +1,6 @@
 """Scoring generation records into the pre-registered claims (the paper's seven, and C8), and the report.
 
-The data path (DESIGN.md §4) reads one way: generation shards → :mod:`.load` (one
+The data path (docs/design.md §4) reads one way: generation shards → :mod:`.load` (one
 row per generation, refused unless it belongs to the verified pre-registration) →
 :mod:`.claims` (C1–C8, exactly as ``preregistration/claims.yaml`` states them) →
 :mod:`.report` (report.md, self-contained report.html, figures). Attention-level

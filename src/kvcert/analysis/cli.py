@@ -21,9 +21,9 @@ def _replay(a) -> int:
 
 
 def _score(a) -> int:
-    from .steps import planned_counts, score_step
+    from .steps import planned_shards, score_step
 
-    expected = planned_counts(a.shards, a.experiment, a.prereg, a.configs) if a.experiment else None
+    expected = planned_shards(a.shards, a.experiment, a.prereg, a.configs, dict(a.model_path)) if a.experiment else None
     print(score_step(a.shards, a.prereg, a.out, a.verified, a.jobs, expected))
     return 0
 
@@ -31,7 +31,8 @@ def _score(a) -> int:
 def _claims(a) -> int:
     from .steps import claims_step
 
-    content = claims_step(a.scores, a.replay, a.prereg, a.experiment, a.out, a.verified, a.configs)
+    content = claims_step(a.scores, a.replay, a.prereg, a.experiment, a.out, a.verified, a.configs,
+                          a.accept_excluded)
     for c in content["claims"]:
         print(f"{c['id']}: {c['verdict']} ({c['statistic']} = {c['value']}, CI {c['ci']})")
     return 0
@@ -44,6 +45,15 @@ def _report(a) -> int:
     for key in ("markdown", "html", "summary"):
         print(paths[key])
     return 0
+
+
+def _model_path(text: str) -> tuple[str, str]:
+    import argparse
+
+    model, sep, path = text.partition("=")
+    if not sep or not model or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: give MODEL=PATH (e.g. embedded=results/smoke/model/embedded)")
+    return model, path
 
 
 def register(subparsers) -> None:
@@ -72,11 +82,15 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("score", help="generation shards → one scored row per generation (Parquet)",
                               description="Generation shards → one scored row per generation. Refuses records "
                               "missing a field or stamped with another pre-registration hash, and shards that differ "
-                              "from their seal or (with --experiment) hold another number of records than the plan.")
+                              "from their seal, and (with --experiment) records the plan does not put in their shard, planned records "
+                              "missing, and records whose config_hash differs from the config their job composes now. "
+                              "Every record is rescored from its answer with its task's metric.")
     p.add_argument("--shards", nargs="+", required=True, help="finished generation shards (JSONL)")
     p.add_argument("--prereg", default="preregistration", help="pre-registration folder (frozen)")
-    p.add_argument("--experiment", default=None, help="experiment whose plan gives each shard's record count")
+    p.add_argument("--experiment", default=None, help="experiment whose plan gives each shard's records")
     p.add_argument("--configs", default=None, help="hydra configs folder (with --experiment)")
+    p.add_argument("--model-path", action="append", default=[], type=_model_path, metavar="MODEL=PATH",
+                   help="a model's path as its generate jobs were given it (kvcert shard --model-path); repeatable")
     p.add_argument("--verified", default=None, help=verified_help)
     p.add_argument("--out", required=True, help="scores table (Parquet)")
     p.add_argument("--jobs", type=int, default=1, help="worker processes parsing shards (default 1)")
@@ -93,6 +107,9 @@ def register(subparsers) -> None:
     p.add_argument("--experiment", required=True, help="experiment name (its design grid)")
     p.add_argument("--configs", default="configs", help="configs folder holding experiment/<name>.yaml")
     p.add_argument("--out", required=True, help="claims JSON")
+    p.add_argument("--accept-excluded", action="store_true",
+                   help="evaluate the claims even when records are left out as pre-freeze (default: refuse, "
+                   "saying how many per cell)")
     p.set_defaults(func=_claims)
 
     p = subparsers.add_parser("report", help="claims + scores + replay → report.md, report.html, summary.json",

@@ -18,7 +18,9 @@
 * :func:`turn_distance_figure` — attribution AUC of the certificate and log-probability
   per turn-distance bucket and method.
 
-Every function returns the PNG path, or None when it has no data to draw.
+Every function returns the PNG path, or None when it has no data to draw. Every figure is
+:data:`WIDTH` inches wide (panels wrap into rows), so that all of them show at one scale in
+the report (its figures are at most 880 px wide) with text of at least 9 pt.
 """
 
 from __future__ import annotations
@@ -34,29 +36,58 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from ..atomic import atomic_path  # noqa: E402
+
 COLORS = {"certificate": "#1f77b4", "confidence": "#d62728", "random": "#7f7f7f", "full": "#2ca02c",
           "topk": "#ff7f0e", "poisson": "#9467bd", "gated": "#1f77b4", "aware": "#1f77b4", "streaming": "#d62728"}
 DPI = 130
+#: the width of every figure (inches): at :data:`DPI` about 1,040 px, shown at ≤ 880 px in the report
+WIDTH = 8.0
+plt.rcParams.update({"font.size": 10, "legend.fontsize": 9, "axes.titlesize": 10.5, "axes.labelsize": 10})
 
 
-def _save(fig, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+def _grid(n: int, panel_height: float, columns: int = 2, **kw):
+    """A figure of ``n`` panels in rows of at most ``columns``, :data:`WIDTH` wide; unused axes hidden."""
+    cols = min(columns, n)
+    rows = int(np.ceil(n / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(WIDTH, panel_height * rows), squeeze=False, **kw)
+    flat = list(axes.ravel())
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _legend_below(fig, axes, ncol: int = 3) -> None:
+    """One legend for the figure, under its panels (the union of the panels' labelled artists)."""
+    seen = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=ncol, frameon=False,
+                   bbox_to_anchor=(0.5, 0.0))
+        fig.tight_layout(rect=(0, 0.06 + 0.035 * int(np.ceil(len(seen) / ncol)), 1, 1))
+
+
+def _save(fig, path: Path, layout: bool = True) -> Path:
+    if layout:
+        fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=DPI)
     plt.close(fig)
     return path
 
 
 def accuracy_figure(table: pd.DataFrame, tasks: list[str], path: Path) -> Path | None:
-    """``table``: :func:`kvcert.analysis.leaderboard.accuracy_table`."""
+    """``table``: :func:`kvcert.analysis.leaderboard.accuracy_table`; one panel per task and one pooled, two a row."""
     compressed = table[table["condition"] != "full"]
     tasks = [t for t in tasks if t in table.columns]
     if compressed.empty or not tasks:
         return None
     panels = [*tasks, "pooled"]
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6), sharey=True, squeeze=False)
+    fig, axes = _grid(len(panels), 3.0, sharey=True)
     full = table[table["condition"] == "full"]
-    for ax, task in zip(axes[0], panels):
+    for ax, task in zip(axes, panels):
         for (cond, method), d in compressed.groupby(["condition", "method"]):
             d = d.sort_values("budget")
             poisson = "topk" not in method
@@ -70,10 +101,10 @@ def accuracy_figure(table: pd.DataFrame, tasks: list[str], path: Path) -> Path |
         ax.set_ylim(-3, 103)
         ax.set_title(task)
         ax.set_xlabel("KV budget (% kept)")
+        ax.set_ylabel("accuracy (% correct)")
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("accuracy (% correct)")
-    axes[0][-1].legend(fontsize=7)
-    return _save(fig, path)
+    _legend_below(fig, axes)
+    return _save(fig, path, layout=False)
 
 
 def induced_failure_figure(rates: pd.DataFrame, path: Path, threshold: float | None = None) -> Path | None:
@@ -82,8 +113,8 @@ def induced_failure_figure(rates: pd.DataFrame, path: Path, threshold: float | N
     if rates.empty:
         return None
     lengths = sorted(rates["target_tokens"].unique())
-    fig, axes = plt.subplots(1, len(lengths), figsize=(5.2 * len(lengths), 4.0), sharey=True, squeeze=False)
-    for ax, length in zip(axes[0], lengths):
+    fig, axes = _grid(len(lengths), 3.4, sharey=True)
+    for ax, length in zip(axes, lengths):
         part = rates[rates["target_tokens"] == length]
         for (cond, sampler), d in part.groupby(["condition", "sampler"]):
             d = d.sort_values("budget")
@@ -96,11 +127,11 @@ def induced_failure_figure(rates: pd.DataFrame, path: Path, threshold: float | N
         ax.set_xticks([100 * b for b in budgets], [f"{100 * b:g}" for b in budgets])
         ax.set_xlabel("KV budget (% of prompt tokens kept)")
         ax.set_title(f"prompt length {length} tokens" if length > 0 else "all lengths")
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("induced-failure rate (% of full-cache-correct)")
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle("Cache-induced failures by budget and condition")
-    return _save(fig, path)
+    axes[0].set_ylabel("induced-failure rate\n(% of full-cache-correct)")
+    _legend_below(fig, axes)
+    return _save(fig, path, layout=False)
 
 
 def _ci(stat: Mapping) -> tuple[float, float, float]:
@@ -111,28 +142,31 @@ def _ci(stat: Mapping) -> tuple[float, float, float]:
 
 
 def auc_figure(claims: list[Mapping], path: Path) -> Path | None:
-    """Bars: certificate vs confidence AUC, pooled and per length, for C4 and C6 (by statistic name).
-    A claim whose AUC cannot be estimated gets its panel all the same, with the reason written in it."""
+    """Bars from 0: certificate vs confidence AUC for C4 and C6 — within strata (the registered test) and pooled
+    (the paper's Fig. 3), then within strata per prompt length. A claim whose AUC cannot be estimated gets its
+    panel all the same, with the reason written in it."""
     panels = []
     for claim in claims:
         stats = claim.get("details", {}).get("statistics", {})
         tests = {t["statistic"] for t in claim.get("tests", [])}
         for prefix, title in (("certificate", "failure prediction"), ("attribution", "attribution: induced vs inherent")):
-            if f"auc_{prefix}" in stats or f"auc_{prefix}" in tests:
+            if any(k in stats or k in tests for k in (f"auc_{prefix}", f"auc_{prefix}_stratified")):
                 panels.append((claim, prefix, f"{claim['id']}: {title}"))
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.0), sharey=True, squeeze=False)
-    for ax, (claim, prefix, title) in zip(axes[0], panels):
+    fig, axes = _grid(len(panels), 3.6, sharey=True)
+    for ax, (claim, prefix, title) in zip(axes, panels):
         stats = claim.get("details", {}).get("statistics", {})
-        thr = next((t["threshold"] for t in claim["tests"] if t["statistic"] == f"auc_{prefix}"), None)
-        ax.axhline(0.5, color="k", lw=0.8, ls=":", label="chance")
+        strat = f"auc_{prefix}_stratified"
+        thr = next((t["threshold"] for t in claim["tests"] if t["statistic"] in (strat, f"auc_{prefix}")), None)
+        ax.axhline(0.5, color="k", lw=0.8, ls=":", label="chance (0.5)")
         if thr is not None:
-            ax.axhline(thr, color="k", lw=0.8, ls="--", label=f"kill line {thr:g}")
-        ax.set_ylim(0.3, 1.0)
-        ax.set_title(title, fontsize=10)
+            ax.axhline(thr, color="#b42318", lw=1.0, ls="--", label=f"{claim['id']} kill line ({thr:g})")
+        ax.set_ylim(0.0, 1.22)  # bars from 0; the band above 1 holds the legend
+        ax.set_yticks(np.linspace(0, 1, 6))
+        ax.set_title(title)
         ax.grid(alpha=0.3, axis="y")
-        estimate = (stats.get(f"auc_{prefix}") or {}).get("estimate")
+        estimate = (stats.get(strat) or stats.get(f"auc_{prefix}") or {}).get("estimate")
         if estimate is None or estimate != estimate:
             cell = claim.get("cell") or {}
             why = "; ".join(claim.get("reasons") or []) or "no estimate"
@@ -140,20 +174,22 @@ def auc_figure(claims: list[Mapping], path: Path) -> Path | None:
                     f"{cell.get('negatives', '?')} negatives)", ha="center", va="center", fontsize=9,
                     transform=ax.transAxes, wrap=True)
             ax.set_xticks([])
+            ax.legend(loc="upper left", ncol=2, fontsize=8)
             continue
-        groups = [("pooled", stats)]
-        groups += [(f"{k} tok", v) for k, v in sorted(claim["details"].get("by_length", {}).items(), key=lambda kv: int(kv[0]))]
+        groups = [("within\nstrata", stats, strat), ("pooled\n(paper)", stats, f"auc_{prefix}")]
+        groups += [(f"{k} tok\n(strata)", v, strat)
+                   for k, v in sorted(claim["details"].get("by_length", {}).items(), key=lambda kv: int(kv[0]))]
         x = np.arange(len(groups))
-        for offset, (name, key) in zip((-0.18, 0.18), (("certificate", f"auc_{prefix}"), ("confidence", f"auc_{prefix}_confidence"))):
-            vals = [_ci(g.get(key, {})) for _, g in groups]
+        for offset, name in zip((-0.18, 0.18), ("certificate", "confidence")):
+            vals = [_ci(g.get(key if name == "certificate" else f"{key}_confidence", {})) for _, g, key in groups]
             est = np.array([v[0] for v in vals], dtype=float)
             err = np.array([[max(0.0, v[0] - v[1]) for v in vals], [max(0.0, v[2] - v[0]) for v in vals]], dtype=float)
-            ax.bar(x + offset, est, width=0.34, color=COLORS[name], label=name if name == "certificate" else "−mean log-prob",
-                   yerr=np.nan_to_num(err), capsize=3)
-        ax.set_xticks(x, [g[0] for g in groups])
-        ax.set_xlabel("prompt length")
-    axes[0][0].set_ylabel("ROC AUC (90 % bootstrap interval)")
-    axes[0][-1].legend(fontsize=8, loc="upper right")
+            ax.bar(x + offset, est, width=0.34, color=COLORS[name],
+                   label="certificate" if name == "certificate" else "−mean log-prob", yerr=np.nan_to_num(err),
+                   capsize=3)
+        ax.set_xticks(x, [g[0] for g in groups], fontsize=8.5)
+        ax.set_ylabel("ROC AUC (bootstrap interval)")
+        ax.legend(loc="upper left", ncol=2, fontsize=8)
     return _save(fig, path)
 
 
@@ -162,13 +198,16 @@ KIND_STYLE = {"setting": ("-", "certificate"), "later": ("--", "confidence"), "s
 
 def coverage_figure(cells: pd.DataFrame, path: Path, delta: float, kill: float | None = None) -> Path | None:
     """``cells``: :func:`kvcert.analysis.replay_stats.replay_cells`. Per-step coverage per cell by kind (plug-in, robust),
-    and the anytime coverage of whole paths (simultaneous) of both."""
+    and the anytime coverage of whole paths (simultaneous) of both; the x axis starts near the lowest cells (the
+    2nd percentile), cells below it counted in its first bin and said in the title."""
     if cells.empty:
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(15.0, 3.9), sharey=True)
+    fig, axes = _grid(3, 3.1, sharey=True)
     cols = ["coverage", "coverage_robust", "coverage_anytime", "coverage_anytime_robust"]
-    low = min(0.5, float(cells[cols].min().min()) - 0.02, (kill or 1.0) - 0.05)
-    bins = np.linspace(max(0.0, low), 1.0, 41)
+    values = pd.concat([cells[c] for c in cols]).dropna()
+    low = max(0.0, min(1 - delta - 0.1, (kill or 1.0) - 0.05, float(values.quantile(0.02)) - 0.02))
+    bins = np.linspace(low, 1.0, 41)
+    below = int((values < low).sum())
     for ax, col, title in ((axes[0], "coverage", "plug-in ε_δ, per step"), (axes[1], "coverage_robust", "robust ε_R, per step")):
         for kind, d in cells.groupby("query_kind"):
             ls, color = KIND_STYLE.get(kind, ("-", "full"))
@@ -180,16 +219,16 @@ def coverage_figure(cells: pd.DataFrame, path: Path, delta: float, kill: float |
         if len(d):
             axes[2].hist(d[col].clip(lower=bins[0]), bins=bins, histtype="step", lw=1.8, ls=ls,
                          color=COLORS["certificate" if label == "plug-in" else "confidence"],
-                         label=f"{label} ({len(d)} path cells, pooled {d[col].mean():.3f})")
+                         label=f"anytime {label} ({len(d)} path cells, pooled {d[col].mean():.3f})")
     axes[2].set_title("anytime radius: every step of a path covered")
     for ax in axes:
         ax.axvline(1 - delta, color="k", lw=0.9, ls="--", label=f"nominal {1 - delta:g}")
         if kill is not None:
             ax.axvline(kill, color="k", lw=0.9, ls=":", label=f"C1 kill line {kill:g}")
-        ax.set_xlabel("coverage per replay cell")
+        ax.set_xlabel("coverage per replay cell" + (f" (≤ {low:.2f}: first bin)" if below else ""))
+        ax.set_ylabel("replay cells (count)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
-    axes[0].set_ylabel("replay cells (count)")
+        ax.legend(fontsize=7.5, loc="upper left")
     return _save(fig, path)
 
 
@@ -209,10 +248,10 @@ def tightness_figure(replay: pd.DataFrame, path: Path) -> Path | None:
     if not every.size:
         return None
     lo, hi = np.quantile(every, [0.001, 0.999])
-    fig, axes = plt.subplots(1, len(ratios), figsize=(5.5 * len(ratios), 3.8), sharey=True, squeeze=False)
+    fig, axes = _grid(len(ratios), 3.6, sharey=True)
     kinds = replay["query_kind"].to_numpy()
     titles = {"radius": "plug-in ε_δ", "radius_robust": "robust ε_R"}
-    for ax, col in zip(axes[0], ratios):
+    for ax, col in zip(axes, ratios):
         for kind in KIND_STYLE:
             m = np.isfinite(ratios[col]) & (kinds == kind)
             if m.any():
@@ -227,8 +266,8 @@ def tightness_figure(replay: pd.DataFrame, path: Path) -> Path | None:
         ax.set_xlabel("certificate / realised error (log scale)")
         ax.set_title(titles[col])
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
-    axes[0][0].set_ylabel("share of draws with ratio ≤ x")
+        ax.legend(fontsize=7.5, loc="lower right")
+    axes[0].set_ylabel("share of draws with ratio ≤ x")
     return _save(fig, path)
 
 
@@ -240,10 +279,11 @@ def recompute_figure(claim: Mapping | None, path: Path) -> Path | None:
     rates = claim.get("details", {}).get("rates") or []
     if not rates or f"gain_certificate@{rates[0]:g}" not in stats:
         return None
-    fig, ax = plt.subplots(figsize=(6.2, 4.0))
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.2))
     r = 100 * np.array(rates)
+    sfx = "_stratified" if f"gain_certificate_stratified@{rates[0]:g}" in stats else ""
     for gate in ("certificate", "confidence", "random"):
-        vals = [_ci(stats[f"gain_{gate}@{x:g}"]) for x in rates]
+        vals = [_ci(stats[f"gain_{gate}{'' if gate == 'random' else sfx}@{x:g}"]) for x in rates]
         est = 100 * np.array([v[0] for v in vals])
         lo = 100 * np.array([v[1] for v in vals])
         hi = 100 * np.array([v[2] for v in vals])
@@ -267,12 +307,16 @@ def multiturn_figure(table: pd.DataFrame, path: Path, budget: str = "") -> Path 
     bins = table[table["bin"] != "overall"].dropna(subset=["full"]) if not table.empty else table
     if bins.empty:
         return None
-    fig, ax = plt.subplots(figsize=(6.6, 4.0))
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.2))
     x = np.arange(len(bins))
+    share = float(np.average(bins["recomputed"], weights=bins["n"])) if bins["n"].sum() else float("nan")
+    gated = f"certificate-gated (recomputed {100 * share:.0f} % of runs)"
+    if share >= 0.999:
+        gated += " = full cache"
     for col, label, style in (("full", "full cache", dict(ls="-", lw=4, alpha=0.45, marker="s", ms=9)),
                               ("topk", "top-k", dict(ls="--", marker="v")),
                               ("poisson", "Poisson, ungated", dict(ls=":", marker="^")),
-                              ("gated", "certificate-gated", dict(ls="-", marker="o"))):
+                              ("gated", gated, dict(ls="-", marker="o"))):
         ax.plot(x, 100 * bins[col].to_numpy(float), color=COLORS[col], label=label, **style)
     ax.set_xticks(x, bins["bin"])
     ax.set_ylim(-3, 103)
@@ -302,17 +346,15 @@ def _method_colour(method: str) -> str:
 
 def signal_leaderboard_figure(rows: list[Mapping], paper: Mapping, path: Path) -> Path | None:
     """Dot-and-interval plot of the comparison signals (rows of :func:`kvcert.analysis.report_signals.leaderboard`):
-    one line per signal, a dot per method (pooled over methods in black), prediction and attribution side by
-    side, the chance line at 0.5 and the paper's range as a shaded band."""
+    one line per signal, a dot per method (pooled over methods in black) with the within-strata AUC as a bar,
+    prediction above attribution, the axis from 0, the chance line at 0.5 and the paper's range shaded."""
     signals = list(dict.fromkeys(r["signal"] for r in rows))
     if not signals or all(r[t].get("estimate") is None for r in rows for t, _ in SIGNAL_TASKS):
         return None
     methods = list(dict.fromkeys(r["method"] for r in rows))
     offsets = dict(zip(methods, np.linspace(-0.22, 0.22, len(methods)) if len(methods) > 1 else [0.0]))
-    fig, axes = plt.subplots(1, 2, figsize=(12.0, 0.55 * len(signals) + 1.8), sharey=True)
+    fig, axes = plt.subplots(2, 1, figsize=(WIDTH, 2 * (0.42 * len(signals) + 1.2) + 0.8), sharex=True)
     y_of = {s: len(signals) - 1 - i for i, s in enumerate(signals)}
-    lows = [r[t]["ci"][0] for r in rows for t, _ in SIGNAL_TASKS if (r[t].get("ci") or [None])[0] is not None]
-    left = min([0.3, *[lo - 0.02 for lo in lows]])
     for ax, (task, title) in zip(axes, SIGNAL_TASKS):
         label = "paper's range"
         for s in signals:
@@ -331,19 +373,23 @@ def signal_leaderboard_figure(rows: list[Mapping], paper: Mapping, path: Path) -
             pooled = "+" in m
             ax.errorbar(est, y, xerr=np.nan_to_num([est - lo, hi - est]), fmt="D" if pooled else "o", capsize=3,
                         color="k" if pooled else _method_colour(m), label=m.replace("+", " + ") + (" (pooled)" if pooled else ""))
+            strat = np.array([(r[task].get("stratified") or {}).get("estimate") or np.nan for r in mine], dtype=float)
+            if np.isfinite(strat).any():
+                ax.scatter(strat, y, marker="|", s=160, lw=2.2, color="k" if pooled else _method_colour(m),
+                           label="within strata (bar)")
         for r in rows:
             if r[task].get("estimate") is None:
-                ax.text(left + 0.01, y_of[r["signal"]] + offsets[r["method"]], f"{r['method']}: n/a", fontsize=6,
+                ax.text(0.01, y_of[r["signal"]] + offsets[r["method"]], f"{r['method']}: n/a", fontsize=6,
                         va="center", color="#777777")
         ax.axvline(0.5, color="k", lw=0.9, ls=":", label="chance (0.5)")
-        ax.set_xlim(left, 1.0)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("ROC AUC (90 % bootstrap interval)")
+        ax.set_xlim(0.0, 1.0)
+        ax.set_title(title)
         ax.grid(alpha=0.3, axis="x")
-    axes[0].set_yticks(list(y_of.values()), list(y_of))
-    axes[0].set_ylim(-0.6, len(signals) - 0.4)
-    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
-    return _save(fig, path)
+        ax.set_yticks(list(y_of.values()), list(y_of))
+        ax.set_ylim(-0.6, len(signals) - 0.4)
+    axes[1].set_xlabel("ROC AUC (bootstrap interval)")
+    _legend_below(fig, list(axes), ncol=3)
+    return _save(fig, path, layout=False)
 
 
 def bucket_label(row: Mapping) -> str:
@@ -361,7 +407,7 @@ def turn_distance_figure(rows: list[Mapping], path: Path) -> Path | None:
         return None
     buckets = list(dict.fromkeys(r["bucket"] for r in rows))
     labels = {r["bucket"]: bucket_label(r) for r in rows}
-    fig, ax = plt.subplots(figsize=(6.8, 4.0))
+    fig, ax = plt.subplots(figsize=(WIDTH, 4.2))
     series = list(dict.fromkeys((r["signal"], r["method"]) for r in rows))
     width = 0.3 / max(1, len(series) - 1) if len(series) > 1 else 0.0
     for i, (signal, method) in enumerate(series):

@@ -1,6 +1,6 @@
 """Recomputation gating (claim C7) and budget escalation (claim C5) replayed on logged runs.
 
-Both policies act on generations that were all logged (DESIGN.md §2): a recomputed run
+Both policies act on generations that were all logged (docs/design.md §2, "Gating"): a recomputed run
 takes the correctness of the full-cache run of the same example (recomputing with the
 full cache regenerates exactly that run), an escalated
 run takes the logged run at the next budget. Every function takes a weight matrix
@@ -52,7 +52,8 @@ class RecomputeGate:
         for r in rates:
             target = r * total
             # k = the group the cut falls in: every earlier group is recomputed whole, k in proportion
-            k = np.array([np.searchsorted(cum_w[i], target[i], side="right") for i in rows], dtype=np.int64)
+            # (searchsorted(side="right") per row: the number of cumulative weights <= the target)
+            k = (cum_w <= target[:, None]).sum(axis=1)
             inside = k < wg.shape[1]
             kk = np.minimum(k, wg.shape[1] - 1)
             done_w = np.where(k > 0, cum_w[rows, np.maximum(k - 1, 0)], 0.0)
@@ -65,6 +66,34 @@ class RecomputeGate:
 
     def gain(self, w: np.ndarray, rate: float) -> tuple[np.ndarray, np.ndarray]:
         return self.gains(w, [rate])[float(rate)]
+
+
+class StratifiedRecomputeGate:
+    """Recompute the fraction r of runs with the highest gate score *within each stratum*; gain =
+    Σ_s W_s gain_s / Σ_s W_s (W_s the stratum's weight), i.e. the accuracy change of the pooled runs.
+
+    A scheduler knows a run's stratum (model, task, condition, budget, length) without any
+    certificate; giving every stratum the same recompute share leaves the gate only its
+    within-stratum information, so a score constant within strata gains exactly what random
+    gating gains (its expectation, r · mean benefit, is the same whether drawn per stratum or not).
+    """
+
+    def __init__(self, gate: np.ndarray, benefit: np.ndarray, strata: np.ndarray):
+        gate, benefit, strata = np.asarray(gate, float), np.asarray(benefit, float), np.asarray(strata)
+        self.parts = [(np.flatnonzero(strata == s), RecomputeGate(gate[strata == s], benefit[strata == s]))
+                      for s in np.unique(strata)]
+
+    def gains(self, w: np.ndarray, rates) -> dict[float, tuple[np.ndarray, np.ndarray]]:
+        rates = [float(r) for r in rates]
+        total = w.sum(axis=1)
+        num = {r: np.zeros(w.shape[0]) for r in rates}
+        for idx, gate in self.parts:
+            ws = w[:, idx]
+            weight = ws.sum(axis=1)
+            for r, (g, ok) in gate.gains(ws, rates).items():
+                num[r] += np.where(ok, g * weight, 0.0)
+        ok = total > 0
+        return {r: (np.where(ok, num[r] / np.where(ok, total, 1.0), np.nan), ok) for r in rates}
 
 
 def random_gain(benefit: np.ndarray, w: np.ndarray, rate: float) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Failure labels per cell: cache-induced versus inherent (DESIGN.md §2, "Failure labels").
+"""Failure labels per cell: cache-induced versus inherent (docs/design.md §2, "Failure labels").
 
 Among compressed runs, a failure is *cache-induced* when the full-cache run of the same
 example answers correctly and *inherent* when it fails too (``label`` from

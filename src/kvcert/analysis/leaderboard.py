@@ -9,17 +9,31 @@ removed) is shown beside it.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import pandas as pd
+
+from .stats import BootstrapPlan, bootstrap, encode_units, weighted_mean
 
 SETTING = ["condition", "method", "budget"]
 
 
-def accuracy_table(scores: pd.DataFrame, tasks: list[str] | None = None) -> pd.DataFrame:
+def pooled_interval(rows: pd.DataFrame, plan: BootstrapPlan) -> tuple[float, float]:
+    """The percentile interval of a setting's pooled accuracy, resampling examples (the claims' unit)."""
+    codes, n_units = encode_units(rows["unit"].to_numpy())
+    correct = rows["correct"].to_numpy(float)
+    est = bootstrap(lambda w: {"acc": weighted_mean(correct, w)}, codes, n_units, plan)["acc"]
+    return est.ci_low, est.ci_high
+
+
+def accuracy_table(scores: pd.DataFrame, tasks: list[str] | None = None,
+                   analysis_plan: Mapping | None = None) -> pd.DataFrame:
     """One row per setting (the full cache first): ``runs``, accuracy per task and
-    ``pooled`` (over every run of the setting), and ``compression_ratio``."""
+    ``pooled`` (over every run of the setting) with its bootstrap interval over examples
+    (``pooled_low``, ``pooled_high``: ``analysis_plan.bootstrap``), and ``compression_ratio``."""
     rows = scores if tasks is None else scores[scores["task"].isin(tasks)]
     if rows.empty:
-        return pd.DataFrame(columns=[*SETTING, "compression_ratio", "runs", "pooled"])
+        return pd.DataFrame(columns=[*SETTING, "compression_ratio", "runs", "pooled", "pooled_low", "pooled_high"])
     correct = rows.assign(correct=rows["correct"].astype(float))
     per_task = correct.pivot_table(index=SETTING, columns="task", values="correct", aggfunc="mean")
     per_task.columns.name = None
@@ -29,4 +43,10 @@ def accuracy_table(scores: pd.DataFrame, tasks: list[str] | None = None) -> pd.D
     order = table["condition"].map({"full": 0, "aware": 1, "streaming": 2}).fillna(3)
     table = table.assign(_order=order).sort_values(["_order", "method", "budget"]).drop(columns="_order")
     task_cols = [t for t in (tasks or sorted(per_task.columns)) if t in table.columns]
-    return table[[*SETTING, "compression_ratio", "runs", *task_cols, "pooled"]].reset_index(drop=True)
+    plan = BootstrapPlan.from_plan(analysis_plan or {})
+    plan = BootstrapPlan(resamples=min(plan.resamples, 1000), seed=plan.seed, level=plan.level)  # a reported figure
+    bounds = {key: pooled_interval(part, plan) for key, part in correct.groupby(SETTING)}
+    table["pooled_low"] = [bounds[tuple(k)][0] for k in table[SETTING].itertuples(index=False)]
+    table["pooled_high"] = [bounds[tuple(k)][1] for k in table[SETTING].itertuples(index=False)]
+    return table[[*SETTING, "compression_ratio", "runs", *task_cols, "pooled", "pooled_low",
+                  "pooled_high"]].reset_index(drop=True)

@@ -7,13 +7,26 @@ the analysis naming path:line) and refuses, in one line each:
   missing or unknown; the message names the field, the file and the line);
 * a record whose ``prereg_hash`` differs from the verified freeze (the message names the
   file and both hashes): records of another pre-registration are never scored against
-  this one (DESIGN.md §3);
+  this one (docs/design.md §3);
 * two records with the same generation key (``model, task, target_tokens,
-  example_id, condition, method, budget, seed``), which would be counted twice.
+  example_id, condition, method, budget, seed``), which would be counted twice;
+* with the plan's content of each shard (:class:`PlannedShard`, ``kvcert score
+  --experiment``): a record whose key is not one the plan puts at that path (an
+  invented example id, a shard moved to another cell, a partial file of another cell),
+  a planned record that is missing, and a record whose ``config_hash`` differs from the
+  hash of the config its job composes now (the message names both hashes).
 
-A record whose ``started_utc`` precedes the freeze time is kept in the table, flagged
-``pre_freeze``, listed in the report and excluded from scoring (compared at the
-one-second resolution of ``started_utc``).
+The stored ``score`` is a cache, not the truth: every record is **rescored** from its
+``answer`` and ``answers`` with its task's metric (:func:`kvcert.tasks.scoring.score_record`,
+what the engine ran); the table holds the derived score, and where the two differ the
+count goes into the provenance (``rescored``) and the score step names the first one.
+
+A record whose ``started_utc`` precedes the freeze time — and, when the verification
+the jobs read is known (``verified_utc`` of ``kvcert prereg verify --out``), precedes
+that verification too: no job starts before the verification it read, so a record
+stamped after it was made after the freeze whatever the freezing machine's clock said —
+is kept in the table, flagged ``pre_freeze``, listed in the report and excluded from
+scoring (compared at the one-second resolution of ``started_utc``).
 
 Derived columns (``analysis_plan`` of ``claims.yaml``):
 
@@ -50,7 +63,6 @@ import json
 import math
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -59,9 +71,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..atomic import atomic_path
 from ..generation.record import GenerationRecord
-from ..generation.shards import ShardSealError, check_seal, read_records
-from ..prereg import Freeze, load_claims, verify
+from ..generation.shards import ShardSealError, check_seal, read_records, seal_path
+from ..tasks.scoring import score_record
+from ..prereg import Freeze, load_claims, parse_utc, read_verified, verify
 from ..provenance import check_prereg_hash
 
 GENERATION_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "condition", "method", "budget", "seed")
@@ -77,6 +91,50 @@ METADATA_KEY = b"kvcert"
 
 class RecordRefused(ValueError):
     """A generation record the analysis will not score (missing field, foreign pre-registration, duplicate)."""
+
+
+def generation_key(record: Mapping) -> tuple:
+    """A record's :data:`GENERATION_KEY`, normalised (budget a float, seed an int)."""
+    tokens = record["target_tokens"]
+    return (str(record["model"]), str(record["task"]), None if tokens is None else int(tokens),
+            str(record["example_id"]), str(record["condition"]), str(record["method"]), float(record["budget"]),
+            int(record["seed"]))
+
+
+def _key_text(key: tuple) -> str:
+    return "/".join("native" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in key)
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    """What the plan puts in one shard: {:func:`generation_key`: the config hash its job composes now}.
+
+    ``configs`` names where the hashes come from (for the message)."""
+
+    records: Mapping[tuple, str]
+    configs: str = "the experiment's configs"
+
+    def check(self, shard: Path, records: list[dict]) -> None:
+        """Refuse a record the plan does not put in ``shard``, one made under another config, and a
+        planned record that is missing (one line each)."""
+        fix = f"delete {shard} and {seal_path(shard).name} and rerun to regenerate it"
+        seen = set()
+        for number, record in enumerate(records, start=1):
+            key = generation_key(record)
+            if key not in self.records:
+                raise RecordRefused(
+                    f"{shard}:{number}: record {_key_text(key)} is not one the plan puts in this shard "
+                    f"({len(self.records)} planned, e.g. {_key_text(next(iter(self.records)))}): it was edited, "
+                    f"or made for another shard or cell; {fix}")
+            if record["config_hash"] != self.records[key]:
+                raise RecordRefused(
+                    f"{shard}:{number}: config_hash {record['config_hash']} differs from {self.records[key]}, the "
+                    f"hash of the config its job composes now ({self.configs}): the shard was made under other "
+                    f"configs (or edited); {fix} (or restore the configs)")
+            seen.add(key)
+        missing = [k for k in self.records if k not in seen]
+        if missing:
+            raise RecordRefused(f"{shard}: {len(missing)} planned records missing (e.g. {_key_text(missing[0])}); {fix}")
 
 
 @dataclass(frozen=True)
@@ -190,15 +248,9 @@ def verified_freeze(prereg_folder: str | Path, verified_json: str | Path | None 
     """Verify the pre-registration now; if ``verified_json`` (``kvcert prereg verify --out``) is given, it must agree."""
     freeze = verify(prereg_folder)
     if verified_json is not None:
-        data = json.loads(Path(verified_json).read_text())
-        check_prereg_hash(str(verified_json), data.get("prereg_hash"), freeze.prereg_hash,
+        check_prereg_hash(str(verified_json), read_verified(verified_json).get("prereg_hash"), freeze.prereg_hash,
                           f"{prereg_folder} verifies differently now: rerun `kvcert prereg verify`", RecordRefused)
     return freeze
-
-
-def _parse_utc(text: str) -> datetime:
-    t = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
 def _float(x) -> float:
@@ -269,23 +321,60 @@ def check_record(record: Mapping, where: str, prereg_hash: str) -> None:
                       "pre-registration cannot be scored against this one (regenerate the shard)", RecordRefused)
 
 
-def _load_one(args: tuple[str, ScoringPlan, str, int | None]) -> dict[str, list]:
-    """Read, check and flatten one shard into columns (runs in a worker process for many shards).
+@dataclass(frozen=True)
+class _Answer:
+    """What a task's metric reads of a record (:func:`kvcert.tasks.scoring.score_record`)."""
+
+    task: str
+    answers: list
+    metadata: dict
+
+
+def derived_score(record: Mapping) -> float | None:
+    """The score of the record's ``answer`` under its task's metric, as the engine computes it
+    (None where the record has no reference answers)."""
+    if not record["answers"]:
+        return None
+    return score_record(_Answer(record["task"], list(record["answers"]), dict(record["metadata"] or {})),
+                        str(record["answer"]))
+
+
+def _same_score(stored, derived) -> bool:
+    if stored is None or derived is None:
+        return stored is None and derived is None
+    if math.isnan(float(stored)) or math.isnan(float(derived)):
+        return math.isnan(float(stored)) and math.isnan(float(derived))
+    return math.isclose(float(stored), float(derived), rel_tol=1e-9, abs_tol=1e-12)
+
+
+def _load_one(args: tuple[str, ScoringPlan, str, "int | PlannedShard | None"]) -> dict[str, list]:
+    """Read, check, rescore and flatten one shard into columns (runs in a worker process for many shards).
 
     The shard must match its seal (no line lost, no record edited since it was finished)
-    and hold the number of records the plan expects (``expected``, when known)."""
+    and hold what the plan puts in it (``expected``: a :class:`PlannedShard`, or only the
+    record count). ``cols["rescored"]`` lists ``(path:line, stored, derived)`` of every
+    record whose stored score differs from its answer's."""
     path, plan, prereg_hash, expected = args
     shard = Path(path)
     cols: dict[str, list] = {c: [] for c in SCORE_COLUMNS}
+    cols["rescored"] = []
     records = read_records(shard)
+    planned = expected if isinstance(expected, PlannedShard) else None
     try:
-        check_seal(shard, len(records), expected)
+        check_seal(shard, len(records), len(planned.records) if planned else expected)
     except ShardSealError as exc:
         raise RecordRefused(str(exc)) from None
     for number, record in enumerate(records, start=1):
+        check_record(record, f"{shard}:{number}", prereg_hash)
+    if planned is not None:
+        planned.check(shard, records)
+    for number, record in enumerate(records, start=1):
         where = f"{shard}:{number}"
-        check_record(record, where, prereg_hash)
         try:
+            derived = derived_score(record)
+            if not _same_score(record["score"], derived):
+                cols["rescored"].append((where, record["score"], derived))
+                record = {**record, "score": derived}
             row = flatten(record, plan)
         except (TypeError, ValueError, KeyError) as exc:
             raise RecordRefused(f"{where}: malformed generation record ({type(exc).__name__}: {exc})") from None
@@ -297,12 +386,15 @@ def _load_one(args: tuple[str, ScoringPlan, str, int | None]) -> dict[str, list]
 
 
 def load_shards(paths: Iterable[str | Path], plan: ScoringPlan, freeze: Freeze, jobs: int = 1,
-                expected: Mapping[str, int] | None = None) -> pd.DataFrame:
-    """Read, check and flatten every record of ``paths``; add the cross-record columns.
+                expected: Mapping[str, "int | PlannedShard"] | None = None,
+                verified_utc: str | None = None) -> pd.DataFrame:
+    """Read, check, rescore and flatten every record of ``paths``; add the cross-record columns.
 
-    ``expected``: the planned record count of each shard path (see :func:`check_seal`).
-    With ``jobs`` > 1 the shards are parsed by that many worker processes; a refused
-    record stops the whole load with its message.
+    ``expected``: what the plan puts in each shard path (a :class:`PlannedShard`, or only a
+    record count: :func:`check_seal`). ``verified_utc``: when the verification the jobs
+    read was made (see :func:`derive`). With ``jobs`` > 1 the shards are parsed by that
+    many worker processes; a refused record stops the whole load with its message.
+    ``df.attrs["rescored"]`` lists the records whose stored score differed from their answer's.
     """
     tasks = [(str(p), plan, freeze.prereg_hash, (expected or {}).get(str(p))) for p in paths]
     cols: dict[str, list] = {c: [] for c in SCORE_COLUMNS}
@@ -311,10 +403,14 @@ def load_shards(paths: Iterable[str | Path], plan: ScoringPlan, freeze: Freeze, 
             parts = list(pool.map(_load_one, tasks, chunksize=max(1, len(tasks) // (4 * jobs))))
     else:
         parts = [_load_one(t) for t in tasks]
+    rescored = []
     for part in parts:
+        rescored += part["rescored"]
         for c in SCORE_COLUMNS:
             cols[c].extend(part[c])
-    return derive(pd.DataFrame(cols, columns=SCORE_COLUMNS), freeze)
+    df = derive(pd.DataFrame(cols, columns=SCORE_COLUMNS), freeze, verified_utc)
+    df.attrs["rescored"] = rescored
+    return df
 
 
 #: the scores table's columns (one row per record: derived values, not the record's fields)
@@ -328,14 +424,20 @@ SCORE_COLUMNS = [
 ]
 
 
-def derive(df: pd.DataFrame, freeze: Freeze) -> pd.DataFrame:
-    """Add pre_freeze, unit, full_correct and label; refuse duplicate generations."""
+def derive(df: pd.DataFrame, freeze: Freeze, verified_utc: str | None = None) -> pd.DataFrame:
+    """Add pre_freeze, unit, full_correct and label; refuse duplicate generations.
+
+    A record is pre-freeze when it started before the freeze and, with ``verified_utc``
+    given, before that verification too (a job cannot start before the verification it read)."""
     df = df.copy()
     # started_utc is stamped to the second: compare at that resolution (a record stamped in the
     # freeze's own second is not flagged; one stamped in any earlier second is)
-    frozen = _parse_utc(freeze.frozen_utc).replace(microsecond=0)
+    frozen = parse_utc(freeze.frozen_utc).replace(microsecond=0)
     started = pd.to_datetime(df["started_utc"], utc=True, format="ISO8601")
-    df["pre_freeze"] = (started < pd.Timestamp(frozen)).to_numpy(dtype=bool)
+    before = started < pd.Timestamp(frozen)
+    if verified_utc is not None:
+        before &= started < pd.Timestamp(parse_utc(verified_utc).replace(microsecond=0))
+    df["pre_freeze"] = before.to_numpy(dtype=bool)
     df["unit"] = (
         df["model"].astype(str) + "|" + df["task"].astype(str) + "|" + df["target_tokens"].astype(str) + "|"
         + df["example_id"].astype(str)
@@ -369,11 +471,11 @@ def scored(df: pd.DataFrame) -> pd.DataFrame:
 def write_table(df: pd.DataFrame, path: str | Path, provenance: Mapping) -> Path:
     """Write ``df`` as Parquet with ``provenance`` (JSON) in the file's schema metadata."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pandas(df, preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta[METADATA_KEY] = json.dumps(provenance, sort_keys=True, default=str).encode()
-    pq.write_table(table.replace_schema_metadata(meta), path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table.replace_schema_metadata(meta), tmp)
     return path
 
 
@@ -386,14 +488,15 @@ def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[pd.D
 
 def score_shards(
     shards: Iterable[str | Path], prereg_folder: str | Path, verified_json: str | Path | None = None, jobs: int = 1,
-    expected: Mapping[str, int] | None = None,
+    expected: Mapping[str, "int | PlannedShard"] | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Verify the pre-registration, load every shard, and return (table, provenance)."""
     freeze = verified_freeze(prereg_folder, verified_json)
+    verified_utc = read_verified(verified_json).get("verified_utc") if verified_json is not None else None
     claims = load_claims(prereg_folder)
     plan = ScoringPlan.from_plan(claims["analysis_plan"])
     shards = list(shards)
-    df = load_shards(shards, plan, freeze, jobs, expected)
+    df = load_shards(shards, plan, freeze, jobs, expected, verified_utc)
     provenance = {
         "prereg_hash": freeze.prereg_hash,
         "frozen_utc": freeze.frozen_utc,
@@ -402,5 +505,8 @@ def score_shards(
         "shards": len(shards),
         "records": int(len(df)),
         "pre_freeze": int(df["pre_freeze"].sum()) if len(df) else 0,
+        "verified_utc": verified_utc,
+        "plan_checked": bool(expected) and all(isinstance(v, PlannedShard) for v in expected.values()),
+        "rescored": len(df.attrs.get("rescored", [])),
     }
     return df, provenance

@@ -1,6 +1,6 @@
 """The multi-turn recall table: certificate-gated vs top-k vs full cache by turn distance.
 
-The cell (DESIGN.md §2; the grid's ``multiturn`` section): task ``multiturn``, the
+The cell (docs/design.md §2; the grid's ``multiturn`` section): task ``multiturn``, the
 streaming condition at one budget (10 %), the deterministic (``topk``) and the
 randomized (``poisson``) sampler, plus the full cache. The *certificate-gated system*
 is the Poisson run, recomputed with the full cache — i.e. it takes the full-cache

@@ -67,7 +67,7 @@ def replay_cells(draws: pd.DataFrame) -> pd.DataFrame:
         cols += [f"coverage{sfx}", f"coverage_anytime{sfx}", f"coverage_anytime_step{sfx}", f"tightness{sfx}"]
     if draws.empty:
         return pd.DataFrame(columns=cols)
-    d = draws.assign(log_ratio=_log_tightness(draws), log_ratio_robust=_log_tightness(draws, "radius_robust"))
+    d = draws.assign(log_ratio=log_tightness(draws), log_ratio_robust=log_tightness(draws, "radius_robust"))
     g = d.groupby(CELL_KEY, sort=True, observed=True)
     out = g.agg(n=("covered", "size"), coverage=("covered", "mean"), coverage_anytime_step=("covered_anytime", "mean"),
                 tightness=("log_ratio", "median"), coverage_robust=("covered_robust", "mean"),
@@ -84,7 +84,7 @@ def replay_cells(draws: pd.DataFrame) -> pd.DataFrame:
     return out[cols]
 
 
-def _log_tightness(draws: pd.DataFrame, radius: str = "radius") -> np.ndarray:
+def log_tightness(draws: pd.DataFrame, radius: str = "radius") -> np.ndarray:
     """log10(radius / error); NaN where the error is 0 (nothing to be tight about)."""
     err = draws["error"].to_numpy(dtype=np.float64)
     rad = draws[radius].to_numpy(dtype=np.float64)
@@ -122,6 +122,31 @@ def within_cell_spearman(draws: pd.DataFrame, x: str = "radius", y: str = "error
     return within_head_spearman(draws, x, y, STEP_CELL_KEY)
 
 
+def step_cell_spearman(draws: pd.DataFrame, x: str = "radius", y: str = "error") -> tuple[np.ndarray, np.ndarray]:
+    """The tested form of C2's within-cell Spearman: per cell of one step (:data:`STEP_CELL_KEY`), across its
+    draws, Spearman(x, y) — and the position in ``draws`` of each cell's first row (its replay cell, for the
+    bootstrap's weights). A cell whose error does not vary has nothing to rank and is left out; a cell whose
+    error varies while the radius does not ranks nothing: its correlation is 0 (a radius constant within cells
+    — no draw-level information — scores 0, not "undefined")."""
+    if draws.empty:
+        return np.empty(0), np.empty(0, dtype=np.int64)
+    codes = draws.groupby(STEP_CELL_KEY, observed=True, sort=False).ngroup().to_numpy()
+    frame = pd.DataFrame({"g": codes, "x": draws[x].to_numpy(float), "y": draws[y].to_numpy(float)})
+    grouped = frame.groupby("g", sort=False)
+    rx, ry = grouped["x"].rank().to_numpy(), grouped["y"].rank().to_numpy()
+    k = int(codes.max()) + 1
+    n = np.bincount(codes, minlength=k).astype(float)
+    sx, sy = np.bincount(codes, rx, k), np.bincount(codes, ry, k)
+    sxx, syy, sxy = np.bincount(codes, rx * rx, k), np.bincount(codes, ry * ry, k), np.bincount(codes, rx * ry, k)
+    vx, vy, cov = sxx - sx * sx / n, syy - sy * sy / n, sxy - sx * sy / n
+    tol = 1e-9 * n * n  # rank sums are exact small integers / halves: anything below is rounding
+    ranked = vy > tol
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(vx > tol, cov / np.sqrt(vx * vy), 0.0)
+    first = np.unique(codes, return_index=True)[1]  # codes are 0..k-1: the first row of each cell
+    return r[ranked], first[ranked].astype(np.int64)
+
+
 def _median(values: np.ndarray) -> float | None:
     return float(np.median(values)) if values.size else None
 
@@ -130,7 +155,7 @@ def variant_block(d: pd.DataFrame, variant: str, paths: pd.DataFrame | None = No
     """Coverage (per step, and simultaneous anytime over paths), Spearman and tightness of one certificate
     (the within-cell and within-head Spearman only with ``within``: they rank every group)."""
     rad, anyr, cov, cov_any = VARIANTS[variant]
-    lr = _log_tightness(d, rad)
+    lr = log_tightness(d, rad)
     lr = lr[np.isfinite(lr)]
     paths = simultaneous_anytime(d, cov_any) if paths is None else paths
     within_cell = within_cell_spearman(d, rad) if within else np.empty(0)

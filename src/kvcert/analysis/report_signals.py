@@ -1,7 +1,7 @@
-"""The report's comparison-signal section (the signal leaderboard; third amendment, issue 18).
+"""The report's comparison-signal section (the signal leaderboard; third amendment).
 
 Reads the ``comparison_signals`` block of claims.json (:mod:`kvcert.analysis.signals`) and
-adds to a :class:`kvcert.analysis.report.Document`: the leaderboard table — each signal's
+adds to a :class:`kvcert.analysis.document.Document`: the leaderboard table — each signal's
 prediction and attribution AUC with its bootstrap interval per method and pooled over methods,
 pooled over conditions and lengths, beside the paper's range — and its figure; the same
 AUCs per condition × prompt length; and the attribution AUC by turn distance in the
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from . import figures
-from .report import Document, fmt
+from .document import Document, fmt
 from .signals import ALL, TASKS
 
 
@@ -30,6 +30,15 @@ def auc_text(row: Mapping | None) -> str:
         return f"– ({why})"
     lo, hi = row.get("ci") or [None, None]
     return f"{fmt(row['estimate'])} [{fmt(lo)}, {fmt(hi)}]"
+
+
+def strat_text(row: Mapping | None) -> str:
+    """The within-strata AUC of a row that spans several strata, else '–'."""
+    st = (row or {}).get("stratified") or {}
+    if st.get("estimate") is None:
+        return "–"
+    lo, hi = st.get("ci") or [None, None]
+    return f"{fmt(st['estimate'])} [{fmt(lo)}, {fmt(hi)}]"
 
 
 def count_text(row: Mapping | None) -> str:
@@ -73,7 +82,7 @@ def signals_section(doc: Document, block: Mapping | None, fig_dir: Path) -> None
         doc.paragraph("Not computed (no scores, or a pre-registration without `comparison_signals`).")
         return
     pct = _level(block)
-    doc.note("**Secondary analyses, not claims** (third amendment of 2026-12-01, issue 18): no verdict is drawn "
+    doc.note("**Secondary analyses, not claims** (third amendment of 2026-12-01): no verdict is drawn "
              "from these AUCs and no threshold was registered for them.")
     minimum = block.get("minimum") or {}
     doc.paragraph(
@@ -84,21 +93,25 @@ def signals_section(doc: Document, block: Mapping | None, fig_dir: Path) -> None
         "intervals over examples. A row below the pre-registered minimum cell ("
         + ", ".join(f"{k} {v}" for k, v in minimum.items()) + ") has no estimate. The paper gives one range "
         "for the entropy/margin family and one for the evicted-score-mass heuristic, both for cache-induced "
-        "failure: they are shown in the attribution column.")
+        "failure: they are shown in the attribution column. *Within strata* is the same AUC over the pairs of runs "
+        "that share a stratum (model × task × condition × budget × length × method), as C4 and C6 test the "
+        "certificate: a signal that only tells the cells apart scores ½ there.")
     board = leaderboard(block)
-    doc.table(["signal", "failure when", "method", f"prediction AUC [{pct} CI]", "paper (prediction)",
-               f"attribution AUC [{pct} CI]", "paper (attribution)", "runs (failed / correct)",
-               "failures (induced / inherent)"],
+    doc.table(["signal", "failure when", "method", f"prediction AUC [{pct} CI]", "within strata",
+               "paper (prediction)", f"attribution AUC [{pct} CI]", "within strata", "paper (attribution)",
+               "runs (failed / correct)", "failures (induced / inherent)"],
               [[e["signal"], block["signals"][e["signal"]]["failure"], e["method"], auc_text(e["prediction"]),
-                _paper(block, e["signal"], "prediction"), auc_text(e["attribution"]),
-                _paper(block, e["signal"], "attribution"), count_text(e["prediction"]), count_text(e["attribution"])]
+                strat_text(e["prediction"]), _paper(block, e["signal"], "prediction"), auc_text(e["attribution"]),
+                strat_text(e["attribution"]), _paper(block, e["signal"], "attribution"), count_text(e["prediction"]),
+                count_text(e["attribution"])]
                for e in board])
     missing = sorted(set(block["prediction"].get("missing", [])) | set(block["attribution"].get("missing", [])))
     if missing:
         doc.paragraph("Cells without runs: " + ", ".join(missing) + ".")
     doc.figure(figures.signal_leaderboard_figure(board, block.get("paper", {}), fig_dir / "signal_leaderboard.png"),
                "signal leaderboard: prediction and attribution AUC per signal and method (diamonds: pooled over "
-               f"methods) with {pct} bootstrap intervals; dotted line chance, shaded the paper's range")
+               f"methods) with {pct} bootstrap intervals, the within-strata AUC as a bar; dotted line chance, shaded "
+               "the paper's range")
     by = block.get("by", [])
     order = {s: i for i, s in enumerate(block["signals"])}
     detail = sorted((e for e in joined(block) if not all(e[k] == ALL for k in by)),

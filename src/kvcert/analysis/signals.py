@@ -19,7 +19,10 @@ score* is
   ``turn_distance.buckets``; an ``all`` row pools them), for ``turn_distance.signals``.
 
 Rows: per method × the plan's ``by`` keys (condition, target_tokens), pooled over them
-per method, and pooled over methods for a signal several methods compute. Every AUC
+per method, and pooled over methods for a signal several methods compute. A row that spans
+several strata (``analysis_plan.strata``) carries, beside its pooled AUC, the stratified
+one (``stratified``: over the pairs of one stratum, as C4 and C6 test it), which a score
+that knows only the run's stratum cannot raise above ½. Every AUC
 has the unit bootstrap of C4/C6 (:mod:`kvcert.analysis.stats`: ``analysis_plan.bootstrap``
 resamples, seed and level, unit = example), paired across the signals of one row set.
 A run without the signal (NaN) is left out of that signal's AUC. A row below
@@ -33,9 +36,9 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .claims import _method_mask, main_tasks, select_generations
+from .claims import method_mask, main_tasks, select_generations, strata_codes
 from .load import scored
-from .stats import AUCIndex, BootstrapPlan, auc, bootstrap, encode_units
+from .stats import AUCIndex, BootstrapPlan, StratifiedAUCIndex, auc, bootstrap, encode_units, stratified_auc
 
 #: the paper's AUC ranges (arXiv 2607.21475, abstract) per signal and task; the entropy/margin family's and the
 #: evicted-score-mass heuristic's single ranges are the paper's figures "for cache-induced failure" (attribution)
@@ -72,10 +75,12 @@ def failure_score(values: np.ndarray, failure: str) -> np.ndarray:
 
 
 def auc_rows(rows: pd.DataFrame, y: np.ndarray, scores: Mapping[str, np.ndarray], plan: BootstrapPlan,
-             minimum: Mapping) -> dict[str, dict]:
+             minimum: Mapping, strata: np.ndarray | None = None) -> dict[str, dict]:
     """{signal: counts, AUC and interval} of each failure score in ``scores`` for labels ``y`` over ``rows``;
-    one bootstrap over the rows' examples, paired across signals; null below the minimum cell."""
+    one bootstrap over the rows' examples, paired across signals; null below the minimum cell. With
+    ``strata`` spanning several strata, also the stratified AUC (``stratified``: estimate and interval)."""
     out, index, point = {}, {}, {}
+    several = strata is not None and np.unique(strata).size > 1
     for name, s in scores.items():
         ok = np.isfinite(s)
         counts = {"generations": int(ok.sum()), "positives": int(y[ok].sum())}
@@ -86,6 +91,9 @@ def auc_rows(rows: pd.DataFrame, y: np.ndarray, scores: Mapping[str, np.ndarray]
         if not short and counts["positives"] and counts["negatives"]:
             index[name] = (ok, AUCIndex(s[ok], y[ok]))
             point[name] = auc(s[ok], y[ok])
+            if several:
+                index[f"{name}{STRATIFIED}"] = (ok, StratifiedAUCIndex(s[ok], y[ok], strata[ok]))
+                point[f"{name}{STRATIFIED}"] = stratified_auc(s[ok], y[ok], strata[ok])[0]
     if not index:
         return out
     codes, n_units = encode_units(rows["unit"].to_numpy())
@@ -95,8 +103,15 @@ def auc_rows(rows: pd.DataFrame, y: np.ndarray, scores: Mapping[str, np.ndarray]
 
     for name, est in bootstrap(statistic, codes, n_units, plan, point).items():
         d = est.to_dict()
-        out[name].update(estimate=d["estimate"], ci=d["ci"], resamples=est.resamples, skipped=est.skipped)
+        if name.endswith(STRATIFIED):
+            out[name[: -len(STRATIFIED)]]["stratified"] = {"estimate": d["estimate"], "ci": d["ci"]}
+        else:
+            out[name].update(estimate=d["estimate"], ci=d["ci"], resamples=est.resamples, skipped=est.skipped)
     return out
+
+
+#: the key suffix of a signal's stratified AUC inside :func:`auc_rows`'s bootstrap
+STRATIFIED = "::stratified"
 
 
 def _labelled(rows: pd.DataFrame, task: str) -> tuple[pd.DataFrame, np.ndarray]:
@@ -115,6 +130,7 @@ class SignalPlan:
         self.signals = dict(self.block["signals"])
         self.columns = {n: signal_column(n, s, analysis_plan, columns) for n, s in self.signals.items()}
         self.bootstrap = BootstrapPlan.from_plan(analysis_plan)
+        self.analysis_plan = analysis_plan
         self.minimum = analysis_plan.get("minimum_cell") or {}
         self.by = [k for k in self.block.get("by", ["method", "condition", "target_tokens"]) if k != "method"]
 
@@ -138,7 +154,8 @@ class SignalPlan:
         return [n for n in names if tuple(self.methods(n)) == group]
 
     def table(self, rows: pd.DataFrame, y: np.ndarray, names: Sequence[str], keys: Mapping) -> list[dict]:
-        res = auc_rows(rows, y, self.scores(rows, names), self.bootstrap, self.minimum)
+        strata = strata_codes(rows, self.analysis_plan) if len(rows) else None
+        res = auc_rows(rows, y, self.scores(rows, names), self.bootstrap, self.minimum, strata)
         return [{"signal": n, **keys, **res[n]} for n in names]
 
 
@@ -186,7 +203,7 @@ def turn_distance_table(sp: SignalPlan, scores: pd.DataFrame, grid: Mapping) -> 
     rows, _ = _labelled(rows, "attribution")
     out = []
     for (method,) in [g for g in sp.method_groups(names) if len(g) == 1]:
-        sub = rows[_method_mask(rows, [method])]
+        sub = rows[method_mask(rows, [method])]
         use = sp.applicable(names, (method,))
         dist = sub["turn_distance"].to_numpy(float)
         named = [(f"{lo}-{hi}", lo, hi) for lo, hi in buckets] + [(ALL, buckets[0][0], buckets[-1][1])]
@@ -206,7 +223,7 @@ def evaluate_signals(claims_doc: Mapping, scores: pd.DataFrame | None, grid: Map
     sp = SignalPlan(plan, list(scores.columns))
     tasks = main_tasks(grid)
     return {
-        "amendment": "third amendment of 2026-12-01 (issue 18): secondary analyses, not claims",
+        "amendment": "third amendment of 2026-12-01: secondary analyses, not claims (stratified AUCs: fifth)",
         "signals": {n: {**dict(s), "column": sp.columns[n]} for n, s in sp.signals.items()},
         "paper": PAPER_RANGES, "by": sp.by, "minimum": dict(sp.minimum), "bootstrap": plan.get("bootstrap"),
         **{task: task_table(sp, claims_doc, scores, tasks, task) for task in TASKS},
@@ -224,7 +241,13 @@ def pooled_row(block: Mapping, task: str, signal: str) -> dict | None:
 
 
 def headline(block: Mapping | None) -> dict:
-    """``{signal: {"prediction": auc, "attribution": auc}}`` pooled over the main grid (null below the minimum)."""
+    """``{signal: {"prediction": auc, "attribution": auc, "prediction_stratified": …, "attribution_stratified": …}}``
+    pooled over the main grid (null below the minimum)."""
     if not block:
         return {}
-    return {s: {t: (pooled_row(block, t, s) or {}).get("estimate") for t in TASKS} for s in block["signals"]}
+    out = {}
+    for s in block["signals"]:
+        rows = {t: pooled_row(block, t, s) or {} for t in TASKS}
+        out[s] = {**{t: rows[t].get("estimate") for t in TASKS},
+                  **{f"{t}_stratified": (rows[t].get("stratified") or {}).get("estimate") for t in TASKS}}
+    return out

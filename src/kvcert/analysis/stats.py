@@ -20,11 +20,15 @@ Implements ``analysis_plan.bootstrap`` and ``verdict_rules`` of
   resamples — equal to sklearn on the resampled data to rounding (tests check it).
 * **Spearman.** Point estimates with :func:`scipy.stats.spearmanr`; resamples with
   weighted mid-ranks (:class:`SpearmanIndex`), again equal to the resampled data's.
+* **Stratified AUC.** :class:`StratifiedAUCIndex`: the same area over the pairs that share
+  a stratum only (the pair-weighted mean of within-stratum AUCs), so a score that knows
+  only a run's stratum scores exactly ½ — the mix of strata cannot pass for a signal.
 * **Verdicts** (``verdict_rules``): a test compares a statistic with a threshold through
   its interval — it *passes* when the interval lies entirely on the claim's side,
   *fails* when entirely on the other side, and is *unclear* otherwise. A claim holds
-  when every test passes, is killed when any test fails, and is inconclusive otherwise
-  or when a cell is below the pre-registered minimum size.
+  when every test passes and no placebo's tests all pass (else it is *uninformative*),
+  is killed when any test fails, and is inconclusive otherwise or when a cell is below
+  the pre-registered minimum size.
 """
 
 from __future__ import annotations
@@ -40,8 +44,6 @@ from sklearn.metrics import roc_auc_score
 #: the largest share of skipped resamples a test tolerates before it is unclear
 MAX_SKIPPED_FRACTION = 0.10
 
-OUTCOMES = ("pass", "fail", "unclear")
-VERDICTS = ("holds", "killed", "inconclusive")
 OPS = (">=", ">", "<=", "<")
 
 
@@ -50,13 +52,16 @@ OPS = (">=", ">", "<=", "<")
 class BootstrapPlan:
     """``analysis_plan.bootstrap``: number of resamples, seed, interval level.
 
-    ``chunk`` resamples are evaluated at once (memory: chunk × records floats).
+    Resamples are evaluated in chunks of about ``chunk_elements`` weights (chunk × records
+    floats; at least one resample, at most ``max_chunk``): few records, many resamples at once.
+    The chunking does not change the resamples (the generator's stream is drawn in order).
     """
 
     resamples: int = 1000
     seed: int = 0
     level: float = 0.90
-    chunk: int = 64
+    chunk_elements: int = 1 << 16
+    max_chunk: int = 1024
 
     def __post_init__(self) -> None:
         if self.resamples < 1:
@@ -82,8 +87,9 @@ def weight_chunks(codes: np.ndarray, n_units: int, plan: BootstrapPlan) -> Itera
     """Per resample, the weight of every record (its unit's multiplicity): chunks [b, n]."""
     rng = np.random.default_rng(plan.seed)
     done = 0
+    size = max(1, min(plan.max_chunk, plan.chunk_elements // max(1, len(codes), n_units)))
     while done < plan.resamples:
-        b = min(plan.chunk, plan.resamples - done)
+        b = min(size, plan.resamples - done)
         picks = rng.integers(0, n_units, size=(b, n_units))
         flat = (picks + (np.arange(b) * n_units)[:, None]).ravel()
         counts = np.bincount(flat, minlength=b * n_units).reshape(b, n_units).astype(np.float64)
@@ -244,6 +250,75 @@ class AUCIndex:
         return np.where(ok, num / np.where(ok, p * n, 1.0), np.nan), ok
 
 
+class StratifiedAUCIndex:
+    """Weighted AUC over the (positive, negative) pairs that share a stratum, per resample.
+
+    AUC_strat = Σ_s P_s N_s AUC_s / Σ_s P_s N_s — the pair-weighted mean of the within-stratum
+    AUCs, i.e. the Mann–Whitney area of :class:`AUCIndex` restricted to pairs of one stratum
+    (ties one half). A stratum lacking either class contributes no pair. Scores are replaced
+    by their dense ranks and offset by stratum, so one sort of the negatives serves every
+    stratum: a positive's count of negatives below it is read between its stratum's start
+    and its own insertion point.
+    """
+
+    def __init__(self, scores: np.ndarray, labels: np.ndarray, strata: np.ndarray):
+        scores = np.asarray(scores, dtype=np.float64)
+        if np.isnan(scores).any():
+            raise ValueError("scores: NaN values cannot be ranked; drop them first")
+        labels = np.asarray(labels, dtype=np.float64)
+        if not np.isin(labels, (0.0, 1.0)).all():
+            raise ValueError("labels: must be 0/1")
+        strata = np.asarray(strata, dtype=np.int64)
+        if strata.shape != scores.shape:
+            raise ValueError("strata: one stratum code per score")
+        rank = np.unique(scores, return_inverse=True)[1].astype(np.int64)
+        span = int(rank.max()) + 2 if rank.size else 1
+        key = strata * span + rank
+        negatives = np.flatnonzero(labels == 0.0)
+        self.neg = negatives[np.argsort(key[negatives], kind="mergesort")]
+        self.pos = np.flatnonzero(labels == 1.0)
+        sorted_neg = key[self.neg]
+        kp, sp = key[self.pos], strata[self.pos]
+        self.start = np.searchsorted(sorted_neg, sp * span, side="left")
+        self.end = np.searchsorted(sorted_neg, (sp + 1) * span, side="left")
+        self.below = np.searchsorted(sorted_neg, kp, side="left")
+        self.at_or_below = np.searchsorted(sorted_neg, kp, side="right")
+        self.ties = not np.array_equal(self.below, self.at_or_below)
+
+    def __call__(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cum = np.zeros((w.shape[0], self.neg.size + 1))
+        np.cumsum(w[:, self.neg], axis=1, out=cum[:, 1:])
+        base = cum[:, self.start]
+        under = cum[:, self.below] - base
+        if self.ties:
+            under += cum[:, self.at_or_below] - base
+            under *= 0.5
+        wp = w[:, self.pos]
+        num = np.einsum("ij,ij->i", wp, under)
+        pairs = np.einsum("ij,ij->i", wp, cum[:, self.end] - base)
+        ok = pairs > 0
+        return np.where(ok, num / np.where(ok, pairs, 1.0), np.nan), ok
+
+
+def stratified_auc(scores: np.ndarray, labels: np.ndarray, strata: np.ndarray) -> tuple[float, int, int]:
+    """The pair-weighted mean of :func:`auc` within each stratum (scikit-learn per stratum), the number
+    of strata that hold both classes, and the number dropped for lacking one (NaN when none holds both)."""
+    scores, labels, strata = np.asarray(scores, float), np.asarray(labels, float), np.asarray(strata)
+    total = pairs = 0.0
+    used = dropped = 0
+    for s in np.unique(strata):
+        m = strata == s
+        p = float(labels[m].sum())
+        n = float(m.sum() - p)
+        if p == 0 or n == 0:
+            dropped += 1
+            continue
+        used += 1
+        total += p * n * auc(scores[m], labels[m])
+        pairs += p * n
+    return (total / pairs if pairs else float("nan")), used, dropped
+
+
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
     """ROC AUC with scikit-learn; NaN when only one class is present."""
     labels = np.asarray(labels)
@@ -315,12 +390,15 @@ def test_outcome(ci_low: float, ci_high: float, op: str, threshold: float, skipp
     return "pass" if ci_high < t else "fail" if ci_low >= t else "unclear"
 
 
-def claim_verdict(outcomes: Sequence[str], cells_ok: bool) -> str:
-    """holds / killed / inconclusive: too-small cells first, then any fail kills, all pass hold."""
+def claim_verdict(outcomes: Sequence[str], cells_ok: bool, placebo_holds: bool = False) -> str:
+    """holds / killed / inconclusive / uninformative: too-small cells first, then any fail kills; all
+    pass hold — unless a placebo (a score with no draw- or run-level information, scored by the same
+    tests) holds too: then the tests cannot tell the claim from the placebo, and it is uninformative.
+    An ``unexercised`` test (too few rows of the kind it needs) leaves the claim inconclusive."""
     if not cells_ok or not outcomes:
         return "inconclusive"
     if any(o == "fail" for o in outcomes):
         return "killed"
     if all(o == "pass" for o in outcomes):
-        return "holds"
+        return "uninformative" if placebo_holds else "holds"
     return "inconclusive"

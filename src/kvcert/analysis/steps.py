@@ -27,13 +27,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-import yaml
 
+from ..atomic import write_text
 from ..pipeline.config import experiment_grid
 from ..provenance import check_prereg_hash, git_commit
 from ..prereg import load_claims, verify
 from .claims import evaluate_claims, main_tasks
-from .load import RecordRefused, read_table, score_shards, verified_freeze, write_table
+from .load import PlannedShard, RecordRefused, read_table, score_shards, verified_freeze, write_table
 from .replay_stats import empty_replay, summarize_replay
 from .signals import evaluate_signals, headline
 
@@ -58,40 +58,71 @@ def jsonable(obj: Any) -> Any:
 
 
 def write_json(data: Any, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(jsonable(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
-    return path
+    return write_text(path, json.dumps(jsonable(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 # --- score ----------------------------------------------------------------------------------------
-def planned_counts(shards: Sequence[str | Path], experiment: str, prereg: str | Path,
-                   configs: str | Path | None = None) -> dict[str, int]:
-    """{shard path: the records the experiment's plan puts in it} for the given shard paths
-    (matched on the plan's relative shard path); a shard the plan does not know is refused."""
+def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | Path,
+                   configs: str | Path | None = None, model_paths: Mapping[str, str] | None = None,
+                   ) -> dict[str, PlannedShard]:
+    """{shard path: what the experiment's plan puts in it} for the given shard paths (matched on
+    the plan's relative shard path; the examples from the manifest beside them, the config
+    hashes from the configs composed now, ``model_paths`` {model: path} overriding a model's
+    path as ``kvcert shard --model-path`` does); a shard the plan does not know is refused."""
+    from ..pipeline.jobs import planned_records
     from ..pipeline.plan import build_plan
 
-    plan = build_plan(experiment, experiment_grid(experiment, configs or "configs", prereg)[1])
-    counts = {}
+    configs = Path(configs or "configs")
+    plan = build_plan(experiment, experiment_grid(experiment, configs, prereg)[1])
+    out, cache = {}, {}
     for path in shards:
-        match = [s for s in plan.shards if Path(path).as_posix().endswith("/" + s.path)]
+        text = Path(path).as_posix()
+        match = [s for s in plan.shards if text.endswith("/" + s.path) or text == s.path]
         if len(match) != 1:
             raise RecordRefused(f"{path}: not a shard of experiment {experiment}'s plan; remove it from --shards")
-        counts[str(path)] = match[0].generations
-    return counts
+        shard = match[0]
+        manifest = Path(text[: len(text) - len(shard.path)] + shard.manifest)
+        if not manifest.exists():
+            raise RecordRefused(f"{path}: its manifest {manifest} is missing; rerun the manifest step "
+                                "(the plan's examples come from it)")
+        try:
+            records = planned_records(experiment, shard, manifest, configs, prereg,
+                                      (model_paths or {}).get(shard.model), cache)
+        except ValueError as exc:
+            raise RecordRefused(f"{path}: {exc}") from None
+        out[str(path)] = PlannedShard(records, f"{configs}, experiment {experiment}, model {shard.model}, task "
+                                               f"{shard.task}")
+    return out
 
 
-def score_step(shards: Sequence[str | Path], prereg: str | Path, out: str | Path,
-               verified: str | Path | None = None, jobs: int = 1, expected: Mapping[str, int] | None = None) -> Path:
-    """Score the shards into ``out``. The claims, report and summary of an earlier run in the
-    same folder are removed first: once the scores are redone they describe other data."""
-    folder = Path(out).parent
-    for name in ("claims.json", "report.md", "report.html", "summary.json"):
+#: the outputs made from the scores, in the order the steps make them
+DOWNSTREAM = ("claims.json", "report.md", "report.html", "summary.json")
+
+
+def remove_stale(folder: Path, names: Sequence[str], why: str) -> None:
+    """Remove earlier outputs that the step about to run makes stale (a run killed half-way then
+    leaves nothing that disagrees with the new files)."""
+    for name in names:
         stale = folder / name
         if stale.exists():
             stale.unlink()
-            print(f"{stale}: removed (stale until the claims and report steps rebuild it from these scores)")
+            print(f"{stale}: removed ({why})")
+
+
+def score_step(shards: Sequence[str | Path], prereg: str | Path, out: str | Path,
+               verified: str | Path | None = None, jobs: int = 1,
+               expected: Mapping[str, "int | PlannedShard"] | None = None) -> Path:
+    """Score the shards into ``out``. The claims, report and summary of an earlier run in the
+    same folder are removed first: once the scores are redone they describe other data."""
+    remove_stale(Path(out).parent, DOWNSTREAM, "stale until the claims and report steps rebuild it from these scores")
     df, provenance = score_shards(shards, prereg, verified, jobs, expected)
+    rescored = df.attrs.pop("rescored", [])
+    if rescored:
+        where, stored, derived = rescored[0]
+        print(f"{len(rescored)} record(s) carry a stored score that differs from their answer's under the task's "
+              f"metric (e.g. {where}: stored {stored}, derived {derived}); the derived score is used")
+    if not provenance.get("plan_checked"):
+        print("shards not compared with the plan (give --experiment): record keys and config hashes unchecked")
     return write_table(df, out, provenance)
 
 
@@ -158,7 +189,7 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     t0 = time.perf_counter()
     draws = replay_model(loaded, tokenizer, recs, [float(b) for b in rp["budgets"]], int(rp["draws"]),
                          int(rp["later_queries"]), float(plan["delta"]), design, seed, max_layers, model_name=spec.name,
-                         query_kinds=kinds)
+                         query_kinds=kinds, progress=True)
     rows = impossibility_for_model(loaded, tokenizer, recs[0], design=design, seed=seed, model_name=spec.name)
     num_layers = loaded.config.get_text_config().num_hidden_layers
     provenance = {
@@ -191,14 +222,42 @@ def _read_scores(path: str | Path, prereg_hash: str) -> tuple[pd.DataFrame, dict
     return df, prov
 
 
+def excluded_cells(df: pd.DataFrame) -> dict[str, int]:
+    """{cell: records} of the records the claims leave out as pre-freeze; a cell is a shard's folder
+    (``<model>/<cell>/<task>/<length>`` of ``generations/``), else model/task/length."""
+    gone = df[df["pre_freeze"]] if len(df) else df
+    counts: dict[str, int] = {}
+    for shard, model, task, length in zip(gone["shard"], gone["model"], gone["task"], gone["target_tokens"]):
+        parts = Path(str(shard)).parts
+        cell = "/".join(parts[-5:-1]) if len(parts) >= 6 and parts[-6] == "generations" else f"{model}/{task}/{length}"
+        counts[cell] = counts.get(cell, 0) + 1
+    return counts
+
+
+def check_exclusions(df: pd.DataFrame, scores: str | Path, frozen_utc: str) -> None:
+    """Refuse, in one line, scores whose planned records the claims would leave out as pre-freeze."""
+    cells = excluded_cells(df)
+    if cells:
+        listing = ", ".join(f"{cell}: {n}" for cell, n in sorted(cells.items()))
+        raise RecordRefused(
+            f"{scores}: {sum(cells.values())} records started before the freeze of {frozen_utc} and would be left "
+            f"out of the claims ({listing}); regenerate them (a generation machine's clock may be wrong), or pass "
+            "--accept-excluded to evaluate the claims without them")
+
+
 def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | Path, experiment: str,
-                out: str | Path, verified_json: str | Path | None = None, configs: str | Path | None = None) -> dict:
-    """Evaluate every claim and write ``claims.json``; returns its content."""
+                out: str | Path, verified_json: str | Path | None = None, configs: str | Path | None = None,
+                accept_excluded: bool = False) -> dict:
+    """Evaluate every claim and write ``claims.json``; returns its content. Records excluded as
+    pre-freeze stop it (:func:`check_exclusions`) unless ``accept_excluded``."""
+    remove_stale(Path(out).parent, DOWNSTREAM[1:], "stale until the report step rebuilds it from these claims")
     freeze = verified_freeze(prereg, verified_json)
     doc = load_claims(prereg)
     grid = experiment_grid(experiment, configs or "configs", prereg)[1]
     df, scores_prov = _read_scores(scores, freeze.prereg_hash)
     rp, replay_prov = _read_replays(replay, freeze.prereg_hash)
+    if not accept_excluded:
+        check_exclusions(df, scores, freeze.frozen_utc)
     t0 = time.perf_counter()
     results = evaluate_claims(doc, df, rp, main_tasks(grid))
     signals = evaluate_signals(doc, df, grid)
@@ -227,12 +286,14 @@ def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[
                 impossibility: Sequence[str | Path], out_dir: str | Path,
                 verified_json: str | Path | None = None) -> dict[str, Path]:
     """Write the report; ``summary.json`` beside it holds the verdicts in a few lines."""
+    from ..prereg import read_verified
     from .report import build_report
 
+    remove_stale(Path(out_dir), DOWNSTREAM[1:], "rebuilt now from these claims")
     doc = json.loads(Path(claims).read_text())
     prereg_hash = doc["provenance"]["prereg_hash"]
     if verified_json is not None:
-        stamped = json.loads(Path(verified_json).read_text()).get("prereg_hash")
+        stamped = read_verified(verified_json).get("prereg_hash")
         check_prereg_hash(f"{claims} (claims, verified by {verified_json})", prereg_hash, stamped,
                           "rerun the claims step", RecordRefused)
     df, scores_prov = _read_scores(scores, prereg_hash) if scores else (None, {})
@@ -277,7 +338,9 @@ def summary(doc: Mapping, df=None) -> dict:
         "frozen_utc": doc["provenance"].get("frozen_utc"),
         **run_summary(df),
         "claims": {c["id"]: {"verdict": c["verdict"], "statistic": c["statistic"], "value": c["value"], "ci": c["ci"],
-                             "paper_value": c["paper"].get("value"), "paper_verdict": c["paper"].get("verdict")}
+                             "paper_value": c["paper"].get("value"), "paper_verdict": c["paper"].get("verdict"),
+                             "placebo_passes": (c.get("placebo") or {}).get("passes"),
+                             "seed_stability": (c.get("seed_stability") or {}).get("agree")}
                    for c in doc["claims"]},
         "signal_auc": headline(doc.get("comparison_signals")),
     }

@@ -1,6 +1,6 @@
 """``kvcert bench certificate``: the certificate's cost on the torch path, and sampling's.
 
-Measured side by side in one process (DESIGN.md §1; issue "Core library"):
+Measured side by side in one process (docs/design.md §1):
 * decode attention over a retained cache with the certificate (V̂, b̂_c) vs the same
   Hájek attention without it — 8k and 32k retained tokens, 32 query / 8 KV heads,
   head dim 128, fp32, batch 1;
@@ -79,6 +79,9 @@ def sampling_ratios(tokens: int, repeats: int, seed: int = 0) -> dict[str, float
 
 
 def run(args) -> int:
+    from . import check_counts
+
+    check_counts(args, retained=1, sampling_tokens=1, repeats=1, threads=1)
     import torch
 
     torch.set_grad_enabled(False)

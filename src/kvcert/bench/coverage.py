@@ -170,6 +170,9 @@ def summary(cells: dict, budgets=BUDGETS, rhos=RHOS) -> dict:
 
 
 def run(args) -> int:
+    from . import check_counts
+
+    check_counts(args, sizes=1, instances=1, draws=1, later=1, threads=1)
     import torch
 
     threads = torch.get_num_threads()

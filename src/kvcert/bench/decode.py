@@ -107,6 +107,9 @@ def decode_steps(model, cache, steps: int, token: int = 7, signals: bool | None 
 
 
 def run(args) -> int:
+    from . import check_counts
+
+    check_counts(args, lengths=1, steps=1, repeats=1, threads=1)
     import torch
 
     torch.set_grad_enabled(False)

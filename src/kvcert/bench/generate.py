@@ -104,6 +104,9 @@ def compare(engines, records, repeats: int) -> dict:
 
 
 def run(args) -> int:
+    from . import check_counts
+
+    check_counts(args, lengths=1, long=0, examples=1, long_examples=1, repeats=1, threads=1)
     import torch
 
     from ..generation.engine import Engine

@@ -4,10 +4,17 @@ Times, with ``triton.testing.do_bench`` (median): the Triton kernel with the cer
 the same kernel without it, and PyTorch SDPA over the same retained cache (plain, and with
 the −log π bias as a float mask), for batch 1 and 8, 32 query / 8 KV heads, head dim 128,
 bf16, retained lengths 4k–128k; prints the achieved memory bandwidth as a fraction of a
-measured device-to-device copy. Without a CUDA GPU it says so in one line and exits 0.
+measured device-to-device copy. Without a CUDA GPU it says so in one line and exits non-zero
+(nothing measured).
+
+``--compile-only`` compiles every kernel variant for sm_80 and sm_90 instead, on any
+machine with Triton (no GPU needed), and prints what each uses
+(:mod:`kvcert.bench.kernel_compile`).
 """
 
 from __future__ import annotations
+
+import os
 
 DEFAULT_RETAINED = [4096, 8192, 16384, 32768, 65536, 131072]
 
@@ -21,14 +28,28 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     p.add_argument("--tune", action="store_true", help="also sweep block size / warps / stages / splits")
     p.add_argument("--output", default=None, help="write the measurements as JSON to this file")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile every variant for sm_80 / sm_90 (no GPU needed): registers, stack, shared memory, occupancy")
+    p.add_argument("--arch", type=int, nargs="+", default=[80, 90], help="compute capabilities (--compile-only)")
+    p.add_argument("--dtypes", nargs="+", choices=["bfloat16", "float16", "float32"],
+                   default=["bfloat16", "float16", "float32"], help="cache dtypes (--compile-only)")
+    p.add_argument("--cache", default=None, help="Triton's kernel cache folder (--compile-only; default: Triton's own)")
+    p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1),
+                   help="compile processes (--compile-only)")
 
 
 def run(args) -> int:
+    if args.compile_only:
+        from .kernel_compile import run_compile_only
+
+        return run_compile_only(args)
+    from . import check_counts
+
+    check_counts(args, batch=1, retained=1, query_heads=1, kv_heads=1, head_dim=1)
     import torch
 
-    if not torch.cuda.is_available():
-        print("kvcert bench kernel: no CUDA GPU on this machine; nothing measured (run it where a GPU is)")
-        return 0
+    if not torch.cuda.is_available():  # nothing measured is a failure, not a result
+        raise RuntimeError("no CUDA GPU on this machine: nothing measured; run `kvcert bench kernel` where a GPU is")
     from .kernel_timing import run_benchmark
 
     return run_benchmark(args)

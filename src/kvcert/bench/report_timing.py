@@ -25,6 +25,9 @@ PAPER_TASKS = {"longbench_qasper": 150, "longbench_multifieldqa_en": 150, "longb
 
 
 def run(args) -> int:
+    from . import check_counts
+
+    check_counts(args, models=1, multiturn=0, replay_cells=0, replay_draws=1, jobs=1)
     from kvcert.analysis.load import write_table
     from kvcert.analysis.steps import claims_step, report_step, score_step
     from kvcert.testing import frozen_copy, multiturn_records, paper_records, replay_frame, write_shard

@@ -1,6 +1,6 @@
 """Question-aware and streaming generation over a compressed cache, one record at a time.
 
-Conditions (DESIGN.md §2):
+Conditions (docs/design.md §2):
 
 * ``full`` — no eviction.
 * ``aware`` — context and question are prefilled together and compressed (every layer
@@ -19,12 +19,17 @@ forward's certificates are folded into a :class:`~kvcert.generation.signals.Cert
 the record carries the paper's plug-in certificate (``certificate``) and the robust one
 (``certificate_robust``, from the layers' eviction sketches; ``sketch_bytes`` their memory,
 included in ``kv_bytes_*``).
+
+A model whose forward gives NaN or ±inf — in its logits, or in what the attention and the
+eviction scores see — is refused (:class:`ModelOutputError`, one line naming the model
+folder) before anything is recorded: broken weights never become empty "answers".
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime, timezone
 
@@ -32,6 +37,7 @@ import torch
 
 from ..cache import CertifiedCache
 from ..certificate import unit_roundoff
+from ..checks import NonFiniteError
 from ..press import EvictionPress
 from ..scorers import get_scorer
 from ..tasks.scoring import score_record
@@ -57,9 +63,69 @@ def eos_ids(model, tokenizer) -> set[int]:
     return ids
 
 
+def stop_rules(tokenizer, record, eos: set[int]) -> tuple[set[int], set[int]]:
+    """(the ids that end the answer, the ids its first token may not be) for ``record``.
+
+    By default EOS ends the answer and nothing is forbidden. A record with
+    ``metadata["stop_newline"]`` (LongBench's samsum) follows ``pred.py``: its ``generate``
+    call stops at ``[tokenizer.eos_token_id, tokenizer.encode("\n")[-1]]`` and sets
+    ``min_length`` to the prompt plus one, so a newline ends the answer and the first token
+    may be neither of the two."""
+    if not record.metadata.get("stop_newline"):
+        return eos, set()
+    stops = {int(tokenizer.encode("\n", add_special_tokens=False)[-1])}
+    if tokenizer.eos_token_id is not None:
+        stops.add(int(tokenizer.eos_token_id))
+    return stops, stops
+
+
+def greedy(lp: torch.Tensor, forbidden: set[int]) -> torch.Tensor:
+    """The greedy token(s) of log-probabilities ``lp`` [..., V], never one of ``forbidden``."""
+    if not forbidden:
+        return lp.argmax(-1)
+    masked = lp.clone()
+    masked[..., sorted(forbidden)] = float("-inf")
+    return masked.argmax(-1)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+class ModelOutputError(ValueError):
+    """A model whose forward gives NaN or ±inf (broken weights, an overflowing dtype): nothing it
+    generates is kept."""
+
+
+def _broken(model_path: str, what: str) -> ModelOutputError:
+    return ModelOutputError(
+        f"model {model_path}: {what}; its weights (or dtype) are broken: check or replace the weights in "
+        f"that folder (`kvcert check` runs one token per model)")
+
+
+def check_logits(logits: torch.Tensor, model_path: str) -> None:
+    """Refuse non-finite next-token logits in one line naming the model folder."""
+    if not bool(torch.isfinite(logits).all()):
+        raise _broken(model_path, "non-finite logits (NaN or ±inf)")
+
+
+@contextmanager
+def refusing_non_finite(model_path: str):
+    """NaN or ±inf met inside a forward (attention inputs, eviction scores) → one line naming the model."""
+    try:
+        yield
+    except NonFiniteError as exc:
+        raise _broken(model_path, f"non-finite values inside its forward ({exc})") from None
+
+
+def model_folder_label(path: str) -> str:
+    """The folder a model config's ``path`` names, for messages ("embedded": the shipped one)."""
+    if path == "embedded":
+        from ..embedded import embedded_model_path
+
+        return str(embedded_model_path())
+    return path
 
 
 def certificate_status(method, certificate, kept_fraction) -> str | None:
@@ -86,6 +152,7 @@ class Engine:
         self.device = next(model.parameters()).device
         self.eos = eos_ids(model, tokenizer)
         self.num_layers = model.config.get_text_config().num_hidden_layers
+        self.model_path = model_folder_label(spec.model.path)
 
     # --- pieces ----------------------------------------------------------------------
     def press(self, record_id: str, budget: float) -> EvictionPress | None:
@@ -100,8 +167,11 @@ class Engine:
 
     def _forward(self, ids: list[int], cache: CertifiedCache) -> torch.Tensor:
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1]
+        with refusing_non_finite(self.model_path):
+            out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[0, -1]
+        check_logits(logits, self.model_path)
+        return logits
 
     def _prefill(self, spec: GenerationSpec, ids: list[int], question_start: int, cache: CertifiedCache, press):
         """Feed the prompt according to the condition; returns the logits of the first answer token."""
@@ -150,16 +220,17 @@ class Engine:
         tokens: list[int] = []
         logprobs: list[float] = []
         signals = StepSignals(attention=not spec.method.is_full)
+        stops, first_forbidden = stop_rules(self.tokenizer, record, self.eos)
         for step in range(limit):
             for s in cache.pop_steps():
                 trace.add(s)
                 signals.add_attention(attention_entropy(s))
             lp = torch.log_softmax(logits.float(), dim=-1)
-            tok = int(lp.argmax())
+            tok = int(greedy(lp, first_forbidden if step == 0 else set()))
             tokens.append(tok)
             logprobs.append(float(lp[tok]))
             signals.add_next_token(next_token_signals(lp))
-            if tok in self.eos or step == limit - 1:
+            if tok in stops or step == limit - 1:
                 break
             logits = self._forward([tok], cache)
         _sync(self.device)

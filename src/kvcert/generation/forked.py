@@ -42,7 +42,7 @@ from ..certificate import unit_roundoff
 from ..fork import (Branch, ForkingCache, join_view_caches, row_nbytes, row_view_cache, stacked_cache,
                     take_cache_rows, width_buckets)
 from ..tasks.prompting import build_prompt_ids
-from .engine import Engine, _sync
+from .engine import Engine, _sync, check_logits, greedy, refusing_non_finite, stop_rules
 from .signals import CertificateTrace, StepSignals, add_rows, attention_entropy, evicted_mass, next_token_signals
 
 
@@ -78,9 +78,15 @@ def _forward_rows(model, cache, tokens: list[int], rows: int, device) -> torch.T
 
 @torch.inference_mode()
 def run_forked(engines: list[Engine], record) -> list[dict]:
-    """The records of ``record`` under every engine's spec (same model), in the engines' order."""
+    """The records of ``record`` under every engine's spec (same model), in the engines' order; NaN or
+    ±inf in a forward or its logits is refused in one line naming the model folder."""
     if not engines:
         return []
+    with refusing_non_finite(engines[0].model_path):
+        return _run_forked(engines, record)
+
+
+def _run_forked(engines: list[Engine], record) -> list[dict]:
     if any(not forkable(e) for e in engines):
         raise ValueError("run_forked: chunked streaming runs keep the batch-1 path (Engine.run)")
     e0 = engines[0]
@@ -134,6 +140,7 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
             t = time.perf_counter()
             view = row_view_cache(batch, start, start + len(members))
             out = _forward_rows(model, view, feed, len(members), device)
+            check_logits(out, e0.model_path)
             _sync(device)
             dt = time.perf_counter() - t
             _fold([traces[i] for i in members], [signals[i] for i in members], view, view.pop_steps(),
@@ -148,7 +155,7 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
         batches.append([batch, order, torch.cat(logits, 0)])
     del sources
 
-    eos = e0.eos
+    stops, first_forbidden = stop_rules(e0.tokenizer, record, e0.eos)
     limits = [_limit(record, s) for s in specs]
     tokens: list[list[int]] = [[] for _ in engines]
     logprobs: list[list[float]] = [[] for _ in engines]
@@ -159,7 +166,7 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
             cache, active, step_logits = entry
             t = time.perf_counter()
             lp = torch.log_softmax(step_logits.float(), dim=-1)
-            best = lp.argmax(-1)
+            best = greedy(lp, first_forbidden if not tokens[active[0]] else set())  # rows of a batch step together
             picked = lp.gather(-1, best.unsqueeze(-1)).squeeze(-1)
             best, picked = best.tolist(), picked.tolist()
             step_signals = next_token_signals(lp)
@@ -168,7 +175,7 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
                 tokens[i].append(best[pos])
                 logprobs[i].append(picked[pos])
                 signals[i].add_next_token(step_signals, pos)
-                if best[pos] in eos or len(tokens[i]) == limits[i]:
+                if best[pos] in stops or len(tokens[i]) == limits[i]:
                     finished.append(pos)
             for pos in finished:
                 i = active[pos]
@@ -192,6 +199,7 @@ def run_forked(engines: list[Engine], record) -> list[dict]:
                 active = entry[1] = [active[pos] for pos in keep]
             x = torch.tensor([tokens[i][-1] for i in active], dtype=torch.long, device=device).unsqueeze(-1)
             entry[2] = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            check_logits(entry[2], e0.model_path)
             _fold([traces[i] for i in active], [signals[i] for i in active], cache, cache.pop_steps(),
                   range(len(active)))
             _sync(device)

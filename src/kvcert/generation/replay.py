@@ -3,7 +3,7 @@ impossibility demonstration (Theorem 1) on a real model: the model side of the r
 stage (its table's layout: :mod:`kvcert.generation.replay_table`; its statistics, torch-free:
 :mod:`kvcert.analysis.replay_stats`).
 
-Procedure (DESIGN.md §1, "Across decode steps"; ``analysis_plan.replay``), per task
+Procedure (docs/design.md §1, "Across decode steps"; ``analysis_plan.replay``), per task
 record:
 
 1. Prefill the prompt (:func:`kvcert.tasks.prompting.build_prompt_ids`) with kvcert
@@ -12,13 +12,15 @@ record:
    the one capture helper, :func:`kvcert.integration.capture_decode`). The
    captured state of the last step holds the prompt keys followed by the decode keys.
 2. Importance = the SnapKV scorer on the prompt observation (its observation window is
-   the end of the prompt): the *setting* query — the one that set π — is the last
-   prompt query. π = :func:`kvcert.design.inclusion_probabilities` at each budget.
-3. Per (layer, KV head, budget) draw ``draws`` Poisson samples **once** (a generator
-   seeded from ``(seed, example, layer, budget)``) and evaluate every query of that
+   the end of the prompt: the window's queries, pooled over a KV head's query heads, set
+   π; no single query does). The *setting* query is the last prompt query — the last of
+   that window. π = :func:`kvcert.design.inclusion_probabilities` at each budget.
+3. Per (layer, KV head, budget) draw ``draws`` Poisson samples **once** (the press's generator
+   recipe, :func:`kvcert.design.cpu_generator`, seeded from ``(seed, example, layer, budget)``:
+   the same draws on a GPU as on a CPU) and evaluate every query of that
    head group on the same samples. Three query kinds:
 
-   * ``setting`` — the last prompt query, over the kept prompt keys;
+   * ``setting`` — the last prompt query (inside the window that set π), over the kept prompt keys;
    * ``later`` — the ``later_queries`` decode-step queries of the *full-cache* run, over
      the kept prompt keys plus the decode keys (certain, π = 1): the stale-π case, with
      queries that do not depend on the sample;
@@ -28,7 +30,9 @@ record:
      greedy decoding continued from the compressed logits, so each query (and each
      decode key and value) depends on the sample, as in real decoding. Over the kept
      prompt keys plus that run's own decode keys; the exact output uses every prompt key
-     and the same decode keys.
+     and the same decode keys. A row is ``diverged`` when that run had, by its step, fed a
+     token the full-cache run did not (before that, its queries differ from the later
+     ones only through the compressed attention of earlier layers).
 
    Draws are vectorised as the batch dimension (rows padded with log π = +inf).
 4. ô and the certificate (V̂, the one-pass range bound b̂_c, ε_δ) are those of
@@ -68,9 +72,10 @@ import torch
 from ..attention import hajek_attention
 from ..cache import CertifiedCache
 from ..certificate import anytime_radius, bernstein_radius, robust_radius, unit_roundoff
-from ..design import DEFAULT_DESIGN, RetentionDesign, Sample, inclusion_probabilities, poisson_sample
+from ..design import DEFAULT_DESIGN, RetentionDesign, Sample, cpu_generator, inclusion_probabilities, poisson_sample
 from ..impossibility import impossibility_demo
 from ..integration import capture_decode, check_certified_attention
+from ..progress import progress as progress_display
 from ..scorers import get_scorer
 from ..scorers.base import LayerObservation
 from ..sketch import POTENTIAL_WINDOW, build_sketch, shadow_count, sketch_potential
@@ -129,7 +134,7 @@ def draw_samples(cap: Capture, layer: int, budget: float, draws: int, design: Re
     """π [Hkv, N] (float64) of one layer at one budget and its ``draws`` Poisson samples [draws, Hkv, K]."""
     importance = get_scorer(scorer)(cap.prompt[layer])[0]  # [Hkv, N]
     pi = inclusion_probabilities(importance, float(budget), design)
-    gen = torch.Generator(device=pi.device).manual_seed(_seed(seed, example_id, layer, float(budget)))
+    gen = cpu_generator(_seed(seed, example_id, layer, float(budget)))  # the same draws on every device
     return pi, poisson_sample(pi.unsqueeze(0).expand(draws, -1, -1).contiguous(), gen)
 
 
@@ -139,11 +144,14 @@ def _slice(sample: Sample, d0: int, d1: int) -> Sample:
 
 @dataclass
 class Compressed:
-    """The compressed run of each draw at one replayed layer: queries [M, Hq, J, D], decode keys/values [M, Hkv, J, D]."""
+    """The compressed run of each draw at one replayed layer: queries [M, Hq, J, D], decode keys/values
+    [M, Hkv, J, D], and ``diverged`` [M, J]: whether the tokens fed up to decode step j differ from the
+    full-cache run's (only then does the query's own history, not just its hidden states, depend on the draw)."""
 
     queries: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor
+    diverged: torch.Tensor
 
 
 @torch.no_grad()
@@ -161,6 +169,7 @@ def compressed_decode(model, cap: Capture, samples: dict[int, Sample], steps: in
     draws = next(iter(samples.values())).indices.shape[0]
     batch = draws if max_batch is None else max(1, int(max_batch))
     parts: dict[int, list[tuple]] = {i: [] for i in layers}
+    reference = torch.tensor(cap.tokens[1:steps], dtype=torch.long, device=device)  # the full run's tokens 2..J
     for d0 in range(0, draws, batch):
         d1 = min(draws, d0 + batch)
         nd = d1 - d0
@@ -171,10 +180,14 @@ def compressed_decode(model, cap: Capture, samples: dict[int, Sample], steps: in
             cache.layers[i].compact(_slice(samples[i], d0, d1))
         x = torch.full((nd, 1), cap.tokens[0], dtype=torch.long, device=device)
         run = capture_decode(model, x, layers, steps - 1, cache=cache)
+        own = torch.stack(run.tokens, 1) if run.tokens else torch.empty(nd, 0, dtype=torch.long, device=device)
+        differs = (own != reference.unsqueeze(0)).cumsum(1) > 0  # [nd, J-1]: fed token 2..J or an earlier one differs
+        diverged = torch.cat([torch.zeros(nd, 1, dtype=torch.bool, device=device), differs], 1)
         for i in layers:
             layer = cache.layers[i]
-            parts[i].append((torch.stack(run.queries[i], 2), layer.keys[:, :, -steps:], layer.values[:, :, -steps:]))
-    return {i: Compressed(*(torch.cat([p[j] for p in parts[i]], 0) for j in range(3))) for i in layers}
+            parts[i].append((torch.stack(run.queries[i], 2), layer.keys[:, :, -steps:], layer.values[:, :, -steps:],
+                             diverged))
+    return {i: Compressed(*(torch.cat([p[j] for p in parts[i]], 0) for j in range(4))) for i in layers}
 
 
 def _exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
@@ -218,9 +231,11 @@ def _shadow_slots(cap: Capture, layer: int) -> int:
     return shadow_count(cap.prompt_tokens, per_token, k.shape[-1])
 
 
-def _columns(res, err, steps, delta, kind_steps, d0, nd, hq, group, lengths, out: dict, roundoff: float) -> None:
+def _columns(res, err, steps, delta, kind_steps, d0, nd, hq, group, lengths, out: dict, roundoff: float,
+             diverged: torch.Tensor | None = None) -> None:
     """Append one chunk's rows: res = the hajek_attention result [nd, Hq, Q]; err [nd, Hq, Q]; ``roundoff`` the
-    unit roundoff of the captured cache's dtype (the robust radius's floor u·‖ô‖)."""
+    unit roundoff of the captured cache's dtype (the robust radius's floor u·‖ô‖); ``diverged`` [nd, Q] (None:
+    the full-cache run's own queries, never diverged)."""
     var, rng = res.variance, res.range_term
     rad = bernstein_radius(var, rng, delta)
     anyr = anytime_radius(var, rng, delta, steps)
@@ -234,6 +249,8 @@ def _columns(res, err, steps, delta, kind_steps, d0, nd, hq, group, lengths, out
     out["step"].append(np.broadcast_to(np.asarray(kind_steps, dtype=np.int16)[None, None, :], shape).reshape(-1))
     out["kept"].append(lengths.repeat_interleave(group, dim=1).unsqueeze(-1).expand(shape).reshape(-1).cpu().numpy()
                        .astype(np.int32))
+    div = np.zeros(shape, dtype=bool) if diverged is None else diverged.cpu().numpy()[:, None, :]
+    out["diverged"].append(np.broadcast_to(div, shape).reshape(-1))
     for name, t in (("error", err), ("radius", rad), ("anytime_radius", anyr), ("variance", var), ("range_term", rng),
                     ("output_norm", torch.linalg.vector_norm(res.output, dim=-1)), ("radius_robust", rob),
                     ("anytime_radius_robust", anyrob), ("shadow_sum", res.shadow_sum),
@@ -276,7 +293,7 @@ def replay_layer(
     roundoff = unit_roundoff(cap.values[layer].dtype)
     tail = pi < 1
     decode_idx = torch.arange(n, n + n_q - 1, device=k_all.device).expand(1, hkv, -1)
-    names = ["step", "draw", "head", "kept", *FLOAT_COLUMNS, *COVERED_COLUMNS]
+    names = ["step", "draw", "head", "kept", "diverged", *FLOAT_COLUMNS, *COVERED_COLUMNS]
     cols: dict[str, dict[str, list[np.ndarray]]] = {k: {c: [] for c in names} for k in ("full", "own")}
     draws = sample.indices.shape[0]
     width = sample.indices.shape[-1]
@@ -314,7 +331,7 @@ def replay_layer(
             err_o = torch.linalg.vector_norm(res_o.output - exact_o, dim=-1)
             steps_o = torch.arange(2, j + 2, dtype=f64, device=k_all.device)
             _columns(res_o, err_o, steps_o, delta, list(range(1, j + 1)), d0, nd, hq, group, sample.lengths[d0:d1],
-                     cols["own"], roundoff)
+                     cols["own"], roundoff, compressed.diverged[d0:d1])
     out = {}
     parts = [("full", cols["full"])] + ([("own", cols["own"])] if own else [])
     for c in names:
@@ -330,6 +347,7 @@ def replay_model(
     model, tokenizer, records, budgets: Sequence[float], draws: int, later_queries: int, delta: float,
     design: RetentionDesign = DEFAULT_DESIGN, seed: int = 0, max_layers: int | None = None,
     model_name: str | None = None, scorer: str = "snapkv", query_kinds: Sequence[str] = QUERY_KINDS,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Replay draws of every record (see the module docstring); one row per (example, layer, head, budget, kind, step, draw).
 
@@ -348,6 +366,7 @@ def replay_model(
     own = "sample_dependent" in query_kinds and later_queries > 0
     captured = list(range(num_layers)) if own else layers
     parts = []
+    bar = progress_display(len(records) * len(budgets), f"replay {name}", "examples × budgets", progress)
     for record in records:
         ids, _ = build_prompt_ids(tokenizer, record)
         cap = capture(model, ids, captured, later_queries)
@@ -364,6 +383,8 @@ def replay_model(
                 part.insert(0, "example_id", record.id)
                 part.insert(0, "model", name)
                 parts.append(part)
+            bar.update(1)
+    bar.close()
     if not parts:
         return empty_replay()
     df = pd.concat(parts, ignore_index=True)

@@ -13,9 +13,16 @@ COVERED_COLUMNS = ["covered", "covered_anytime", "covered_robust", "covered_anyt
 
 REPLAY_COLUMNS = [
     "model", "example_id", "target_tokens", "layer", "head", "kv_head", "budget", "query_kind", "step", "draw", "kept",
+    "diverged",
     *FLOAT_COLUMNS, *COVERED_COLUMNS,
 ]
 
 
+#: ``diverged``: a sample-dependent row whose compressed run fed, by that step, a token the full-cache run did not
+#: (False for the setting and later queries, whose history is the full run's)
+BOOL_COLUMNS = [*COVERED_COLUMNS, "diverged"]
+
+
 def empty_replay() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=float if c in FLOAT_COLUMNS else object) for c in REPLAY_COLUMNS})
+    return pd.DataFrame({c: pd.Series(dtype=float if c in FLOAT_COLUMNS else bool if c in BOOL_COLUMNS else object)
+                         for c in REPLAY_COLUMNS})

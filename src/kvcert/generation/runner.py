@@ -16,9 +16,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tqdm import tqdm
 
 from ..models import load_model, resolve_model_path
+from ..progress import progress as progress_display
 from ..tasks.records import read_jsonl
 from .engine import Engine
 from ..provenance import config_hash, provenance
@@ -30,6 +30,12 @@ from .spec import GenerationSpec
 def expected_key(record_id: str, spec: GenerationSpec) -> str:
     return record_key({"example_id": record_id, "condition": spec.condition, "method": spec.method.name,
                        "budget": float(spec.budget), "seed": spec.seed})
+
+
+def identity(record: dict) -> tuple:
+    """What a shard's record must match besides its key: model, task and length."""
+    tokens = record.get("target_tokens")
+    return record.get("model"), record.get("task"), None if tokens is None else int(tokens), record_key(record)
 
 
 def load_records(records_path: str | Path, start: int = 0, stop: int | None = None):
@@ -59,10 +65,12 @@ def run_specs(
     keys = [expected_key(r.id, s) for r in records for s in specs]
     if len(set(keys)) != len(keys):
         raise ValueError("configs: two runs of the shard are the same setting")
+    planned = {(s.model.name, r.task, r.metadata.get("target_tokens"), expected_key(r.id, s))
+               for r in records for s in specs}
     out_path = Path(out_path)
     if out_path.exists():  # a finished shard: nothing to do if it holds exactly these records
-        done = {record_key(r) for r in read_records(out_path)}
-        if done == set(keys):
+        done = {identity(r) for r in read_records(out_path)}
+        if done == planned:
             return out_path
         raise ValueError(f"{out_path}: the finished shard holds other records than planned; delete it to regenerate")
     if model_and_tokenizer is None:
@@ -73,17 +81,19 @@ def run_specs(
             print(f"{writer.partial}: dropped a truncated last line; it is recomputed", file=sys.stderr)
         hashes = {config_hash(s.to_dict()) for s in specs}
         foreign = [r for r in writer.done.values()
-                   if r.get("prereg_hash") != prereg_hash or r.get("config_hash") not in hashes]
-        if foreign:  # written before an amendment or a config change: never mixed into this shard
+                   if r.get("prereg_hash") != prereg_hash or r.get("config_hash") not in hashes
+                   or identity(r) not in planned]
+        if foreign:  # written before an amendment or a config change, or for another shard: never mixed in
             aside = writer.set_aside()
-            print(f"{writer.partial}: {len(foreign)} records were made under another pre-registration or config "
-                  f"(prereg {foreign[0].get('prereg_hash')}, config {foreign[0].get('config_hash')}); kept as "
+            print(f"{writer.partial}: {len(foreign)} records were made under another pre-registration or config, "
+                  f"or for another shard (prereg {foreign[0].get('prereg_hash')}, config "
+                  f"{foreign[0].get('config_hash')}, {'/'.join(map(str, identity(foreign[0])))}); kept as "
                   f"{aside.name}, the shard starts afresh", file=sys.stderr)
         todo = [(r, s) for r in records for s in specs if not writer.is_done(expected_key(r.id, s))]
         if todo:
             model, tokenizer = model_and_tokenizer or load_model(specs[0].model)
             engines = [Engine(model, tokenizer, s, provenance(s.to_dict(), prereg_hash)) for s in specs]
-            bar = tqdm(total=len(todo), desc=out_path.name, unit="gen", disable=not progress, file=sys.stderr)
+            bar = progress_display(len(todo), "generate " + "/".join(out_path.parts[-5:]), "generations", progress)
             for record in records:
                 missing = [e for e in engines if not writer.is_done(expected_key(record.id, e.spec))]
                 if not missing:

@@ -24,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from ..atomic import write_text
+
 def record_key(record: dict) -> str:
     """What identifies a generation inside a shard: example and run."""
     budget = record.get("budget")
@@ -56,11 +58,8 @@ def file_digest(path: str | Path) -> str:
 
 def write_seal(final: str | Path, content: str | Path, records: int) -> Path:
     """Seal the shard ``final`` whose bytes are in ``content`` (the partial about to become it)."""
-    seal = seal_path(final)
-    tmp = seal.with_name(seal.name + ".tmp")
-    tmp.write_text(json.dumps({"records": records, "sha256": file_digest(content)}, sort_keys=True) + "\n")
-    os.replace(tmp, seal)
-    return seal
+    return write_text(seal_path(final), json.dumps({"records": records, "sha256": file_digest(content)},
+                                                   sort_keys=True) + "\n")
 
 
 class ShardSealError(ValueError):
@@ -75,7 +74,13 @@ def check_seal(path: str | Path, records: int, expected: int | None = None) -> N
     regenerate = f"delete {path} and {seal.name} and rerun to regenerate it"
     if not seal.exists():
         raise ShardSealError(f"{path}: no seal ({seal.name}); it was not finished by kvcert's shard writer; {regenerate}")
-    data = json.loads(seal.read_text())
+    try:
+        data = json.loads(seal.read_text())
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        reason = "an empty file" if not seal.read_text().strip() else f"does not parse: {exc}"
+        raise ShardSealError(f"{seal}: the seal of {path.name} is {reason}; {regenerate}") from None
     if data.get("sha256") != file_digest(path) or data.get("records") != records:
         raise ShardSealError(
             f"{path}: its content differs from its seal ({records} records now, {data.get('records')} when finished): "
@@ -157,11 +162,7 @@ class ShardWriter:
             for record in records:
                 self.done.setdefault(record_key(record), record)
             if len(self.done) != len(records):  # duplicates from an older writer: rewrite once, first wins
-                tmp = self.partial.with_name(self.partial.name + ".dedup")
-                with open(tmp, "w") as fh:
-                    for record in self.done.values():
-                        fh.write(json.dumps(record, sort_keys=True) + "\n")
-                os.replace(tmp, self.partial)
+                write_text(self.partial, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.done.values()))
         self._fh = open(self.partial, "a", buffering=1)
         return self
 
@@ -207,9 +208,14 @@ class ShardWriter:
             self._fh.close()
             self._fh = None
         try:
-            missing = [i for i in expected_keys if i not in self.done]
+            expected = set(expected_keys)
+            missing = [i for i in expected if i not in self.done]
             if missing:
                 raise RuntimeError(f"{self.partial}: {len(missing)} records missing (e.g. {missing[0]!r}); rerun to resume")
+            extra = [k for k in self.done if k not in expected]
+            if extra:  # never sealed into the shard: records of another shard or cell
+                raise RuntimeError(f"{self.partial}: {len(extra)} records this shard does not plan (e.g. {extra[0]!r}); "
+                                   "delete the file and rerun")
             write_seal(self.final, self.partial, len(self.done))
             os.replace(self.partial, self.final)
         finally:

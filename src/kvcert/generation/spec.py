@@ -16,7 +16,7 @@ from ..checks import ROUNDINGS, kept_budget
 from ..certificate import AGGREGATIONS
 from ..design import SAMPLERS, RetentionDesign
 from ..models import ModelSpec
-from ..scorers import SCORERS
+from ..scorers import KVPRESS_PREFIX, SCORERS, scorer_options
 
 CONDITIONS = ("full", "aware", "streaming")
 
@@ -51,16 +51,17 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if self.name == "full":
             return
-        if self.scorer not in SCORERS:
-            raise ValueError(f"method.scorer: {self.scorer!r} is not one of {sorted(SCORERS)}")
+        if not isinstance(self.scorer, str) or not (self.scorer in SCORERS or self.scorer.startswith(KVPRESS_PREFIX)):
+            raise ValueError(f"method.scorer: {self.scorer!r} is not one of {sorted(SCORERS)} "
+                             f"nor {KVPRESS_PREFIX}<a kvpress ScorerPress>")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"method.sampler: {self.sampler!r} is not one of {SAMPLERS}")
         if self.allocation not in ALLOCATIONS:
             raise ValueError(f"method.allocation: {self.allocation!r} is not one of {sorted(ALLOCATIONS)}")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"method.rounding: {self.rounding!r} is not one of {ROUNDINGS}")
-        allowed = {f for f in SCORERS[self.scorer].__dataclass_fields__}
-        _reject_unknown("method.scorer_options", self.scorer_options, allowed)
+        if self.scorer_options:
+            _reject_unknown("method.scorer_options", self.scorer_options, scorer_options(self.scorer))
 
     @property
     def is_full(self) -> bool:

@@ -6,6 +6,9 @@
 - every model of the grid: its configured path is a local model directory with a
   config, weights and a tokenizer that load (``AutoConfig`` / ``AutoTokenizer`` only:
   no weights are read), or a Hub id ``hf:owner/name`` on a machine that may go online;
+  with ``forward=True`` (``kvcert check``; not the Snakefile's check at every start) each
+  model is also loaded once and runs one token, and NaN or ±inf logits are refused;
+- the results folder: writable (a Snakemake ``OSError`` half a minute in otherwise);
 - every data set of the grid (LongBench folders, the LoCoMo file): present, with the
   files the loader looks for;
 - a Snakemake profile, when one is given: no ``REPLACE_WITH_...`` placeholder left, and
@@ -17,6 +20,7 @@ the same check when it is loaded, so ``snakemake -n`` fails on them at once.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -60,6 +64,55 @@ def check_model(name: str, path: str) -> list[str]:
     return []
 
 
+def check_forward(name: str, cfg: dict) -> list[str]:
+    """Load the model of config ``cfg`` once and run one token: a problem for NaN or ±inf logits
+    (broken weights a folder check cannot see), or for a model that does not load or run."""
+    import torch
+
+    from ..cache import CertifiedCache
+    from ..generation.engine import model_folder_label
+    from ..models import ModelSpec, load_model
+
+    spec = ModelSpec(**{k: cfg[k] for k in ("name", "path", "dtype", "device") if k in cfg})
+    if spec.device.startswith("cuda") and not torch.cuda.is_available():
+        spec = ModelSpec(spec.name, spec.path, spec.dtype, "cpu")  # the check runs where the login node can
+    try:
+        model, tokenizer = load_model(spec)
+        token = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else 0
+        with torch.inference_mode():
+            x = torch.tensor([[token]], dtype=torch.long, device=next(model.parameters()).device)
+            logits = model(input_ids=x, cache=CertifiedCache(record_certificates=False), use_cache=True,
+                           logits_to_keep=1).logits
+    except (OSError, ValueError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return [f"model {name}: {spec.path} does not run one token ({type(exc).__name__}: {first})"]
+    if not bool(torch.isfinite(logits).all()):
+        return [f"model {name}: {model_folder_label(spec.path)} gives NaN or ±inf logits on one token: its weights "
+                "(or dtype) are broken; replace the weights in that folder"]
+    return []
+
+
+def check_results(results: str | Path) -> list[str]:
+    """A problem when the results folder cannot be created or written."""
+    import tempfile
+
+    folder = Path(results)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if folder.exists():
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".kvcert-write-check-"):
+                pass
+        elif not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise PermissionError(f"{existing} is not a writable folder")
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        return [f"results folder {folder}: not writable ({reason}); give a writable one with "
+                "`--config results=DIR` (or fix its permissions)"]
+    return []
+
+
 def check_task(task_cfg: dict) -> list[str]:
     """Problems of one task config's data (synthetic tasks need none)."""
     kind = task_cfg.get("kind", "synthetic")
@@ -81,11 +134,9 @@ def check_task(task_cfg: dict) -> list[str]:
             if not _local_files(folder, task_cfg["dataset"], "test"):
                 return [f"task {name}: {source} has no {task_cfg['dataset']}.jsonl (nor Parquet files of it)"]
         elif kind == "locomo":
-            source = str(task_cfg["source"])
-            if not Path(source).expanduser().is_file():
-                from ..sources import missing
+            from ..tasks.locomo import locomo_file
 
-                raise missing("locomo", source, "does not exist (LoCoMo's locomo10.json was expected)")
+            locomo_file(str(task_cfg["source"]))
     except SourceError as exc:
         return [f"task {name}: {_strip(str(exc), kind + ': ')}"]
     return []
@@ -108,7 +159,7 @@ def check_profile(profile: str | Path, experiment_rules: tuple[str, ...] = ("gen
         for placeholder in PLACEHOLDER.findall(code):
             key = code.split(":", 1)[0].strip()
             problems.append(f"profile {config}:{number}: {key} is still {placeholder}; set it for your cluster "
-                            "(see README, Running on a cluster)")
+                            "(see docs/cluster.md)")
     data = yaml.safe_load(text) or {}
     wanted = {str(res["gpu_model"]) for rule, res in (data.get("set-resources") or {}).items()
               if rule in experiment_rules and isinstance(res, dict) and res.get("gpu_model")
@@ -118,7 +169,32 @@ def check_profile(profile: str | Path, experiment_rules: tuple[str, ...] = ("gen
         if known is not None and gpu not in known:
             problems.append(f"profile {config}: gpu_model {gpu!r} is not among this cluster's GPU types "
                             f"({', '.join(sorted(known)) or 'none'}; from sinfo -o %G)")
+    qos_set = any(isinstance(res, dict) and res.get("qos")
+                  for res in [data.get("default-resources") or {}, *(data.get("set-resources") or {}).values()])
+    account = (data.get("default-resources") or {}).get("slurm_account")
+    needed = qos_required(str(account)) if account and not PLACEHOLDER.search(str(account)) else None
+    if needed and not qos_set:
+        problems.append(f"profile {config}: account {account!r} has no default QoS on this cluster (allowed: "
+                        f"{', '.join(needed)}); set `qos: <one of them>` under default-resources")
     return problems
+
+
+def qos_required(account: str) -> list[str] | None:
+    """The QoS names ``account`` may use when its association sets no default QoS (a site that then
+    refuses jobs without ``--qos``); None where that cannot be asked (no sacctmgr) or a default exists."""
+    if shutil.which("sacctmgr") is None:
+        return None
+    try:
+        out = subprocess.run(["sacctmgr", "-nP", "show", "assoc", f"account={account}", "format=qos,defaultqos"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    allowed, defaults = set(), set()
+    for line in out.splitlines():
+        qos, _, default = line.partition("|")
+        allowed |= {q for q in qos.split(",") if q}
+        defaults |= {default} if default else set()
+    return sorted(allowed) if allowed and not defaults else None
 
 
 def cluster_gpu_types() -> set[str] | None:
@@ -138,8 +214,10 @@ def cluster_gpu_types() -> set[str] | None:
     return types
 
 
-def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str | Path | None = None) -> list[str]:
-    """Every problem of ``experiment`` that would stop a run, one line each."""
+def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str | Path | None = None,
+              forward: bool = False, results: str | Path | None = None) -> list[str]:
+    """Every problem of ``experiment`` that would stop a run, one line each (``forward``: also run one
+    token per model; ``results``: the results folder, checked writable)."""
     from ..prereg import PreregError, verify
     from .compose import compose_config
     from .config import experiment_grid
@@ -155,12 +233,17 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
     tasks = sorted({m.task for m in plan.manifests + plan.replays})
     for model in models:
         cfg = compose_config([f"experiment={experiment}", f"model={model}"], configs)["model"]
-        problems += check_model(model, str(cfg["path"]))
+        found = check_model(model, str(cfg["path"]))
+        problems += found
+        if forward and not found:
+            problems += check_forward(model, cfg)
     for task in tasks:
         cfg = compose_config([f"experiment={experiment}", f"task={task}"], configs)["task"]
         problems += check_task(cfg)
     if profile is not None:
         problems += check_profile(profile)
+    if results is not None:
+        problems += check_results(results)
     return problems
 
 

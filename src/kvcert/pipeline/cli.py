@@ -7,12 +7,12 @@ configs with hydra (:mod:`kvcert.pipeline.compose`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from .compose import analysis_plan, compose_config, configs_dir, generation_config, prereg_dir, run_overrides
+from .compose import (analysis_plan, compose_config, configs_dir, generation_config, model_setting, prereg_dir,
+                      run_overrides)
 from .config import experiment_grid
-from .plan import build_plan, gpu_hours
+from .plan import build_plan, fork_factor, gpu_hours, seconds_per
 
 
 def _folders(args) -> Path:
@@ -42,15 +42,72 @@ def plan_command(args) -> int:
     for cell, n in cells.items():
         print(f"  cell {cell:<10} {n:>8} generations")
     hours = gpu_hours(plan, exp["seconds_per_generation"], exp["fork_speedup"])
-    print(f"generations={plan.generations} jobs={plan.jobs} gpu_hours={hours:.1f}")
+    roof = _roofline_lines(args, exp, plan)
+    print(f"generations={plan.generations} jobs={plan.jobs} gpu_hours={hours:.1f} gpu_hours_roofline={roof:.2f}")
     return 0
+
+
+def _answer_tokens(config_dir: Path, task: str) -> int:
+    """A task's answer budget: its config's ``max_new_tokens``, LongBench's dataset2maxlen where that
+    is null, else 32 (:func:`kvcert.pipeline.compose.generation_config`'s fallback)."""
+    import yaml
+
+    path = config_dir / "task" / f"{task}.yaml"
+    cfg = yaml.safe_load(path.read_text()) if path.exists() else {}
+    if cfg.get("max_new_tokens"):
+        return int(cfg["max_new_tokens"])
+    if cfg.get("kind") == "longbench":
+        from ..tasks.longbench import DATASET2MAXLEN
+
+        return int(DATASET2MAXLEN.get(cfg.get("dataset"), 32))
+    return 32
+
+
+def _roofline_lines(args, exp: dict, plan) -> float:
+    """Print the roofline model's assumptions and its bound beside the estimate; its GPU hours."""
+    from . import roofline as rf
+
+    config_dir = _folders(args)
+    gpu = rf.GPUS[args.gpu]
+    archs, unknown = {}, []
+    print(f"roofline: {gpu.name}, {gpu.bandwidth / 1e12:.2f} TB/s HBM, {gpu.flops / 1e12:.0f} TFLOP/s dense bf16, "
+          f"efficiency {args.efficiency:g} of both; a task of native length at {rf.NATIVE_TOKENS} tokens")
+    print("  prefill 2·P·T + 2·layers·heads·head_dim·T² FLOPs once per example (shared by its forked runs); "
+          "decode per step: the weights once per forked batch, each row's kept cache (budget·T + A/2 tokens, "
+          "log π) and sketch")
+    print(f"  {'model':<24} {'params':>8} {'layers':>6} {'heads':>5} {'kv':>3} {'head':>4} {'bytes':>5}  source")
+    for model in plan.grid["models"]:
+        setting = model_setting(config_dir, model)
+        arch = rf.model_architecture(model, setting.get("path"), setting.get("dtype"))
+        archs[model] = arch
+        if arch is None:
+            unknown.append(model)
+            continue
+        path = setting.get("path")
+        source = "config.json" if path and (path == "embedded" or (Path(str(path)) / "config.json").is_file()) \
+            else "built-in table"
+        print(f"  {model:<24} {arch.params:>8.3g} {arch.layers:>6} {arch.heads:>5} {arch.kv_heads:>3} "
+              f"{arch.head_dim:>4} {arch.dtype_bytes:>5}  {source}")
+    answers = {s.task: _answer_tokens(config_dir, s.task) for s in plan.shards}
+    print("  answer tokens: " + ", ".join(f"{t} {a}" for t, a in sorted(answers.items())))
+    cost = rf.plan_roofline(plan, archs, answers, gpu, args.efficiency)
+    print(f"  {'model':<24} {'length':>6} {'estimate s/gen':>14} {'roofline s/gen':>14} {'ratio':>6}")
+    for (model, length), (sec, gens) in cost.items():
+        est = seconds_per(exp["seconds_per_generation"], model, length) * fork_factor(exp["fork_speedup"], model, length)
+        per = sec / max(gens, 1)
+        print(f"  {model:<24} {length or 'native':>6} {est:>14.3f} {per:>14.3f} {est / per if per else float('nan'):>6.1f}")
+    for model in unknown:
+        print(f"  {model}: no architecture (no config.json in its model folder, not in the built-in table); "
+              "left out of gpu_hours_roofline")
+    return sum(sec for sec, _ in cost.values()) / 3600.0
 
 
 def check_command(args) -> int:
     from .check import preflight
 
     config_dir = _folders(args)
-    problems = preflight(args.experiment, args.prereg, config_dir, args.profile)
+    problems = preflight(args.experiment, args.prereg, config_dir, args.profile, forward=not args.no_forward,
+                         results=args.results)
     for line in problems:
         print(line)
     if problems:
@@ -66,12 +123,12 @@ def manifest_command(args) -> int:
 
     config_dir = _folders(args)
     _, plan = _experiment(args)
-    item = plan.manifest(args.model, args.task, args.length)
+    item = plan.manifest(args.model, args.task, args.length, args.set)
     composed = compose_config([f"experiment={args.experiment}", f"model={args.model}", f"task={args.task}"], config_dir)
     if args.model_path:
         composed["model"]["path"] = args.model_path
     tokenizer = load_tokenizer(composed["model"])
-    records = build_records(composed["task"], tokenizer, item.length, item.examples, item.seed)
+    records = build_records(composed["task"], tokenizer, item.length, item.examples, item.seed, item.sample)
     if len(records) < item.examples:
         raise ValueError(f"task {args.task}: only {len(records)} examples, the grid asks for {item.examples}")
     write_manifest(records, args.out)
@@ -80,20 +137,20 @@ def manifest_command(args) -> int:
 
 
 def shard_command(args) -> int:
+    from ..prereg import check_clock, read_verified
     from ..generation.runner import load_records, run_specs
+    from .jobs import shard_configs
 
     config_dir = _folders(args)
     _, plan = _experiment(args)
     shard = plan.shard(args.model, args.cell, args.task, args.length, args.index)
-    aplan = analysis_plan(args.prereg)
     records = load_records(args.manifest, shard.start, shard.stop)
-    configs = []
-    for run in shard.runs:
-        composed = compose_config(run_overrides(args.experiment, args.model, args.task, run), config_dir)
-        if args.model_path:
-            composed["model"]["path"] = args.model_path
-        configs.append(generation_config(composed, aplan, None))
-    prereg_hash = json.loads(Path(args.verified).read_text())["prereg_hash"] if args.verified else None
+    configs = shard_configs(args.experiment, shard, config_dir, args.prereg, args.model_path)
+    prereg_hash = None
+    if args.verified:
+        verified = read_verified(args.verified)
+        prereg_hash = verified.get("prereg_hash")
+        check_clock(args.verified, verified.get("verified_utc"))
     if args.threads:
         import torch
 
@@ -115,11 +172,19 @@ def _common(p) -> None:
 def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="generations, jobs per rule and expected GPU hours of an experiment")
     _common(p)
+    from .roofline import DEFAULT_GPU, EFFICIENCY, GPUS
+
+    p.add_argument("--gpu", choices=sorted(GPUS), default=DEFAULT_GPU, help="GPU of the roofline bound")
+    p.add_argument("--efficiency", type=float, default=EFFICIENCY,
+                   help="share of peak bandwidth and FLOPs a run attains (roofline)")
     p.set_defaults(func=plan_command)
 
     p = subparsers.add_parser("check", help="pre-flight: pre-registration, model folders, data, profile placeholders")
     _common(p)
     p.add_argument("--profile", default=None, help="a Snakemake profile folder to check too (e.g. profiles/slurm)")
+    p.add_argument("--results", default="results", help="the results folder a run writes to (checked writable)")
+    p.add_argument("--no-forward", action="store_true",
+                   help="skip loading each model and running one token (checks the folders only)")
     p.set_defaults(func=check_command)
 
     p = subparsers.add_parser(
@@ -138,6 +203,8 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--task", required=True)
     p.add_argument("--length", type=int, required=True)
+    p.add_argument("--set", choices=["grid", "replay"], default="grid",
+                   help="grid: the generation cells' manifest; replay: the replay's own (its registered examples, seed)")
     p.add_argument("--model-path", default=None, help="override the model config's path (a retrained model)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=manifest_command)

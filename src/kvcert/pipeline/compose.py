@@ -65,6 +65,12 @@ def run_overrides(experiment: str, model: str, task: str, run: Run) -> list[str]
     return overrides
 
 
+def model_setting(config_dir: Path, name: str) -> dict:
+    """configs/model/<name>.yaml with its interpolations (the model folder) resolved; {} if absent."""
+    path = config_dir / "model" / f"{name}.yaml"
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True) if path.exists() else {}
+
+
 def compose_config(overrides: list[str], config_dir: Path | None = None) -> dict:
     """The composed config as a plain dict (interpolations resolved)."""
     from hydra import compose, initialize_config_dir
@@ -77,6 +83,17 @@ def compose_config(overrides: list[str], config_dir: Path | None = None) -> dict
     except HydraException as exc:
         raise ValueError(f"config: {str(exc).splitlines()[0]}") from None
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+def answer_tokens(task: dict, max_new_tokens: int | None = None) -> int:
+    """The answer budget: ``max_new_tokens`` if given, else the task's (null: 32; a record's own,
+    LongBench's per data set, still wins at generation). 0, a negative or a non-integer is refused."""
+    value = max_new_tokens if max_new_tokens is not None else task.get("max_new_tokens")
+    if value is None:
+        return 32
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"task.max_new_tokens={value}: must be an integer >= 1 (or null: the task's default)")
+    return value
 
 
 def generation_config(composed: dict, analysis_plan: dict, max_new_tokens: int | None) -> dict:
@@ -92,7 +109,7 @@ def generation_config(composed: dict, analysis_plan: dict, max_new_tokens: int |
         "condition": composed["condition"],
         "budget": float(composed["budget"]),
         "seed": int(composed["seed"]),
-        "max_new_tokens": int(max_new_tokens or composed["task"].get("max_new_tokens") or 32),
+        "max_new_tokens": answer_tokens(composed["task"], max_new_tokens),
         "chunk_tokens": composed.get("chunk_tokens"),
         "certificate": {"delta": float(analysis_plan["delta"]),
                         "aggregations": list(composed["certificate"]["aggregations"])},

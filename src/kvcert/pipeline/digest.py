@@ -10,13 +10,26 @@ place. So the Snakefile gives each job, as params, the digests of what it depend
 - :func:`config_digest` of the hydra config files the job composes (its model, task,
   methods, budgets, the experiment and the primary config), by content: a comment or
   key order changes nothing, a changed ``path``, ``dtype`` or ``max_new_tokens`` reruns
-  the jobs that read it, and no others.
+  the jobs that read it, and no others;
+- :func:`model_digest` of the model folder a manifest / generate / replay job loads:
+  every file's name, size and SHA-256 (the safetensors headers and weights included),
+  so weights replaced in place rerun the jobs of that model and a copy of the folder
+  (new paths, new times, the same bytes) reruns nothing. A file is read whole only when
+  it is new to the digest cache or its size, inode or status-change time changed
+  (:class:`DigestCache`; every write, and every time set back, changes the status-change
+  time); otherwise its recorded SHA-256 is used, so a 16 GB folder is
+  read once, not at every workflow start. The digest itself holds no time.
+
+Inputs over Snakemake's checksum limit (1 MB by default) would be compared by file time
+(a restored shard, a touched manifest); the Snakefile raises that limit so that its own
+recorded checksums decide.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
@@ -49,3 +62,79 @@ def job_config_files(experiment: str, model: str, task: str, methods: Iterable[s
     files += [f"method/{m}.yaml" for m in methods]
     files += [f"budget/{budget_option(b)}.yaml" for b in budgets]
     return files
+
+
+class DigestCache:
+    """{absolute path: (size, inode, ctime_ns, SHA-256)} of files already read, kept in a JSON file
+    (written atomically; a missing or unreadable one is an empty cache). The status-change time
+    cannot be set back (``touch -d`` and ``os.utime`` move it forward too), so a file rewritten
+    in place with its modification time restored is read again."""
+
+    def __init__(self, path: str | Path | None = None):
+        self.path = None if path is None else Path(path)
+        self.entries: dict[str, list] = {}
+        if self.path is not None and self.path.exists():
+            try:
+                self.entries = json.loads(self.path.read_text())
+            except ValueError:
+                self.entries = {}
+        self.changed = False
+
+    def sha256(self, file: Path) -> str:
+        st = file.stat()
+        key = str(file.resolve())
+        stamp = [st.st_size, st.st_ino, st.st_ctime_ns]
+        entry = self.entries.get(key)
+        if entry is not None and entry[:3] == stamp:
+            return entry[3]
+        h = hashlib.sha256()
+        with open(file, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+        self.entries[key] = [*stamp, h.hexdigest()]
+        self.changed = True
+        return h.hexdigest()
+
+    def save(self) -> None:
+        if self.path is not None and self.changed:
+            from ..atomic import write_text
+
+            try:
+                write_text(self.path, json.dumps(self.entries, sort_keys=True))
+            except OSError:  # a read-only working folder: the hashes are computed again next time
+                return
+            self.changed = False
+
+
+def model_folder(path: str) -> Path | None:
+    """The local folder a model config's ``path`` names ("embedded": the shipped model); None for
+    a Hub id or a folder that does not exist."""
+    from ..sources import hub_id
+
+    if path == "embedded":
+        from ..embedded import embedded_model_path
+
+        return embedded_model_path()
+    if hub_id(path) is not None:
+        return None
+    folder = Path(path).expanduser()
+    return folder if folder.is_dir() else None
+
+
+def model_digest(path: str, cache: DigestCache | None = None) -> str:
+    """SHA-256 (16 hex digits) of a model folder's content: every file (hidden ones aside) by
+    relative name, size and SHA-256; a Hub id or a missing folder by its name alone."""
+    folder = model_folder(path)
+    if folder is None:
+        return hashlib.sha256(f"unresolved:{path}".encode()).hexdigest()[:16]
+    cache = cache or DigestCache()
+    parts = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if name.startswith("."):
+                continue
+            file = Path(root) / name
+            parts.append(f"{file.relative_to(folder).as_posix()}:{file.stat().st_size}:{cache.sha256(file)}")
+    cache.save()
+    return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()[:16]

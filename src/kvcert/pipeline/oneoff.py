@@ -16,16 +16,28 @@ truncation; default 512 and 6144), ``data_seed``, ``out``, ``threads``.
 The retention design and δ come from the pre-registration's analysis plan, as in the
 pipeline. The records carry ``prereg_hash: null``: claim scoring refuses them — a
 one-off run is exploration, not evidence.
+
+Everything is checked before the model is loaded, one line each: every key (an unknown
+one with the nearest known key), every number (``budget``, ``limit``, ``seed``, …), the
+device, the length against the model's positions (``max_position_embeddings`` of the
+folder's ``config.json``; :data:`LENGTH_CAP` where it has none), and the task's data
+(text fields that are text, no lone surrogate).
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
 
 OWN_KEYS = ("budget", "compression_ratio", "limit", "length", "data_seed", "out", "threads")
+#: the config's own top-level keys and groups (configs/config.yaml)
+CONFIG_KEYS = ("experiment", "model", "task", "method", "condition", "seed", "chunk_tokens", "certificate")
 DEFAULT_LENGTH = {"synthetic": 512, "longbench": 6144, "locomo": 0}
+#: the longest prompt accepted where the model's config names no position limit
+LENGTH_CAP = 1 << 20
 
 
 def parse_overrides(items: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -37,8 +49,15 @@ def parse_overrides(items: list[str]) -> tuple[list[str], dict[str, str]]:
         key, value = item.split("=", 1)
         if key in OWN_KEYS:
             own[key] = value
-        else:
-            hydra.append(item)
+            continue
+        root = key.lstrip("+~").split(".", 1)[0]
+        if root not in CONFIG_KEYS:
+            known = sorted(OWN_KEYS + CONFIG_KEYS)
+            close = difflib.get_close_matches(root, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{item}: unknown key {root!r}{hint}; keys: {', '.join(known)} "
+                             "(and dotted keys of the groups, e.g. model.path=...)")
+        hydra.append(item)
     return hydra, own
 
 
@@ -48,9 +67,9 @@ def budget_of(own: dict[str, str], method_name: str) -> float:
 
     if method_name == "full":
         if "budget" in own or "compression_ratio" in own:
-            kept_budget(_number(own.get("budget")), _number(own.get("compression_ratio")))  # both: refused
+            kept_budget(_number(own.get("budget")), _number(own.get("compression_ratio"), "compression_ratio"))
         return 1.0
-    budget = kept_budget(_number(own.get("budget")), _number(own.get("compression_ratio")))
+    budget = kept_budget(_number(own.get("budget")), _number(own.get("compression_ratio"), "compression_ratio"))
     if budget is None:
         raise ValueError("budget=<fraction kept> (or compression_ratio=<fraction removed>) is needed with a method")
     if not 0.0 < budget <= 1.0:
@@ -58,8 +77,61 @@ def budget_of(own: dict[str, str], method_name: str) -> float:
     return budget
 
 
-def _number(text: str | None) -> float | None:
-    return None if text is None else float(text)
+def _number(text: str | None, name: str = "budget") -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text}: must be a number (e.g. {name}=0.25)") from None
+
+
+def integer(own: dict[str, str], name: str, default: int | None, minimum: int) -> int | None:
+    """``own[name]`` as an integer ≥ ``minimum`` (``default`` when not given), refused in one line naming it."""
+    text = own.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}={text}: must be an integer (e.g. {name}={max(minimum, 1)})") from None
+    if value < minimum:
+        raise ValueError(f"{name}={text}: must be at least {minimum}")
+    return value
+
+
+def max_positions(model_path: str) -> int | None:
+    """The model's position limit from its folder's ``config.json`` (its text config's
+    ``max_position_embeddings``, or ``n_positions`` / ``max_sequence_length`` / ``seq_length``);
+    None where it names none (a Hub id, another layout). Reads no weights."""
+    from .digest import model_folder
+
+    folder = model_folder(model_path)
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except ValueError:
+        return None
+    for section in (config.get("text_config") or {}, config):
+        for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            if isinstance(section.get(key), int) and not isinstance(section.get(key), bool):
+                return int(section[key])
+    return None
+
+
+def check_length(length: int, answer_tokens: int, model_path: str) -> None:
+    """Refuse a prompt length the model cannot hold with its answer (before anything is built)."""
+    limit = max_positions(model_path)
+    if limit is None:
+        if length > LENGTH_CAP:
+            raise ValueError(f"length={length}: above {LENGTH_CAP} tokens, and {model_path} names no position "
+                             "limit to allow it; give a shorter length")
+        return
+    if length + answer_tokens > limit:
+        raise ValueError(f"length={length}: with the {answer_tokens}-token answer it exceeds the model's "
+                         f"{limit} positions (max_position_embeddings of {model_path}); give length="
+                         f"{max(limit - answer_tokens, 0)} or less")
 
 
 def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[dict], dict, dict]:
@@ -68,6 +140,9 @@ def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[dic
 
     hydra, own = parse_overrides(items)
     composed = compose_config(hydra, configs)
+    seed = composed.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed={seed}: must be an integer (e.g. seed=0)")
     method = composed["method"]["name"]
     if method != "full" and not any(o.startswith("condition=") for o in hydra):
         composed["condition"] = "aware"  # a method without a condition: question-aware
@@ -130,28 +205,46 @@ def format_table(rows: list[dict]) -> str:
 def run_command(args) -> int:
     from ..generation.runner import run_specs
     from ..generation.shards import read_records
-    from ..models import ModelSpec, load_model
+    from ..generation.spec import GenerationSpec
+    from ..models import ModelSpec, load_model, pick_device
     from .compose import configs_dir, prereg_dir
-    from .manifest import build_records
+    from .manifest import build_records, load_tokenizer
 
     configs = Path(args.configs).resolve() if args.configs else configs_dir()
     prereg = Path(args.prereg) if args.prereg else prereg_dir()
     gen_configs, task_cfg, own = compose_run(args.overrides, configs, prereg)
     kind = task_cfg.get("kind", "synthetic")
-    length = int(own.get("length", DEFAULT_LENGTH.get(kind, 512)))
-    limit = int(own.get("limit", 10))
-    if own.get("threads"):
+    length = integer(own, "length", None, 0)
+    limit = integer(own, "limit", 10, 1)
+    data_seed = integer(own, "data_seed", 0, 0)
+    threads = integer(own, "threads", None, 1)
+    specs = [GenerationSpec.from_dict(c) for c in gen_configs]  # every config error before anything loads
+    setting = gen_configs[-1]
+    model_spec = ModelSpec(**{k: setting["model"][k] for k in ("name", "path", "dtype", "device")})
+    pick_device(model_spec.device)
+    answer = max(s.max_new_tokens for s in specs)
+    if length is None:  # the default, within the model's positions
+        positions = max_positions(model_spec.path)
+        length = DEFAULT_LENGTH.get(kind, 512)
+        length = length if positions is None or not length else max(1, min(length, positions - answer))
+    check_length(length, answer, model_spec.path)
+    if threads:
         import torch
 
-        torch.set_num_threads(int(own["threads"]))
-    setting = gen_configs[-1]
+        torch.set_num_threads(threads)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out = Path(own.get("out") or f"results/runs/{stamp}-{task_cfg['name']}-{setting['method']['name']}-"
                f"{setting['condition']}-b{setting['budget']:g}")
-    model, tokenizer = load_model(ModelSpec(**{k: setting["model"][k] for k in ("name", "path", "dtype", "device")}))
-    records = build_records(task_cfg, tokenizer, length, limit, int(own.get("data_seed", 0)))
+    records = build_records(task_cfg, load_tokenizer(setting["model"]), length, limit, data_seed)
     if not records:
         raise ValueError(f"task {task_cfg['name']}: no records")
+    positions = max_positions(model_spec.path)
+    for r in records:  # the built prompt (chat template included) and its own answer budget must fit
+        need = r.length + int(r.metadata.get("max_new_tokens") or answer)
+        if positions is not None and need > positions:
+            raise ValueError(f"length={length}: record {r.id} needs {need} positions (prompt {r.length} + answer), "
+                             f"the model has {positions}; give a shorter length")
+    model, tokenizer = load_model(model_spec)
     shard = run_specs(gen_configs, records, out / "generations.jsonl", prereg_hash=None,
                       model_and_tokenizer=(model, tokenizer), progress=not args.quiet)
     rows = summary_rows(read_records(shard))

@@ -6,6 +6,9 @@ under every run of its cell, so the full-cache answer of an example sits in the 
 job as its compressed runs. Shards hold about ``generations_per_shard`` generations.
 Cells: ``main`` (the grid's tasks × lengths × conditions × budgets × methods),
 ``multiturn`` and ``locomo`` (their own conditions and budgets, when the grid has them).
+A *manifest* holds the task records of one (model, task, length): the generation cells
+share one (the most examples any of them asks for), the replay reads its own — exactly
+the examples and seed its grid entry registers.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ class Run:
         return f"{self.condition}-{self.method}-b{self.budget:g}-s{self.seed}"
 
 
+#: the manifest sets: the generation cells' shared manifests, and the replay's own
+MANIFEST_SETS = ("grid", "replay")
+
+
 @dataclass(frozen=True)
 class Manifest:
     model: str
@@ -41,10 +48,13 @@ class Manifest:
     length: int
     examples: int
     seed: int
+    set: str = "grid"
+    sample: str = "first"  # LoCoMo: "first" items in file order, or "spread" over every conversation
 
     @property
     def path(self) -> str:
-        return f"manifests/{self.model}/{self.task}/{self.length}.jsonl"
+        where = "" if self.set == "grid" else f"{self.set}/"
+        return f"manifests/{self.model}/{where}{self.task}/{self.length}.jsonl"
 
 
 @dataclass(frozen=True)
@@ -89,16 +99,17 @@ class Plan:
                 return s
         raise KeyError(f"no shard {model}/{cell}/{task}/{length}/{index} in the {self.experiment} plan")
 
-    def manifest(self, model: str, task: str, length: int) -> Manifest:
-        for m in self.manifests:
-            if (m.model, m.task, m.length) == (model, task, int(length)):
+    def manifest(self, model: str, task: str, length: int, set: str = "grid") -> Manifest:
+        for m in self.manifests + self.replays:
+            if (m.model, m.task, m.length, m.set) == (model, task, int(length), set):
                 return m
-        raise KeyError(f"no manifest {model}/{task}/{length} in the {self.experiment} plan")
+        raise KeyError(f"no {set} manifest {model}/{task}/{length} in the {self.experiment} plan")
 
     def jobs_per_rule(self) -> dict[str, int]:
         return {
             "verify_prereg": 1,
             "manifest": len(self.manifests),
+            "replay_manifest": len(self.replays),
             "replay": len(self.replays),
             "generate": len(self.shards),
             "score": 1,
@@ -145,11 +156,12 @@ def build_plan(experiment: str, grid: dict) -> Plan:
     seeds = grid.get("seeds", [0])
     manifests: dict[tuple, Manifest] = {}
 
-    def need(model, task, length, examples, seed):
+    def need(model, task, length, examples, seed, sample="first"):
         key = (model, task, length)
         old = manifests.get(key)
         if old is None or old.examples < examples:
-            manifests[key] = Manifest(model, task, length, max(examples, old.examples if old else 0), seed)
+            manifests[key] = Manifest(model, task, length, max(examples, old.examples if old else 0), seed,
+                                      sample=sample)
 
     main_runs = _runs(grid["conditions"], grid["methods"], grid["budgets"], seeds)
     for model in grid["models"]:
@@ -163,13 +175,13 @@ def build_plan(experiment: str, grid: dict) -> Plan:
                 continue
             runs = _runs([spec["condition"]], spec["methods"], spec["budgets"], seeds, spec.get("chunk_tokens"))
             for length in spec.get("lengths", [NATIVE_LENGTH]):
-                need(model, spec["task"], length, spec["examples"], spec.get("seed", 0))
+                need(model, spec["task"], length, spec["examples"], spec.get("seed", 0), spec.get("sample", "first"))
                 plan.shards += _split(cell, model, spec["task"], length, spec["examples"], runs, per)
         replay = grid.get("replay")
-        if replay:
+        if replay:  # its own manifest: the examples and seed the grid registers for it, never another cell's
             for length in replay["lengths"]:
-                need(model, replay["task"], length, replay["examples"], replay.get("seed", 0))
-                plan.replays.append(Manifest(model, replay["task"], length, replay["examples"], replay.get("seed", 0)))
+                plan.replays.append(Manifest(model, replay["task"], length, replay["examples"], replay.get("seed", 0),
+                                             "replay"))
     plan.manifests = list(manifests.values())
     return plan
 

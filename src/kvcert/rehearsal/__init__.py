@@ -6,7 +6,7 @@ package makes stand-ins of all three for any experiment's grid, in the same layo
 that the paper profile's code path — ``from_pretrained`` on real architectures, BPE
 tokenizers with chat templates, LongBench's prompts and middle truncation, the LoCoMo
 cell, the replay — runs end to end on a CPU in minutes (experiment ``rehearsal``; the
-README's "Running on a cluster" lists the steps):
+docs/cluster.md lists the steps):
 
 - ``DIR/models/<model>/`` for every model of the grid (:mod:`.checkpoints`);
 - ``DIR/longbench/`` with every LongBench data set of the grid, some as jsonl, some as
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import checkpoints, locomo_file, longbench_files, text
+from ..atomic import write_text
 
 #: the layout of each paper data set (both of the loader's kinds are exercised)
 LAYOUT = {"qasper": "jsonl", "hotpotqa": "jsonl", "multifieldqa_en": "parquet", "2wikimqa": "parquet"}
@@ -61,7 +62,7 @@ def _grid_needs(experiment: str, configs: Path | None, prereg: Path | None):
     prereg = prereg or prereg_dir()
     plan = build_plan(experiment, experiment_grid(experiment, configs, prereg)[1])
     tasks: dict[str, dict] = {}
-    for item in plan.manifests:
+    for item in plan.manifests + plan.replays:
         cfg = compose_config([f"experiment={experiment}", f"task={item.task}"], configs)["task"]
         entry = tasks.setdefault(item.task, {"cfg": cfg, "examples": 0, "length": 0})
         entry["examples"] = max(entry["examples"], item.examples)
@@ -101,10 +102,9 @@ def make_rehearsal(out: str | Path, experiment: str = "rehearsal", rows: int | N
         count = max(1, math.ceil(items / QA_PER_CONVERSATION))
         conversations = locomo_file.samples(count, SESSIONS, TURNS, seed)
         locomo_path = root / "locomo" / "locomo10.json"
-        locomo_path.parent.mkdir(parents=True, exist_ok=True)
         import json
 
-        locomo_path.write_text(json.dumps(conversations, indent=1, ensure_ascii=False), encoding="utf-8")
+        write_text(locomo_path, json.dumps(conversations, indent=1, ensure_ascii=False))
         from ..tasks.locomo import render_conversation
 
         data_texts += [render_conversation(c) for c in conversations]
@@ -115,7 +115,7 @@ def make_rehearsal(out: str | Path, experiment: str = "rehearsal", rows: int | N
         arch = checkpoints.architecture_of(model)
         made[model] = checkpoints.save_checkpoint(root / "models" / model, arch, corpus, seed=seed + index)
     sources = Sources(root, made, written, locomo_path)
-    (root / "env.sh").write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in sources.env.items()))
+    write_text(root / "env.sh", "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sources.env.items()))
     return sources
 
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..atomic import write_text
+
 #: a note written into every stand-in folder, so that nobody takes it for the real model
 NOTE = ("kvcert rehearsal stand-in: a tiny {cls} with random weights, made by `kvcert make-rehearsal`. "
         "It stands in for {real} to rehearse the paper profile's code path; it is not that model.\n")
@@ -182,7 +184,7 @@ def save_checkpoint(folder: str | Path, arch: Architecture, texts: Iterable[str]
         pad_token_id=config.pad_token_id, **arch.generation)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    (folder / "REHEARSAL.txt").write_text(NOTE.format(cls=f"{arch.name}ForCausalLM", real=arch.real))
+    write_text(folder / "REHEARSAL.txt", NOTE.format(cls=f"{arch.name}ForCausalLM", real=arch.real))
     return folder
 
 

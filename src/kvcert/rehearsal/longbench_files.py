@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .text import fact, filler, title
+from ..atomic import atomic_path, write_text
 
 LAYOUTS = ("jsonl", "parquet")
 MULTI_DOC = frozenset({"hotpotqa", "2wikimqa", "musique"})
@@ -79,8 +80,7 @@ def write_dataset(folder: str | Path, dataset: str, data: list[dict[str, Any]], 
     folder = Path(folder)
     if layout == "jsonl":
         path = folder / f"{dataset}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in data), encoding="utf-8")
+        write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in data))
         return path
     if layout == "parquet":
         import pyarrow as pa
@@ -92,7 +92,7 @@ def write_dataset(folder: str | Path, dataset: str, data: list[dict[str, Any]], 
             ("all_classes", pa.list_(pa.string())), ("_id", pa.string()),
         ])
         path = folder / dataset / "test" / "0000.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.Table.from_pylist(data, schema=schema), path)
+        with atomic_path(path) as tmp:
+            pq.write_table(pa.Table.from_pylist(data, schema=schema), tmp)
         return path
     raise ValueError(f"layout: {layout!r} is not one of {LAYOUTS}")

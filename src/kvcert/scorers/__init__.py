@@ -16,16 +16,35 @@ SCORERS: dict[str, type[Scorer]] = {
 }
 
 
+KVPRESS_PREFIX = "kvpress:"  # ``kvpress:<ScorerPress class>``: a kvpress press as a scorer (kvcert.kvpress_bridge)
+
+
+def scorer_options(name: str) -> set[str]:
+    """The option names a scorer takes (its dataclass fields; a kvpress press's own fields)."""
+    if name.startswith(KVPRESS_PREFIX):
+        from ..kvpress_bridge import press_options
+
+        return press_options(name)
+    if name not in SCORERS:
+        raise ValueError(f"scorer: unknown scorer {name!r}; choose one of {sorted(SCORERS)} or kvpress:<ScorerPress>")
+    return set(SCORERS[name].__dataclass_fields__)
+
+
 def get_scorer(name: str | Scorer, **options) -> Scorer:
-    """A scorer instance from its name (or the instance itself)."""
+    """A scorer instance from its name (or the instance itself); ``kvpress:<Class>`` names a
+    kvpress ``ScorerPress`` (:mod:`kvcert.kvpress_bridge`)."""
     if isinstance(name, Scorer):
         return name
+    if isinstance(name, str) and name.startswith(KVPRESS_PREFIX):
+        from ..kvpress_bridge import kvpress_scorer
+
+        return kvpress_scorer(name, **options)
     if name not in SCORERS:
-        raise ValueError(f"scorer: unknown scorer {name!r}; choose one of {sorted(SCORERS)}")
+        raise ValueError(f"scorer: unknown scorer {name!r}; choose one of {sorted(SCORERS)} or kvpress:<ScorerPress>")
     return SCORERS[name](**options)
 
 
 __all__ = [
-    "LayerObservation", "Scorer", "SCORERS", "get_scorer", "attention_probs", "window_probs",
+    "KVPRESS_PREFIX", "LayerObservation", "Scorer", "SCORERS", "get_scorer", "scorer_options", "attention_probs", "window_probs",
     "H2OScorer", "KeyNormScorer", "SnapKVScorer", "StreamingLLMScorer", "TOVAScorer", "ValueAwareScorer",
 ]

@@ -3,14 +3,14 @@
 A scorer turns one layer's prefill observation into a non-negative importance per
 (batch, KV head, token) [B, Hkv, L]. The same importance drives the deterministic
 baseline (top-k) and the randomized design (π ∝ importance), so every scorer is usable
-both ways (DESIGN.md §1, "Importance scores come from the same scorers the deterministic
+both ways (docs/design.md §1, "Importance scores come from the same scorers the deterministic
 baselines use").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -22,6 +22,10 @@ class LayerObservation:
     query: [B, Hq, Q, D] the queries of this forward (post-RoPE), the last Q tokens.
     key, value: [B, Hkv, L, D] everything the layer holds (retained + new tokens).
     log_pi: [B, Hkv, L] fp32 log inclusion probabilities (None: all certain, no padding).
+    module, hidden_states, position_embeddings: the attention module, its input hidden
+    states [B, Q, hidden] and its RoPE (cos, sin) in this forward, for scorers that read
+    weights or hidden states (a kvpress press, :mod:`kvcert.kvpress_bridge`); None where the
+    observation was built outside a forward.
     """
 
     query: torch.Tensor
@@ -31,6 +35,9 @@ class LayerObservation:
     scaling: float
     layer_idx: int = 0
     num_layers: int = 1
+    module: Any = None
+    hidden_states: torch.Tensor | None = None
+    position_embeddings: Any = None
 
     @property
     def group(self) -> int:

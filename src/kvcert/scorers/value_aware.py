@@ -1,4 +1,4 @@
-"""Value-aware importance e^{s_i} · ‖v_i − o‖ (DESIGN.md §1).
+"""Value-aware importance e^{s_i} · ‖v_i − o‖ (docs/design.md §1).
 
 The Poisson variance Σ (1 − π_i)/π_i · w_i² ‖v_i − o‖² is minimised, for a fixed expected
 size, by π_i ∝ w_i ‖v_i − o‖ (the classic πps optimum), so this score is attention

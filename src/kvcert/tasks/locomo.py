@@ -2,9 +2,10 @@
 
 Source: Maharana et al. 2024, "Evaluating Very Long-Term Conversational Memory of LLM
 Agents" (ACL 2024). The data format is the released ``locomo10.json``. Of the official
-evaluations of snap-research/locomo, kvcert follows **one**: ``task_eval/evaluate_llama2.py``
-(the script that runs Hugging Face chat models through ``apply_chat_template``, as kvcert
-does) for the prompt and the clean-up of a prediction, and ``task_eval/evaluation.py``
+evaluations of snap-research/locomo, kvcert follows **one**: ``task_eval/hf_llm_utils.py``
+for the context (below) and ``task_eval/evaluate_llama2.py`` (the script that runs Hugging
+Face chat models through ``apply_chat_template``, as kvcert does) for the question part and
+the clean-up of a prediction, and ``task_eval/evaluation.py``
 (``eval_question_answering``, which every script shares) for the metric — re-implemented
 here. ``evaluate_gpts.py`` differs: another adversarial choice ("Not mentioned in the
 conversation"), another mapping of the reply to a choice (``get_cat_5_answer``: a
@@ -28,16 +29,19 @@ item has no ``adversarial_answer``), which is what the item means.
 **Categories** (integer codes of the release, as the official scoring treats them):
 1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop, 5 adversarial.
 
-**Prompt** (``evaluate_llama2.py``). The context opens with the official conversation
-preamble (its typo "wriiten" kept), then every session as ``DATE: <date>`` /
-``CONVERSATION:`` and one line per turn ``<speaker> said, "<text>"`` (plus
-`` [shares <caption>]`` for an image). The question part is the official short-answer
+**Prompt.** The context is built as ``task_eval/hf_llm_utils.py`` (``get_input_context``,
+the script upstream runs Hugging Face models with, of the same commit as ``locomo10.json``)
+builds it: the official conversation preamble (its typo "wriiten" kept), then the sessions
+newest first, each as ``DATE: <date>`` / ``CONVERSATION:`` (an empty session keeps its
+header) and its turns in order, each ``<speaker> said, "<text>"``, a newline, `` and shared
+<caption>.`` on every turn with a ``blip_caption``, and a newline (so a blank line after a
+turn without one). The question part is the official short-answer
 instruction with the question; a temporal question gets " Use DATE of CONVERSATION to
 answer with an approximate date."; an adversarial question becomes a two-way choice
 between "No information available" and the adversarial answer, in an order drawn by a
 coin flip (seeded here, per item) as in the official script. Our choices: the whole
-conversation is kept (the official script drops the oldest turns to fit a 4k-32k
-window; kvcert sizes models to hold it); the speakers are named in the order
+conversation is kept (the official scripts drop turns to fit a 4k-32k window; kvcert
+sizes models to hold it); the speakers are named in the order
 ``speaker_a``, ``speaker_b`` (the script takes them from a ``set``, so its order
 varies); the blank lines around the question are normalised to exactly one, the prompt
 separator (the script's text has four newlines there, which some BPE pre-tokenizers
@@ -74,7 +78,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from kvcert.sources import missing
 from kvcert.tasks.prompting import build_prompt_ids
-from kvcert.tasks.records import TaskRecord
+from kvcert.tasks.records import TaskRecord, check_text
 
 __all__ = [
     "CATEGORY_NAMES", "MAX_NEW_TOKENS", "NO_INFORMATION", "TASK", "category_means",
@@ -111,12 +115,22 @@ _SESSION_KEY = re.compile(r"^session_(\d+)$")
 
 # ------------------------------------------------------------------------ loading
 
-def load_locomo(path: str | Path) -> list[dict[str, Any]]:
-    """The samples of a ``locomo10.json``-format file, checked field by field."""
+def locomo_file(path: str | Path) -> Path:
+    """``path`` as the LoCoMo JSON file; a one-line error for a directory or a missing file."""
     given = str(path)
     path = Path(path).expanduser()
+    if path.is_dir():
+        inside = path / "locomo10.json"
+        found = f"; it holds {inside}, give that file" if inside.is_file() else ""
+        raise missing("locomo", given, f"is a directory, not the released LoCoMo JSON file (locomo10.json){found}")
     if not path.is_file():
         raise missing("locomo", given, "does not exist (the released LoCoMo JSON, locomo10.json, was expected)")
+    return path
+
+
+def load_locomo(path: str | Path) -> list[dict[str, Any]]:
+    """The samples of a ``locomo10.json``-format file, checked field by field."""
+    path = locomo_file(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -159,6 +173,8 @@ def _check_sample(sample: Any, where: str) -> None:
                 raise ValueError(f"{where}: session_{number} turn {position} lacks field 'speaker'")
             if "text" not in turn and "clean_text" not in turn:
                 raise ValueError(f"{where}: session_{number} turn {position} lacks field 'text'")
+            name = "clean_text" if "clean_text" in turn else "text"
+            check_text(turn[name], name, f"{where}: session_{number} turn {position}")
     for position, qa in enumerate(sample["qa"]):
         _check_qa(qa, f"{where} qa {position}")
 
@@ -169,6 +185,7 @@ def _check_qa(qa: Any, where: str) -> None:
     for name in ("question", "category"):
         if name not in qa:
             raise ValueError(f"{where}: missing field {name!r}")
+    check_text(qa["question"], "question", where)
     category = qa["category"]
     if isinstance(category, bool) or category not in CATEGORY_NAMES:
         raise ValueError(f"{where}: category must be one of 1..5, got {category!r}")
@@ -182,24 +199,25 @@ def _check_qa(qa: Any, where: str) -> None:
 # ------------------------------------------------------------------------ prompts
 
 def _turn_line(turn: Mapping[str, Any]) -> str:
-    text = turn["clean_text"] if "clean_text" in turn else turn["text"]
-    line = f'{turn["speaker"]} said, "{text}"'
-    has_image = bool(turn.get("img_url") or turn.get("img_file"))
-    if has_image and turn.get("blip_caption"):
-        line += f" [shares {turn['blip_caption']}]"
+    """One turn as ``hf_llm_utils.get_input_context`` writes it: ``<speaker> said, "<text>"``, a
+    newline, `` and shared <caption>.`` when the turn has a ``blip_caption``, a newline."""
+    line = f'{turn["speaker"]} said, "{turn["text"]}"\n'
+    if "blip_caption" in turn:
+        line += f" and shared {turn['blip_caption']}."
     return line + "\n"
 
 
 def render_conversation(sample: Mapping[str, Any]) -> str:
-    """The context text: preamble, then each non-empty session with its date."""
+    """The context text: the preamble, then the sessions newest first, each as ``DATE:`` /
+    ``CONVERSATION:`` and its turns in order (an empty session keeps its header); trailing
+    newlines dropped (the prompt separator follows)."""
     conversation = sample["conversation"]
     parts = [CONVERSATION_PREAMBLE.format(conversation["speaker_a"], conversation["speaker_b"])]
-    for number in _sessions(conversation):
-        turns = conversation[f"session_{number}"]
-        if not turns:
+    for number in reversed(_sessions(conversation)):
+        if f"session_{number}_date_time" not in conversation:  # an empty session without a date (checked)
             continue
         parts.append(f"\nDATE: {conversation[f'session_{number}_date_time']}\nCONVERSATION:\n")
-        parts.extend(_turn_line(turn) for turn in turns)
+        parts.extend(_turn_line(turn) for turn in conversation[f"session_{number}"])
     return "".join(parts).rstrip()
 
 
@@ -225,7 +243,8 @@ def question_prompt(qa: Mapping[str, Any], rng: random.Random) -> tuple[str, dic
 
 def locomo_records(samples: Iterable[Mapping[str, Any]], tokenizer: Any, seed: int = 0,
                    categories: Sequence[int] | None = None) -> list[TaskRecord]:
-    """One record per QA item (optionally only the given categories).
+    """One record per QA item (optionally only the given categories), conversation after conversation as in
+    the file (a grid cell that takes a sample of them: :func:`kvcert.pipeline.manifest.build_records`).
 
     ``answers`` holds the gold answer (``NO_INFORMATION`` for adversarial items);
     ``metadata``: ``category``, ``category_name``, ``sample_id``, ``qa_index``,
@@ -234,8 +253,10 @@ def locomo_records(samples: Iterable[Mapping[str, Any]], tokenizer: Any, seed: i
     ``adversarial_answer``.
     """
     wanted = None if categories is None else set(categories)
-    records = []
+    per_conversation: list[list[TaskRecord]] = []
     for index, sample in enumerate(samples):
+        records: list[TaskRecord] = []
+        per_conversation.append(records)
         _check_sample(sample, f"sample {index}")
         sample_id = str(sample.get("sample_id", f"sample-{index}"))
         context = render_conversation(sample)
@@ -267,7 +288,7 @@ def locomo_records(samples: Iterable[Mapping[str, Any]], tokenizer: Any, seed: i
             length = len(build_prompt_ids(tokenizer, record)[0])
             records.append(replace(record, length=length,
                                    metadata={**metadata, "target_tokens": length}))
-    return records
+    return [record for conversation in per_conversation for record in conversation]
 
 
 # ------------------------------------------------------------------------ scoring

@@ -33,10 +33,24 @@ The truncated prompt is split into ``context`` (instruction and document) and
 (:func:`split_template`): a blank line for most templates, one newline for trec and
 lsht, none for lcc and repobench-p; the record's ``separator`` holds them, so
 ``context + separator + question`` is exactly the (truncated) filled template.
-``pred.py`` applies no chat template at all to trec, triviaqa, samsum, lsht, lcc and
-repobench-p (``NO_CHAT_TEMPLATE_DATASETS``); kvcert renders every prompt through the
-model's chat template, so on those six its scores are not comparable with published
-ones. The raw prediction is scored (:func:`score_longbench_record`): ``eval.py`` strips nothing,
+**Chat template.** ``pred.py`` wraps prompts in the chat model's template except for
+trec, triviaqa, samsum, lsht, lcc and repobench-p (``NO_CHAT_TEMPLATE_DATASETS``: "chat
+models are better off without build prompts on these tasks"), whose filled template is
+tokenized as it is, special tokens added (a Llama tokenizer's BOS). kvcert does the same by
+default (``chat_template="official"``: those records carry ``metadata["chat_template"] =
+False``, which :func:`~kvcert.tasks.prompting.build_prompt_ids` honours); the task config's
+``chat_template: all`` renders every prompt through the chat template instead.
+
+**Generation.** samsum's answer ends at a newline and its first token may be neither EOS
+nor the newline (``pred.py``'s ``eos_token_id=[eos, "\n"]`` and ``min_length`` = prompt + 1):
+those records carry ``metadata["stop_newline"] = True``
+(:func:`kvcert.generation.engine.stop_rules`).
+
+**LongBench-E.** ``dataset: <name>_e`` (one of ``LONGBENCH_E_DATASETS``, the 13 of
+``pred.py --e``) reads ``<name>_e.jsonl`` and uses ``<name>``'s template, answer budget,
+chat rule and metric; the record's task is ``longbench_<name>_e``.
+
+The raw prediction is scored (:func:`score_longbench_record`): ``eval.py`` strips nothing,
 so neither does kvcert (a leading space or a trailing newline changes the score).
 """
 
@@ -50,10 +64,11 @@ from typing import Any, Iterable
 from kvcert.tasks.longbench_metrics import DATASET2METRIC, score_sample
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.sources import HUB_PREFIX, hub_id, missing
-from kvcert.tasks.records import TaskRecord
+from kvcert.tasks.records import TaskRecord, check_text
 
 __all__ = [
-    "DATASET2MAXLEN", "DATASET2METRIC", "DATASET2PROMPT", "NO_CHAT_TEMPLATE_DATASETS",
+    "CHAT_TEMPLATE_RULES", "DATASET2MAXLEN", "DATASET2METRIC", "DATASET2PROMPT", "LONGBENCH_E_DATASETS",
+    "NO_CHAT_TEMPLATE_DATASETS", "base_dataset",
     "QA_DATASETS", "REQUIRED_FIELDS", "TASK_PREFIX", "load_longbench", "longbench_records",
     "middle_truncate", "score_longbench_record", "split_template", "task_name",
 ]
@@ -175,6 +190,15 @@ QA_DATASETS: tuple[str, ...] = (
 #: datasets ``pred.py`` feeds to chat models without their chat template.
 NO_CHAT_TEMPLATE_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
 
+#: the datasets of LongBench-E (``pred.py --e``), each read as ``<dataset>_e``.
+LONGBENCH_E_DATASETS: tuple[str, ...] = (
+    "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "gov_report", "multi_news", "trec", "triviaqa",
+    "samsum", "passage_count", "passage_retrieval_en", "lcc", "repobench-p",
+)
+
+#: how prompts meet the chat template: ``official`` (``pred.py``: none for NO_CHAT_TEMPLATE_DATASETS) or ``all``.
+CHAT_TEMPLATE_RULES: tuple[str, ...] = ("official", "all")
+
 #: the fields of every official LongBench row.
 REQUIRED_FIELDS: tuple[str, ...] = (
     "input", "context", "answers", "length", "dataset", "language", "all_classes", "_id",
@@ -184,8 +208,20 @@ TASK_PREFIX = "longbench_"
 
 
 def task_name(dataset: str) -> str:
-    """The record ``task`` of a LongBench dataset, e.g. ``longbench_hotpotqa``."""
+    """The record ``task`` of a LongBench dataset, e.g. ``longbench_hotpotqa`` (``longbench_hotpotqa_e``)."""
     return f"{TASK_PREFIX}{dataset}"
+
+
+def base_dataset(dataset: str) -> str:
+    """The LongBench v1 dataset whose template, budget and metric ``dataset`` uses
+    (``hotpotqa_e`` → ``hotpotqa``); refuses a ``_e`` name outside LongBench-E."""
+    if dataset.endswith("_e") and dataset not in DATASET2PROMPT:
+        base = dataset[:-2]
+        if base not in LONGBENCH_E_DATASETS:
+            raise ValueError(f"dataset: {dataset!r} is not in LongBench-E; its datasets are "
+                             f"{', '.join(d + '_e' for d in LONGBENCH_E_DATASETS)}")
+        return base
+    return dataset
 
 
 # ------------------------------------------------------------------------ loading
@@ -313,6 +349,10 @@ def _checked_row(row: Any, where: str) -> dict[str, Any]:
     answers = row["answers"]
     if not isinstance(answers, (list, tuple)) or not answers:
         raise ValueError(f"{where}: field 'answers' must be a non-empty list")
+    for name in ("context", "input", "_id"):  # a null must not become the text "None"
+        check_text(row[name], name, where)
+    for answer in answers:
+        check_text(answer, "answers", where)
     return row
 
 
@@ -327,7 +367,7 @@ def split_template(dataset: str) -> tuple[str, str, str]:
     (``{input}``) before the document.
     """
     try:
-        template = DATASET2PROMPT[dataset]
+        template = DATASET2PROMPT[base_dataset(dataset)]
     except KeyError:
         raise ValueError(
             f"no LongBench prompt template for {dataset!r}; known: {', '.join(sorted(DATASET2PROMPT))}"
@@ -365,8 +405,9 @@ def middle_truncate(tokenizer: Any, text: str, max_length: int) -> tuple[str, in
 
 
 def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: Any,
-                      max_length: int) -> list[TaskRecord]:
-    """Task records of ``dataset`` (see the module docstring).
+                      max_length: int, chat_template: str = "official") -> list[TaskRecord]:
+    """Task records of ``dataset`` (see the module docstring); ``chat_template``: ``official``
+    (``pred.py``'s rule, the default) or ``all`` (every prompt through the chat template).
 
     ``metadata``: ``dataset``, ``all_classes``, ``max_new_tokens`` (the official
     answer budget), ``original_length`` (ids of the filled template, special tokens
@@ -375,8 +416,16 @@ def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: A
     (= ``max_length``). ``length`` is the number of prompt tokens after the chat
     template.
     """
+    if chat_template not in CHAT_TEMPLATE_RULES:
+        raise ValueError(f"chat_template: {chat_template!r} is not one of {CHAT_TEMPLATE_RULES}")
     _, separator, question_template = split_template(dataset)
-    template = DATASET2PROMPT[dataset]
+    base = base_dataset(dataset)
+    template = DATASET2PROMPT[base]
+    rules = {}
+    if chat_template == "official" and base in NO_CHAT_TEMPLATE_DATASETS:
+        rules["chat_template"] = False
+    if base == "samsum":
+        rules["stop_newline"] = True
     records = []
     for index, row in enumerate(rows):
         where = f"{dataset} row {index}"
@@ -395,13 +444,14 @@ def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: A
         metadata = {
             "dataset": dataset,
             "all_classes": None if row["all_classes"] is None else list(row["all_classes"]),
-            "max_new_tokens": DATASET2MAXLEN[dataset],
+            "max_new_tokens": DATASET2MAXLEN[base],
             "original_length": n_tokens,
             "truncated": truncated,
             "_id": row["_id"],
             "language": row["language"],
             "longbench_length": row["length"],
             "target_tokens": max_length,
+            **rules,
         }
         record = TaskRecord(
             id=f"{task_name(dataset)}:{row['_id']}",
@@ -421,5 +471,5 @@ def score_longbench_record(record: TaskRecord, prediction: str) -> float:
     ``eval.py`` scores: nothing stripped; the first-line cut of trec, triviaqa, samsum
     and lsht happens inside :func:`~kvcert.tasks.longbench_metrics.score_sample`)."""
     metadata = record.metadata
-    return score_sample(metadata["dataset"], prediction, record.answers, metadata["all_classes"])
+    return score_sample(base_dataset(metadata["dataset"]), prediction, record.answers, metadata["all_classes"])
 

@@ -12,8 +12,8 @@ This is the embedded world's task with *inherent* difficulty, the counterpart of
 LongBench's multi-hop and distractor-heavy items: a question-aware cache keeps every
 needle the question's key points to (each shares a word with it), so eviction costs
 little, but telling the right needle from its look-alikes is up to the model, and the
-small embedded model does it only part of the time (its measured accuracy is in the
-README). ``lookalikes`` defaults to a balanced cover of :data:`LOOKALIKES` (so the
+small embedded model does it only part of the time (its measured accuracy is in
+docs/embedded.md). ``lookalikes`` defaults to a balanced cover of :data:`LOOKALIKES` (so the
 difficulty varies from item to item); the queried needle's depth covers ``depths``.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from kvcert.tasks.needle import ANSWER_PREFIX, DEPTHS, NEEDLE, QUESTION, RESPONSE, draw_values, needle_record
+from kvcert.tasks.needle import ANSWER_PREFIX, ANSWER_TOKENS, DEPTHS, NEEDLE, QUESTION, RESPONSE, draw_values, needle_record
 from kvcert.tasks.records import QuestionAnswer, TaskRecord
 from kvcert.tasks.sampling import balanced_pick, example_rng
 from kvcert.tasks.wordlists import KEY_ADJECTIVES, NEEDLE_KEYS
@@ -46,8 +46,10 @@ def make_record(
     depth: float | None = None,
     depths: Sequence[float] = DEPTHS,
     value_digits: int = 7,
+    answer_tokens: int = ANSWER_TOKENS,
 ) -> TaskRecord:
-    """One record of about ``target_tokens`` prompt tokens (see the module docstring)."""
+    """One record of about ``target_tokens − answer_tokens`` prompt tokens (see the module
+    docstring; RULER's answer reserve as in :mod:`kvcert.tasks.needle`)."""
     if lookalikes is None:
         lookalikes = int(balanced_pick(LOOKALIKES, seed, TASK, index))
     if not 0 <= lookalikes < len(KEY_ADJECTIVES):
@@ -65,7 +67,7 @@ def make_record(
     needle_depths = [query_depth] + [rng.uniform(0.0, 100.0) for _ in keys[1:]]
     needles = [(d, NEEDLE.format(key=k, value=v)) for d, k, v in zip(needle_depths, keys, values)]
     return needle_record(
-        tokenizer, target_tokens, needles, keys[0], values[0],
+        tokenizer, target_tokens, needles, keys[0], values[0], answer_tokens=answer_tokens,
         id=f"{TASK}-s{seed}-t{target_tokens}-l{lookalikes}-{index}", task=TASK,
         metadata={
             "depth": query_depth,
@@ -81,7 +83,7 @@ def generate(
     tokenizer: Any, n_examples: int, target_tokens: int, seed: int, **options: Any
 ) -> list[TaskRecord]:
     """``n_examples`` records (options: ``lookalikes``, ``others``, ``depth``, ``depths``,
-    ``value_digits``)."""
+    ``value_digits``, ``answer_tokens``)."""
     return [make_record(tokenizer, target_tokens, seed, i, **options) for i in range(n_examples)]
 
 

@@ -7,12 +7,20 @@ The conventions of RULER's own generator (``scripts/data/synthetic/niah.py`` and
   the singular whenever one key is queried for one value, distractor keys or not):
   "A special magic number is hidden within the following text. Make sure to memorize
   it. I will quiz you about the number afterwards.";
-- the noise haystack: the whole string "The grass is green. The sky is blue. The sun
-  is yellow. Here we go. There and back again." repeated, one repetition per line;
-  needles "One of the special magic numbers for KEY is: VALUE." inserted between
-  repetitions, on lines of their own (RULER places them at random lines; here the
-  queried needle's line is set by a depth percentage, covered in balanced blocks, so
-  that depth is a controlled variable);
+- the length: RULER counts the whole prompt plus the answer's reserve
+  (``tokens_to_generate``, 128 for its needle tasks) against the nominal length, so the
+  prompt here (chat template and answer prefix included) is fitted to ``target_tokens``
+  minus ``answer_tokens`` (:data:`ANSWER_TOKENS` = 128 by default);
+- the haystack, one sentence per line: ``haystack="noise"`` (RULER's ``repeat``, the
+  default) repeats the whole string "The grass is green. The sky is blue. The sun is
+  yellow. Here we go. There and back again."; ``haystack="needle"`` (RULER's ``needle``)
+  puts a needle with a random key and value on every line. RULER's ``essay`` haystack
+  (Paul Graham's essays) is not offered: kvcert ships no essay text;
+- the needles "One of the special magic numbers for KEY is: VALUE." inserted on lines of
+  their own, each before a haystack line, never after the last one, as RULER's insertion
+  indexes (drawn from ``range(lines)``) place them (RULER picks the lines at random; here
+  the queried needle's line is set by a depth percentage, covered in balanced blocks, so
+  that depth is a controlled variable: depth 100 is the line before the last);
 - one newline between the text and the question ("What is the special magic number
   for KEY mentioned in the provided text?");
 - RULER's answer prefix after the chat template's generation prompt (" The special
@@ -21,7 +29,7 @@ The conventions of RULER's own generator (``scripts/data/synthetic/niah.py`` and
 Scored with RULER's ``string_match_all``. Options: ``num_needles`` (the queried needle
 plus distractor needles with other keys at random lines), ``depth`` (fix the queried
 needle's depth; otherwise each block of examples covers ``depths`` once),
-``value_digits`` (RULER uses 7-digit numbers).
+``value_digits`` (RULER uses 7-digit numbers), ``haystack`` and ``answer_tokens``.
 """
 
 from __future__ import annotations
@@ -50,14 +58,18 @@ ANSWER_PREFIX = " The special magic number for {key} mentioned in the provided t
 # what the embedded model is trained to write after the answer prefix
 RESPONSE = " {value}"
 DEPTHS: tuple[int, ...] = tuple(range(0, 101, 10))
+ANSWER_TOKENS = 128  # RULER's tokens_to_generate of its needle tasks, reserved from the length
+HAYSTACKS = ("noise", "needle")
 
 
-def haystack_lines(needles: Sequence[tuple[float, str]], n: int) -> list[str]:
-    """``n`` repetitions of the noise haystack, one per line, with each needle inserted
-    as a line of its own at its depth percentage (RULER's noise layout)."""
-    lines = [HAYSTACK] * n
+def haystack_lines(needles: Sequence[tuple[float, str]], n: int, lines: Sequence[str] | None = None) -> list[str]:
+    """``n`` haystack lines (``lines``' first ``n``; default the noise sentence on each) with
+    each needle inserted as a line of its own at its depth percentage, before haystack line
+    ``min(round(depth · n / 100), n − 1)``: never after the last one (RULER's insertion)."""
+    lines = [HAYSTACK] * n if lines is None else list(lines[:n])
+    last = max(n - 1, 0)
     inserts = sorted(
-        ((round(depth / 100.0 * n), order, text) for order, (depth, text) in enumerate(needles)),
+        ((min(round(depth / 100.0 * n), last), order, text) for order, (depth, text) in enumerate(needles)),
         key=lambda item: (item[0], item[1]),
     )
     out: list[str] = []
@@ -91,8 +103,10 @@ def make_record(
     depth: float | None = None,
     depths: Sequence[float] = DEPTHS,
     value_digits: int = 7,
+    haystack: str = "noise",
+    answer_tokens: int = ANSWER_TOKENS,
 ) -> TaskRecord:
-    """One needle record of about ``target_tokens`` prompt tokens."""
+    """One needle record of about ``target_tokens − answer_tokens`` prompt tokens."""
     if num_needles < 1 or num_needles > len(NEEDLE_KEYS):
         raise ValueError(f"num_needles must be in 1..{len(NEEDLE_KEYS)}, got {num_needles}")
     rng = example_rng(seed, TASK, index)
@@ -103,12 +117,17 @@ def make_record(
     needles = [
         (d, NEEDLE.format(key=k, value=v)) for d, k, v in zip(needle_depths, keys, values)
     ]
+    if haystack not in HAYSTACKS:
+        raise ValueError(f"haystack: {haystack!r} is not one of {HAYSTACKS}")
+    lines = None if haystack == "noise" else NeedleHaystack(example_rng(seed, f"{TASK}-haystack", index), keys,
+                                                            value_digits)
     return needle_record(
-        tokenizer, target_tokens, needles, keys[0], values[0],
+        tokenizer, target_tokens, needles, keys[0], values[0], lines=lines, answer_tokens=answer_tokens,
         id=f"{TASK}-s{seed}-t{target_tokens}-n{num_needles}-{index}", task=TASK,
         metadata={
             "depth": query_depth,
             "num_needles": num_needles,
+            "haystack": haystack,
             "needles": [
                 {"key": k, "value": v, "depth": d} for k, v, d in zip(keys, values, needle_depths)
             ],
@@ -116,21 +135,43 @@ def make_record(
     )
 
 
+class NeedleHaystack:
+    """RULER's ``needle`` haystack: line ``i`` is a needle with a random key (none of
+    ``exclude``) and a random value, drawn once, in order (a longer haystack extends a shorter)."""
+
+    def __init__(self, rng: Any, exclude: Sequence[str], digits: int):
+        self.rng, self.keys, self.digits = rng, [k for k in NEEDLE_KEYS if k not in set(exclude)], digits
+        self.lines: list[str] = []
+
+    def __getitem__(self, part: slice) -> list[str]:
+        while len(self.lines) < (part.stop or 0):
+            key = self.rng.choice(self.keys)
+            self.lines.append(NEEDLE.format(key=key, value=draw_values(self.rng, 1, self.digits)[0]))
+        return self.lines[part]
+
+
 def needle_record(tokenizer: Any, target_tokens: int, needles: Sequence[tuple[float, str]], key: str,
-                  value: str, *, id: str, task: str, metadata: dict[str, Any]) -> TaskRecord:
+                  value: str, *, id: str, task: str, metadata: dict[str, Any], lines: Any = None,
+                  answer_tokens: int = ANSWER_TOKENS) -> TaskRecord:
     """The record of a RULER needle prompt: ``needles`` (depth, sentence) in a haystack
-    fitted to ``target_tokens``, the question and answer prefix about ``key``."""
+    (``lines``; default the noise sentence) fitted to ``target_tokens − answer_tokens``, the
+    question and answer prefix about ``key``."""
     question = QUESTION.format(key=key)
     prefix = ANSWER_PREFIX.format(key=key)
+    if answer_tokens < 0:
+        raise ValueError(f"answer_tokens: must be >= 0, got {answer_tokens}")
+    if answer_tokens >= target_tokens:
+        raise ValueError(f"target_tokens={target_tokens} is too small: RULER reserves answer_tokens={answer_tokens} "
+                         "of the length for the answer")
 
     def make_context(n: int) -> str:
-        return "\n".join([INSTRUCTION, *haystack_lines(needles, n)])
+        return "\n".join([INSTRUCTION, *haystack_lines(needles, n, lines)])
 
-    context, _, _ = fit_filler(tokenizer, make_context, question, target_tokens,
+    context, _, _ = fit_filler(tokenizer, make_context, question, target_tokens - answer_tokens,
                                separator=SEPARATOR, answer_prefix=prefix)
     record = TaskRecord(id=id, task=task, context=context, question=question, answers=[value],
                         separator=SEPARATOR, answer_prefix=prefix,
-                        metadata={"target_tokens": target_tokens, **metadata})
+                        metadata={"target_tokens": target_tokens, "answer_tokens": answer_tokens, **metadata})
     record.length = len(build_prompt_ids(tokenizer, record)[0])
     return record
 

@@ -10,6 +10,11 @@ before it is the *context* part, which a streaming run prefills and compresses b
 it sees the question; the question part holds the question text and the rest of the
 template up to where the answer begins.
 
+A record with ``metadata["chat_template"] = False`` (LongBench's few-shot and code tasks,
+as ``pred.py`` feeds them) skips the chat template: its prompt is the user message and the
+answer prefix as they are, tokenized with the tokenizer's special tokens (a Llama or
+Mistral tokenizer's BOS), as ``tokenizer(prompt)`` in ``pred.py``.
+
 The same code path serves the embedded word-level model and real chat models
 (Qwen2.5, Llama-3.1, Mistral instruct). The split is found with a sentinel rendered
 between the two parts, and checked: either tokenizing the two rendered pieces
@@ -47,16 +52,19 @@ def render_chat(tokenizer: Any, messages: list[dict[str, str]], add_generation_p
 
 
 def render_prompt(tokenizer: Any, context: str, question: str, separator: str = PROMPT_SEPARATOR,
-                  answer_prefix: str = "") -> str:
+                  answer_prefix: str = "", chat: bool = True) -> str:
     """The complete prompt text (chat template applied, generation prompt added, then
-    the answer prefix)."""
+    the answer prefix; ``chat=False``: the user message and the answer prefix alone)."""
+    if not chat:
+        return user_message(context, question, separator) + answer_prefix
     messages = [{"role": "user", "content": user_message(context, question, separator)}]
     return render_chat(tokenizer, messages) + answer_prefix
 
 
-def encode_rendered(tokenizer: Any, text: str) -> list[int]:
-    """Token ids of already-rendered text: the template supplies BOS, so none is added."""
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+def encode_rendered(tokenizer: Any, text: str, chat: bool = True) -> list[int]:
+    """Token ids of rendered text: a chat template supplies BOS, so none is added; text
+    without one gets the tokenizer's special tokens."""
+    ids = list(tokenizer(text, add_special_tokens=not chat)["input_ids"])
     _check_single_bos(tokenizer, ids)
     return ids
 
@@ -73,10 +81,11 @@ def build_prompt_ids(tokenizer: Any, record: Any) -> tuple[list[int], int]:
     context, question = record.context, record.question
     separator = getattr(record, "separator", PROMPT_SEPARATOR)
     prefix = getattr(record, "answer_prefix", "")
+    chat = getattr(record, "metadata", {}).get("chat_template", True) is not False
     if _SENTINEL in context or _SENTINEL in question:
         raise ValueError("record text contains kvcert's split sentinel")
-    text = render_prompt(tokenizer, context, question, separator, prefix)
-    marked = render_prompt(tokenizer, context, _SENTINEL + question, separator, prefix)
+    text = render_prompt(tokenizer, context, question, separator, prefix, chat)
+    marked = render_prompt(tokenizer, context, _SENTINEL + question, separator, prefix, chat)
     if marked.count(_SENTINEL) != 1:
         raise ValueError(
             "the chat template does not render the user message verbatim (sentinel "
@@ -88,17 +97,17 @@ def build_prompt_ids(tokenizer: Any, record: Any) -> tuple[list[int], int]:
             "the chat template renders differently when the question changes; "
             "cannot split context from question"
         )
-    ids = encode_rendered(tokenizer, text)
+    ids = encode_rendered(tokenizer, text, chat)
 
     # 1) the two rendered pieces tokenize independently to exactly the whole prompt
-    head = list(tokenizer(text[:split], add_special_tokens=False)["input_ids"])
+    head = list(tokenizer(text[:split], add_special_tokens=not chat)["input_ids"])
     tail = list(tokenizer(text[split:], add_special_tokens=False)["input_ids"])
     if head + tail == ids:
         return ids, len(head)
 
     # 2) a token boundary of the whole prompt sits exactly at the split
     if getattr(tokenizer, "is_fast", False):
-        offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)[
+        offsets = tokenizer(text, add_special_tokens=not chat, return_offsets_mapping=True)[
             "offset_mapping"
         ]
         for index, (start, end) in enumerate(offsets):

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple
 
+from ..atomic import atomic_path
+
 # name -> (expected type(s), human-readable type)
 _SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
     "id": (str, "str"),
@@ -52,6 +54,21 @@ class QuestionAnswer(NamedTuple):
 
 class RecordError(ValueError):
     """A record does not follow the :class:`TaskRecord` schema."""
+
+
+def check_text(value: Any, name: str, where: str) -> str:
+    """``value`` if it is text a tokenizer can encode; else :class:`RecordError` in one line naming
+    the field (a null or a number where text belongs, a lone surrogate such as ``"\\ud800"``)."""
+    if not isinstance(value, str):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise RecordError(f"{where}: field {name!r} must be text, got {type(value).__name__} {shown}; "
+                          "fix the data file")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RecordError(f"{where}: field {name!r} holds {value[exc.start]!r} at character {exc.start}, a lone "
+                          "surrogate (not UTF-8 text: a truncated emoji or a bad export); fix the data file") from None
+    return value
 
 
 @dataclass
@@ -116,6 +133,10 @@ def validate_record(data: dict[str, Any], where: str = "record") -> None:
             )
     if not all(isinstance(a, str) for a in data["answers"]):
         raise RecordError(f"{where}: field 'answers' must be a list of strings")
+    for name in ("context", "question", *(n for n in _OPTIONAL if n in data)):
+        check_text(data[name], name, where)
+    for answer in data["answers"]:
+        check_text(answer, "answers", where)
     if not data["answers"]:
         raise RecordError(f"{where}: field 'answers' is empty")
     if "target_tokens" not in data["metadata"]:
@@ -124,10 +145,8 @@ def validate_record(data: dict[str, Any], where: str = "record") -> None:
 
 def write_jsonl(records: Iterable[TaskRecord], path: str | Path) -> int:
     """Write records one JSON object per line; return how many were written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
-    with path.open("w", encoding="utf-8") as handle:
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
         for record in records:
             handle.write(json.dumps(record.to_dict(), ensure_ascii=False) + "\n")
             count += 1

@@ -87,17 +87,24 @@ class Phase:
     copy_segment: tuple[int, int] = COPY_SEGMENT
 
 
+#: the embedded model's records fill their length: the RULER tasks reserve no answer tokens
+#: in its training data and in its training-time evaluation
+FILL_LENGTH: dict[str, dict[str, Any]] = {"needle": {"answer_tokens": 0}, "lookalike": {"answer_tokens": 0}}
+
+
 def train_options(task: str, rng: random.Random, length: int, max_facts: int) -> dict[str, Any]:
-    """Generator options of one training record (the evaluation defaults lie inside)."""
+    """Generator options of one training record (the evaluation defaults lie inside;
+    :data:`FILL_LENGTH`)."""
     if task == "needle":
-        return {"num_needles": rng.randint(1, max_facts)}
+        return {"num_needles": rng.randint(1, max_facts), **FILL_LENGTH["needle"]}
     if task == "multikey":
         return {"num_facts": rng.randint(1, max_facts)}
     if task == "multiturn":
         return {"num_facts": rng.randint(1, min(max_facts, multiturn.default_num_turns(length) - 1))}
     if task == "lookalike":
         lookalikes = rng.randint(0, max(lookalike.LOOKALIKES))
-        return {"lookalikes": lookalikes, "others": rng.randint(0, max(0, min(max_facts - 1 - lookalikes, 3)))}
+        return {"lookalikes": lookalikes, "others": rng.randint(0, max(0, min(max_facts - 1 - lookalikes, 3))),
+                **FILL_LENGTH["lookalike"]}
     raise KeyError(f"no training options for task {task!r}")
 
 

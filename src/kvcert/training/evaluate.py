@@ -13,6 +13,7 @@ from typing import Any, Iterable
 import torch
 from tqdm.auto import tqdm
 
+from kvcert.integration import cache_argument
 from kvcert.tasks import TASKS, build_prompt_ids, is_correct
 
 EVAL_SEED = 0
@@ -29,7 +30,7 @@ def greedy_ids(model: Any, input_ids: list[int], max_new_tokens: int = MAX_NEW_T
     """Greedy continuation of ``input_ids`` with a full KV cache (stops at EOS)."""
     device = next(model.parameters()).device
     ids = torch.tensor([input_ids], device=device)
-    cache_arg = _cache_argument(model)
+    cache_arg = cache_argument(model)
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
     past = getattr(out, cache_arg)
     generated: list[int] = []
@@ -50,20 +51,18 @@ def greedy_ids(model: Any, input_ids: list[int], max_new_tokens: int = MAX_NEW_T
     return generated
 
 
-def _cache_argument(model: Any) -> str:
-    """``cache`` in recent transformers, ``past_key_values`` before it."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def record_sets(tokenizer: Any, tasks: list[str], lengths: list[int], n_examples: int, seed: int,
                 options: dict[str, dict[str, Any]] | None = None):
-    """``(task, length, records)`` for every task and length: the evaluation records."""
+    """``(task, length, records)`` for every task and length: the evaluation records (filling
+    their length, as the training data: :data:`~kvcert.training.data.FILL_LENGTH`)."""
+    from .data import FILL_LENGTH
+
     for task in tasks:
         for length in lengths:
             yield task, length, TASKS[task].generate(tokenizer, n_examples, length, seed,
-                                                     **(options or {}).get(task, {}))
+                                                     **{**FILL_LENGTH.get(task, {}), **(options or {}).get(task, {})})
 
 
 def answer(model: Any, tokenizer: Any, record: Any, max_new_tokens: int = MAX_NEW_TOKENS) -> str:
@@ -163,7 +162,7 @@ def evaluate_compressed(
     return result
 
 
-#: the conditions × budgets of the regime table (the smoke grid's, DESIGN.md §6)
+#: the conditions × budgets of the regime table (the smoke grid's, docs/design.md §6)
 REGIME_CELLS: tuple[tuple[str, float], ...] = (
     ("aware", 0.125), ("aware", 0.25), ("aware", 0.5), ("streaming", 0.125), ("streaming", 0.25),
 )
@@ -185,7 +184,7 @@ def evaluate_regime(
 ) -> dict[str, Any]:
     """Which regime the model puts eviction in: full-cache accuracy and, per condition
     and budget (pooled over ``samplers``), the *induced-failure rate* — among records the
-    full cache answers correctly, the share of compressed runs that fail (DESIGN.md §2).
+    full cache answers correctly, the share of compressed runs that fail (docs/design.md §2).
 
     Returns ``{"full": {task: {length: acc}}, "induced": {"aware@0.25": {task: rate,
     "pooled": rate}, ...}, "counts": {...}}``; rates are ``None`` where no record is

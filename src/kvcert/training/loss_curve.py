@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from kvcert.atomic import atomic_path
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -37,8 +39,8 @@ def plot_loss_curve(history: Sequence[dict[str, Any]], phase_ends: Sequence[int]
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
     return path
 

@@ -19,6 +19,7 @@ from typing import Any
 import tokenizers
 import torch
 import transformers
+from kvcert.atomic import write_text
 
 PROVENANCE = "provenance.json"
 
@@ -62,7 +63,7 @@ def build(
 
 def write(model_dir: str | Path, data: dict[str, Any]) -> Path:
     path = Path(model_dir) / PROVENANCE
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
     return path
 
 

@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from kvcert.atomic import write_text
 from kvcert.training.data import ANSWER, AUX, Batch, SequenceBuilder, chain_digest, phase_at
 from kvcert.training.loss_curve import plot_loss_curve
 from kvcert.training.model import build_model
@@ -360,7 +361,7 @@ def train(
         phase_ends.append(acc)
     plot_loss_curve(history, phase_ends, out_dir / LOSS_CURVE,
                     title=f"kvcert embedded model: recipe {recipe.name!r}, seed {seed}")
-    (out_dir / HISTORY).write_text(json.dumps(history))
+    write_text(out_dir / HISTORY, json.dumps(history))
     model_dir = out_dir
     if step == total:
         model.save_pretrained(model_dir, safe_serialization=True)

@@ -1,0 +1,209 @@
+"""Roofline cost model of a generation: the time a GPU's peak rates allow, for ``kvcert plan``.
+
+Per generation of a shard (context length T tokens, kept budget β, A answer tokens, forked
+batch width W: the runs of an example decoded together, :func:`kvcert.pipeline.plan.shard_seconds`'s
+rule; 1 on the batch-1 path):
+
+* **prefill**, compute-bound, once per example and shared by its W runs::
+
+      F = 2 · P · T  +  4 · layers · heads · head_dim · T² / 2      (matmuls; causal attention)
+
+* **decode**, memory-bound, A steps; each step reads the weights once for the whole forked
+  batch and, for each of its rows, the row's compacted cache (β·T + A/2 tokens on average,
+  keys and values in the model's dtype, 4 bytes of log π per token of a compressed run) and
+  its eviction sketch (:data:`kvcert.sketch.SKETCH_FRACTION` of the T-token cache's bytes)::
+
+      bytes/step/row = P · dtype / W  +  layers · kv_heads · [(β·T + A/2)(2 · head_dim · dtype + 4) + sketch]
+
+  time = F / (W · flops · η) + A · bytes/step/row / (bandwidth · η), with η the stated
+  efficiency (the share of peak a real run attains; :data:`EFFICIENCY`).
+
+The model's architecture comes from its ``config.json`` where the checkpoint is on disk, else
+from :data:`ARCHITECTURES` (the official configs' numbers of the paper's models).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+#: share of peak bandwidth and peak FLOPs a run attains: a decode step of ~30 layers × a
+#: dozen small kernels at batch ≤ 13 rarely passes half of HBM bandwidth, and long-prompt
+#: prefill (FlashAttention-2, bf16 GEMMs) reaches 50–70 % of the dense peak
+EFFICIENCY = 0.5
+
+#: tokens of a task with its own length (LoCoMo conversations: 9k–26k tokens)
+NATIVE_TOKENS = 16384
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The numbers of a decoder-only transformer (Llama / Mistral / Qwen2 layout) the cost model needs."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    tied: bool = False
+    qkv_bias: bool = False
+    dtype_bytes: int = 2
+
+    @property
+    def params(self) -> int:
+        """Parameters: embeddings (and an untied head), per layer q/k/v/o (+ biases), the
+        gated MLP (3 · hidden · intermediate) and two norms, and the final norm."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = self.hidden * (q + 2 * kv) + q * self.hidden + ((q + 2 * kv) if self.qkv_bias else 0)
+        layer = attn + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.layers * layer + self.hidden
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.heads // self.kv_heads
+
+    def kv_bytes_per_token(self) -> int:
+        """Keys and values of one token over every layer and KV head."""
+        return self.layers * self.kv_heads * 2 * self.head_dim * self.dtype_bytes
+
+
+#: the paper's models, from their official ``config.json`` (Hugging Face Hub)
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama-3.1-8b-instruct": Architecture(32, 32, 8, 128, 4096, 14336, 128256),  # 8.03e9
+    "mistral-7b-instruct": Architecture(32, 32, 8, 128, 4096, 14336, 32768),  # v0.3: 7.25e9
+    "qwen2.5-7b-instruct": Architecture(28, 28, 4, 128, 3584, 18944, 152064, qkv_bias=True),  # 7.62e9
+    "qwen2.5-1.5b-instruct": Architecture(28, 12, 2, 128, 1536, 8960, 151936, tied=True, qkv_bias=True),  # 1.54e9
+}
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def architecture_from_config(cfg: dict, dtype: str | None = None) -> Architecture:
+    """The architecture of a Hugging Face ``config.json`` (Llama, Mistral, Qwen2); ``dtype``
+    (the run's, e.g. "bfloat16") sets the bytes per value, else the config's own dtype."""
+    heads = int(cfg["num_attention_heads"])
+    hidden = int(cfg["hidden_size"])
+    dtype = dtype or cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    return Architecture(
+        layers=int(cfg["num_hidden_layers"]), heads=heads,
+        kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or hidden // heads), hidden=hidden,
+        intermediate=int(cfg["intermediate_size"]), vocab=int(cfg["vocab_size"]),
+        tied=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+        dtype_bytes=_DTYPE_BYTES.get(str(dtype), 2),
+    )
+
+
+def model_architecture(name: str, path: str | None = None, dtype: str | None = None) -> Architecture | None:
+    """``name``'s architecture: from ``path/config.json`` when the checkpoint is there (``path``
+    "embedded": the shipped model), else :data:`ARCHITECTURES`; None when neither knows it."""
+    folder = None
+    if path == "embedded":
+        from ..embedded import embedded_model_path
+
+        folder = embedded_model_path()
+    elif path and not str(path).startswith("hf:"):
+        folder = Path(path)
+    if folder is not None and (folder / "config.json").is_file():
+        return architecture_from_config(json.loads((folder / "config.json").read_text()), dtype)
+    arch = ARCHITECTURES.get(name)
+    if arch is not None and dtype in _DTYPE_BYTES:
+        return Architecture(**{**arch.__dict__, "dtype_bytes": _DTYPE_BYTES[dtype]})
+    return arch
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    bandwidth: float  # HBM bytes per second
+    flops: float  # dense bf16 FLOPs per second (no sparsity)
+
+
+GPUS: dict[str, GPU] = {
+    "a100-80gb": GPU("A100 80GB SXM", 2.0e12, 312e12),
+    "h100-sxm": GPU("H100 SXM", 3.35e12, 989e12),
+    "h200": GPU("H200", 4.8e12, 989e12),
+}
+DEFAULT_GPU = "h100-sxm"  # the experiment configs' seconds_per_generation are for an H100-class GPU
+
+
+def gpu_of_device(name: str) -> GPU | None:
+    """The table's entry for a CUDA device name (``torch.cuda.get_device_properties().name``), if any."""
+    name = name.upper()
+    if "H200" in name:
+        return GPUS["h200"]
+    if "H100" in name and "PCIE" not in name:
+        return GPUS["h100-sxm"]
+    if "A100" in name and "80GB" in name.replace(" ", ""):
+        return GPUS["a100-80gb"]
+    return None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generation's share of the work: prefill FLOPs and decode bytes (per generation)."""
+
+    prefill_flops: float
+    decode_bytes: float
+
+    def seconds(self, gpu: GPU, efficiency: float = EFFICIENCY) -> float:
+        return self.prefill_flops / (gpu.flops * efficiency) + self.decode_bytes / (gpu.bandwidth * efficiency)
+
+
+def generation_cost(arch: Architecture, tokens: int, budget: float, answer_tokens: int, width: int,
+                    compressed: bool = True, sketch_fraction: float | None = None) -> Generation:
+    """Prefill FLOPs and decode bytes of one generation (the module docstring's formulas)."""
+    if sketch_fraction is None:
+        from ..sketch import SKETCH_FRACTION
+
+        sketch_fraction = SKETCH_FRACTION
+    width = max(1, int(width))
+    t, a = float(tokens), float(answer_tokens)
+    prefill = 2.0 * arch.params * t + 2.0 * arch.layers * arch.heads * arch.head_dim * t * t
+    per_head_token = 2 * arch.head_dim * arch.dtype_bytes + (4 if compressed else 0)
+    kept = (budget if compressed else 1.0) * t + a / 2
+    cache = arch.layers * arch.kv_heads * kept * per_head_token
+    sketch = sketch_fraction * t * arch.kv_bytes_per_token() if compressed else 0.0
+    step = arch.params * arch.dtype_bytes / width + cache + sketch
+    return Generation(prefill / width, a * step)
+
+
+def shard_roofline_seconds(shard, arch: Architecture, answer_tokens: int, gpu: GPU,
+                           efficiency: float = EFFICIENCY, native_tokens: int = NATIVE_TOKENS) -> float:
+    """The roofline seconds of one shard: every example × run, a forkable run (no chunked
+    streaming, two or more in the shard) in a forked batch of the shard's forkable runs."""
+    tokens = shard.length or native_tokens
+    forkable = [r for r in shard.runs if r.chunk_tokens is None]
+    width = len(forkable) if len(forkable) > 1 else 1
+    total = 0.0
+    for run in shard.runs:
+        w = width if run.chunk_tokens is None else 1
+        cost = generation_cost(arch, tokens, run.budget, answer_tokens, w, compressed=run.condition != "full")
+        total += cost.seconds(gpu, efficiency)
+    return total * (shard.stop - shard.start)
+
+
+def plan_roofline(plan, archs: dict, answers: dict, gpu: GPU, efficiency: float = EFFICIENCY,
+                  native_tokens: int = NATIVE_TOKENS) -> dict:
+    """Roofline seconds of every (model, length) of a plan, {(model, length): (seconds, generations)};
+    models without an architecture in ``archs`` ({model: Architecture | None}) are left out.
+    ``answers``: {task: answer tokens}."""
+    out: dict = {}
+    for shard in plan.shards:
+        arch = archs.get(shard.model)
+        if arch is None:
+            continue
+        sec = shard_roofline_seconds(shard, arch, answers[shard.task], gpu, efficiency, native_tokens)
+        old = out.get((shard.model, shard.length), (0.0, 0))
+        out[(shard.model, shard.length)] = (old[0] + sec, old[1] + shard.generations)
+    return out
+
+
+__all__ = ["ARCHITECTURES", "Architecture", "DEFAULT_GPU", "EFFICIENCY", "GPU", "GPUS", "Generation", "gpu_of_device",
+           "NATIVE_TOKENS", "architecture_from_config", "generation_cost", "model_architecture",
+           "plan_roofline", "shard_roofline_seconds"]

@@ -1,0 +1,107 @@
+"""The package's data path reads one way (ARCHITECTURE.md): configuration and pre-registration →
+tasks → model + method → generation → analysis. A module imports only from its own stage or an
+earlier one — at module level or inside a function — and the stages' modules form no import circle. Commands (the ``cli`` modules, ``kvcert run``, the pre-flight, benchmarks, the rehearsal
+builder) orchestrate stages and may import any of them; no stage imports a command."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+#: module (or package prefix) → its stage; the first matching prefix wins
+STAGES = [
+    ("kvcert.provenance", 0), ("kvcert.checks", 0), ("kvcert.progress", 0), ("kvcert.atomic", 0),
+    ("kvcert.prereg", 1), ("kvcert.pipeline.config", 1), ("kvcert.pipeline.compose", 1),
+    ("kvcert.pipeline.plan", 1), ("kvcert.pipeline.digest", 1), ("kvcert.pipeline.console", 1),
+    ("kvcert.paths", 1), ("kvcert.sources", 1), ("kvcert.embedded", 1),  # where models and data come from
+    ("kvcert.tasks", 2),
+    ("kvcert.pipeline.roofline", 3),  # the plan's cost model reads model architectures and the sketch's size
+    ("kvcert.generation", 4), ("kvcert.textgen", 4),  # generate_answer: one generation, in one call
+    ("kvcert.pipeline.jobs", 4),  # what a generate job writes: the plan's runs as generation specs
+    ("kvcert.analysis", 5),
+]
+#: commands: they run stages and may import any of them
+COMMANDS = ("kvcert.cli", "kvcert.pipeline.cli", "kvcert.pipeline.check", "kvcert.pipeline.manifest",
+            "kvcert.pipeline.oneoff", "kvcert.rehearsal", "kvcert.bench", "kvcert.testing",
+            "kvcert.training")  # `kvcert train-model`: trains the embedded model on the tasks, evaluates it with the engine
+MODEL_STAGE = 3  # everything else: the model and the method (models, integration, press, cache, scorers, ...)
+NAMES = {0: "base", 1: "configuration", 2: "tasks", 3: "model + method", 4: "generation", 5: "analysis"}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in SRC.rglob("*.py"):
+        name = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def stage(name: str) -> int | None:
+    """None for a command or the package root (its public API re-exports every stage)."""
+    if name == "kvcert" or any(name == c or name.startswith(c + ".") for c in COMMANDS) or name.endswith(".cli"):
+        return None
+    for prefix, rank in STAGES:
+        if name == prefix or name.startswith(prefix + "."):
+            return rank
+    return MODEL_STAGE
+
+
+def imports(name: str, path: Path, known: dict[str, Path], top_only: bool = False) -> set[str]:
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_only else list(ast.walk(tree))
+    found = set()
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        found |= {t for t in targets if t in known and t != name}
+    return found
+
+
+def test_no_module_imports_a_later_stage_or_a_command():
+    known = modules()
+    wrong = []
+    for name, path in sorted(known.items()):
+        mine = stage(name)
+        if mine is None:
+            continue
+        for target in sorted(imports(name, path, known)):
+            theirs = stage(target)
+            if theirs is None and target != "kvcert":
+                wrong.append(f"{name} ({NAMES[mine]}) imports the command {target}")
+            elif theirs is not None and theirs > mine:
+                wrong.append(f"{name} ({NAMES[mine]}) imports {target} ({NAMES[theirs]})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_circle():
+    """Among the stages' modules, counting imports inside functions too (a late import hides a circle, it
+    does not remove it)."""
+    known = modules()
+    staged = {n: p for n, p in known.items() if stage(n) is not None}
+    graph = {n: {t for t in imports(n, p, known) if t in staged} for n, p in staged.items()}
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(node, trail):
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append(" → ".join(trail[trail.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [n])
+    assert not circles, "\n".join(circles)

@@ -1,0 +1,587 @@
+"""Nothing wrong is scored silently: content checked against the plan, a freeze chain that
+guards itself, non-finite models refused, inputs validated before a model loads, outputs
+written atomically, one-line messages (docs/reliability.md). Fast, unit-level: each test
+plants one fault and calls the function that must refuse it; the Snakemake-level checks
+are in tests/test_reliability_pipeline.py (slow)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from argparse import Namespace
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from kvcert.analysis.load import RecordRefused, score_shards
+from kvcert.prereg import PreregError, freeze, freezes, verify
+from kvcert.testing import frozen_copy, make_record, write_shard
+
+REPO = Path(__file__).resolve().parents[1]
+PREREG = REPO / "preregistration"
+
+
+@pytest.fixture(scope="module")
+def prereg(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("prereg") / "preregistration"
+    return folder, frozen_copy(PREREG, folder)
+
+
+def planned(records):
+    from kvcert.analysis.load import PlannedShard, generation_key
+
+    return PlannedShard({generation_key(r): r["config_hash"] for r in records})
+
+
+def reseal(path: Path, records) -> Path:
+    """Rewrite a shard with ``records`` and a seal recomputed as a plain SHA-256 (what anyone can do)."""
+    return write_shard(records, path)
+
+
+# --- 1. scoring checks content against the plan ----------------------------------------------------
+def test_a_forged_answer_is_rescored_from_the_answer(prereg, tmp_path):
+    """The bar: an answer replaced by a wrong one, its score kept, the seal recomputed: scoring
+    rescores it as incorrect and says so in the provenance."""
+    folder, fr = prereg
+    good = make_record("a", prereg_hash=fr.prereg_hash, score=1.0)
+    forged = dict(make_record("b", prereg_hash=fr.prereg_hash, score=1.0), answer="totally wrong")
+    shard = reseal(tmp_path / "s.jsonl", [good, forged])
+    df, prov = score_shards([shard], folder, expected={str(shard): planned([good, forged])})
+    assert df["score"].tolist() == [1.0, 0.0] and df["correct"].tolist() == [1.0, 0.0]
+    assert prov["rescored"] == 1 and df.attrs["rescored"][0][0] == f"{shard}:2"
+
+
+def test_flipped_scores_are_undone(prereg, tmp_path):
+    folder, fr = prereg
+    records = [make_record(f"e{i}", prereg_hash=fr.prereg_hash, score=1.0) for i in range(11)]
+    flipped = [dict(r, score=0.0) for r in records]
+    shard = reseal(tmp_path / "s.jsonl", flipped)
+    df, prov = score_shards([shard], folder)
+    assert df["correct"].eq(1.0).all() and prov["rescored"] == 11
+
+
+def test_a_record_under_an_invented_example_id_is_refused(prereg, tmp_path):
+    folder, fr = prereg
+    records = [make_record(f"e{i}", prereg_hash=fr.prereg_hash) for i in range(4)]
+    plan = planned(records)
+    records[2] = dict(records[2], example_id="invented")  # same count, seal recomputed
+    shard = reseal(tmp_path / "s.jsonl", records)
+    with pytest.raises(RecordRefused, match=r"s\.jsonl:3: record m/needle/512/invented/aware/snapkv-poisson/0\.25/0 "
+                                             r"is not one the plan puts in this shard") as info:
+        score_shards([shard], folder, expected={str(shard): plan})
+    assert "\n" not in str(info.value) and "delete" in str(info.value)
+
+
+def test_two_same_size_shards_swapped_between_cells_are_refused(prereg, tmp_path):
+    folder, fr = prereg
+    needle = [make_record(f"n{i}", prereg_hash=fr.prereg_hash, task="needle") for i in range(3)]
+    multikey = [make_record(f"k{i}", prereg_hash=fr.prereg_hash, task="multikey") for i in range(3)]
+    a, b = tmp_path / "needle" / "shard000.jsonl", tmp_path / "multikey" / "shard000.jsonl"
+    reseal(a, multikey)  # swapped, seals too
+    reseal(b, needle)
+    with pytest.raises(RecordRefused, match=r"needle/shard000\.jsonl:1: record m/multikey/.* is not one the plan puts"):
+        score_shards([a, b], folder, expected={str(a): planned(needle), str(b): planned(multikey)})
+
+
+def test_a_config_hash_other_than_the_composed_one_is_refused_naming_both(prereg, tmp_path):
+    from kvcert.analysis.load import PlannedShard, generation_key
+
+    folder, fr = prereg
+    records = [make_record("a", prereg_hash=fr.prereg_hash)]
+    plan = PlannedShard({generation_key(records[0]): "b16fp32b16fp32aa"}, "configs/model/m.yaml")
+    shard = reseal(tmp_path / "s.jsonl", records)
+    with pytest.raises(RecordRefused, match=r"config_hash c0ffee differs from b16fp32b16fp32aa, the hash of the "
+                                             r"config its job composes now \(configs/model/m\.yaml\).*delete"):
+        score_shards([shard], folder, expected={str(shard): plan})
+
+
+def test_a_missing_planned_record_is_refused(prereg, tmp_path):
+    folder, fr = prereg
+    records = [make_record(f"e{i}", prereg_hash=fr.prereg_hash) for i in range(3)]
+    plan = planned(records)
+    shard = reseal(tmp_path / "s.jsonl", [records[0], records[1], records[1]])  # a duplicate fills the gap
+    with pytest.raises(RecordRefused, match=r"1 planned records missing \(e\.g\. m/needle/512/e2/"):
+        score_shards([shard], folder, expected={str(shard): plan})
+
+
+def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, tmp_path):
+    """planned_shards: the examples of the manifest beside the shard, the config hashes of the runs
+    composed from the configs as they are; a dtype edited after the run is refused, naming both."""
+    from kvcert.analysis.steps import planned_shards
+    from kvcert.pipeline.jobs import planned_records
+    from kvcert.pipeline.plan import build_plan, load_grid
+    from kvcert.tasks.records import TaskRecord, write_jsonl
+
+    folder, fr = prereg
+    configs = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", configs)
+    shard = build_plan("smoke", load_grid(folder, "grids/smoke.yaml")).shards[0]
+    results = tmp_path / "results" / "smoke"
+    manifest = results / shard.manifest
+    write_jsonl([TaskRecord(id=f"{shard.task}-{i}", task=shard.task, context="c", question="q", answers=["x"],
+                            metadata={"target_tokens": shard.length}) for i in range(shard.stop)], manifest)
+    expected = planned_records("smoke", shard, manifest, configs, folder)
+    assert len(expected) == shard.generations
+    records = [make_record(key[3], model=key[0], task=key[1], target_tokens=key[2], prereg_hash=fr.prereg_hash,
+                           condition=key[4], sampler=None if key[4] == "full" else key[5].split("-")[1],
+                           budget=key[6], config_hash=digest, method=key[5]) for key, digest in expected.items()]
+    path = reseal(results / shard.path, records)
+    plans = planned_shards([path], "smoke", folder, configs)
+    df, prov = score_shards([path], folder, expected=plans)
+    assert len(df) == shard.generations and prov["plan_checked"]
+
+    model = configs / "model" / "embedded.yaml"
+    model.write_text(model.read_text().replace("dtype: float32", "dtype: bfloat16"))
+    with pytest.raises(RecordRefused, match=r"config_hash [0-9a-f]{16} differs from [0-9a-f]{16}, the hash of the "
+                                             r"config its job composes now"):
+        score_shards([path], folder, expected=planned_shards([path], "smoke", folder, configs))
+
+
+def test_a_partial_holding_another_cells_records_is_set_aside_not_sealed(tmp_path, tiny_model, capsys):
+    from kvcert.generation.runner import run_specs
+    from kvcert.generation.shards import ShardWriter, read_records
+    from kvcert.tasks import generate as generate_task
+
+    model, tokenizer = tiny_model
+    needle = generate_task("needle", tokenizer, n_examples=2, target_tokens=200, seed=1)
+    other = [replace(r, task="multikey") for r in needle]  # another cell's records under the same ids
+    config = {"model": {"name": "tiny", "path": "unused"}, "method": {"name": "full"}, "condition": "full",
+              "max_new_tokens": 3}
+    foreign = run_specs([config], other, tmp_path / "other.jsonl", "p", (model, tokenizer), progress=False)
+    out = tmp_path / "shard.jsonl"
+    out.with_name(out.name + ".partial").write_text(foreign.read_text())
+    run_specs([config], needle, out, "p", (model, tokenizer), progress=False)
+    assert {r["task"] for r in read_records(out)} == {"needle"}
+    assert "for another shard" in capsys.readouterr().err
+    writer = ShardWriter(tmp_path / "extra.jsonl").open()
+    writer.write(read_records(out)[0])
+    with pytest.raises(RuntimeError, match="records this shard does not plan"):
+        writer.finalize([])
+
+
+# --- 2. a model's identity is an input -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_dir(word_model_dir):
+    return word_model_dir
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_dir):
+    from kvcert.models import ModelSpec, load_model
+
+    return load_model(ModelSpec(name="tiny", path=str(tiny_dir)))
+
+
+def nan_copy(source: Path, dest: Path, name: str = "mlp.down_proj") -> Path:
+    """A copy of a model folder with one NaN weight (same file size, same safetensors header)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, dest)
+    weights = load_file(dest / "model.safetensors")
+    key = next(k for k in weights if name in k)
+    weights[key][0, 0] = float("nan")
+    save_file(weights, dest / "model.safetensors", metadata={"format": "pt"})
+    return dest
+
+
+def test_model_digest_follows_the_weights_not_the_path_or_time(tiny_dir, tmp_path):
+    import os
+
+    from kvcert.pipeline.digest import DigestCache, model_digest
+
+    cache = DigestCache(tmp_path / "digests.json")
+    first = model_digest(str(tiny_dir), cache)
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_dir, copy)  # new paths, new times, the same bytes
+    assert model_digest(str(copy), DigestCache(tmp_path / "digests.json")) == first
+    weights = copy / "model.safetensors"
+    stat = weights.stat()
+    nan_copy(tiny_dir, tmp_path / "nan")
+    shutil.copyfile(tmp_path / "nan" / "model.safetensors", weights)  # replaced in place, same size
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert weights.stat().st_size == stat.st_size
+    assert model_digest(str(copy), DigestCache(tmp_path / "digests.json")) != first
+
+
+def test_the_snakefile_gives_generate_replay_and_manifest_the_model_digest():
+    text = (REPO / "Snakefile").read_text()
+    for rule in ("manifest", "replay", "generate"):
+        body = text.split(f"rule {rule}:")[1].split("\nrule ")[0]
+        assert "model=model_of" in body, rule
+
+
+def test_nan_weights_are_refused_in_one_line_naming_the_folder(tiny_dir, tmp_path):
+    from kvcert.generation.engine import Engine, ModelOutputError
+    from kvcert.generation.forked import run_forked
+    from kvcert.generation.spec import GenerationSpec
+    from kvcert.models import ModelSpec, load_model
+    from kvcert.tasks import generate as generate_task
+
+    broken = nan_copy(tiny_dir, tmp_path / "nan")
+    model, tokenizer = load_model(ModelSpec(name="nan", path=str(broken)))
+    record = generate_task("needle", tokenizer, n_examples=1, target_tokens=200, seed=1)[0]
+
+    def spec(**kw):
+        return GenerationSpec.from_dict({"model": {"name": "nan", "path": str(broken)}, "max_new_tokens": 3, **kw})
+
+    full = spec(method={"name": "full"}, condition="full")
+    poisson = spec(method={"name": "snapkv-poisson", "scorer": "snapkv", "sampler": "poisson"}, condition="aware",
+                   budget=0.25)
+    for run in (lambda: Engine(model, tokenizer, full).run(record),
+                lambda: Engine(model, tokenizer, poisson).run(record),
+                lambda: run_forked([Engine(model, tokenizer, full), Engine(model, tokenizer, poisson)], record)):
+        with pytest.raises(ModelOutputError, match=rf"model {re.escape(str(broken))}: non-finite") as info:
+            run()
+        assert "\n" not in str(info.value)
+
+
+def test_check_runs_one_token_and_refuses_nan_logits(tiny_dir, tmp_path):
+    from kvcert.pipeline.check import check_forward
+
+    assert check_forward("tiny", {"name": "tiny", "path": str(tiny_dir), "dtype": "float32", "device": "cpu"}) == []
+    broken = nan_copy(tiny_dir, tmp_path / "nan")
+    problems = check_forward("tiny", {"name": "tiny", "path": str(broken), "dtype": "float32", "device": "cpu"})
+    assert len(problems) == 1 and str(broken) in problems[0] and "NaN" in problems[0]
+
+
+# --- 3. a freeze chain that guards itself ----------------------------------------------------------
+def fresh(tmp_path: Path) -> Path:
+    folder = tmp_path / "preregistration"
+    shutil.copytree(PREREG, folder, ignore=shutil.ignore_patterns("freeze"))
+    return folder
+
+
+def amend(folder: Path, reason: str, **kw):
+    grid = folder / "grids" / "smoke.yaml"
+    grid.write_text(grid.read_text() + f"# {reason}\n")
+    return freeze(folder, reason=reason, **kw)
+
+
+def edit(path: Path, **changes) -> None:
+    data = yaml.safe_load(path.read_text())
+    data.update(changes)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def test_the_projects_freeze_records_verify_as_they_are():
+    """The records from before the chain keep their hashes (the last one's is b4ac5a…); the newest is chained."""
+    fr = verify(PREREG)
+    records = freezes(PREREG)
+    assert fr.path == records[-1].path and fr.chained
+    legacy = {r.path.name: r for r in records if not r.chained}
+    assert legacy["20261201T174323.839936Z.yaml"].prereg_hash == (
+        "b4ac5aa5fc3422c2b79714d860e3512673ce216389463f7d3a09f63b3c4ff8ed")
+
+
+def test_an_edited_frozen_utc_breaks_the_chain(tmp_path):
+    folder = fresh(tmp_path)
+    first = freeze(folder)
+    second = amend(folder, "more examples")
+    assert verify(folder).prereg_hash == second.prereg_hash != first.prereg_hash
+    original = first.path.read_text()
+    edit(first.path, frozen_utc="2001-01-01T00:00:00.000000+00:00")  # the earlier record, moved back
+    with pytest.raises(PreregError, match=r"frozen_utc 2001-01-01.* is not the time of its file name") as info:
+        verify(folder)
+    assert "\n" not in str(info.value)
+    renamed = first.path.with_name("20010101T000000.000000Z.yaml")  # renamed to match: the chain still sees it
+    first.path.rename(renamed)
+    with pytest.raises(PreregError, match="missing or out of order|does not match its content"):
+        verify(folder)
+    renamed.unlink()
+    first.path.write_text(original)
+    assert verify(folder).prereg_hash == second.prereg_hash
+    edit(first.path, reason="an innocent-looking edit")
+    with pytest.raises(PreregError, match="does not match its content and the records before it"):
+        verify(folder)
+
+
+def test_a_legacy_record_becomes_part_of_the_first_chained_hash(tmp_path):
+    """Records from before the chain keep verifying as they are; once a chained record follows,
+    editing an earlier one (any field, frozen_utc included, even with its file renamed) fails."""
+    folder = tmp_path / "preregistration"
+    shutil.copytree(PREREG, folder)
+    for record in freezes(folder):  # the records from before the chain, as they were when it began
+        if record.chained:
+            record.path.unlink()
+    legacy = freezes(folder)[-1]
+    assert not legacy.chained
+    chained = amend(folder, "first chained record")
+    assert chained.chained and chained.amends == legacy.path.name
+    oldest = freezes(folder)[0].path
+    text = oldest.read_text()
+    oldest.write_text(text.replace("initial freeze, before any result exists", "initial freeze"))
+    with pytest.raises(PreregError, match=rf"{chained.path.name}: its prereg_hash .* does not match"):
+        verify(folder)
+
+
+def test_a_freeze_in_the_future_is_refused_and_amending_it_follows_the_chain(tmp_path):
+    folder = fresh(tmp_path)
+    now = datetime.now(timezone.utc)
+    freeze(folder)
+    fast = amend(folder, "made on a clock six months fast", now=now + timedelta(days=182))
+    with pytest.raises(PreregError, match=r"182\.0 days ahead of this machine's clock.*amend it") as info:
+        verify(folder)
+    assert "\n" not in str(info.value)
+    fixed = freeze(folder, reason="the previous freeze was made on a wrong clock")  # same files: allowed here
+    assert fixed.amends == fast.path.name and fixed.path.name < fast.path.name  # sorts first, comes last
+    assert freezes(folder)[-1].path == fixed.path
+    assert verify(folder).prereg_hash == fixed.prereg_hash != fast.prereg_hash
+    with pytest.raises(PreregError, match="nothing to amend"):
+        freeze(folder, reason="again")
+
+
+def test_a_forked_chain_is_refused(tmp_path):
+    folder = fresh(tmp_path)
+    freeze(folder)
+    base = tmp_path / "base"
+    shutil.copytree(folder, base)
+    branch = amend(folder, "branch one")
+    other = amend(base, "branch two")
+    shutil.copy(other.path, folder / "freeze" / other.path.name)
+    with pytest.raises(PreregError, match=r"both amend .*: the chain forks"):
+        verify(folder)
+    assert branch.path.exists()
+
+
+def test_a_job_on_a_slow_clock_refuses_to_start():
+    from kvcert.prereg import check_clock
+
+    verified = "2026-12-02T10:00:00+00:00"
+    check_clock("v.json", verified, now=datetime(2026, 12, 2, 10, 1, tzinfo=timezone.utc))
+    with pytest.raises(PreregError, match=r"24\.0 h before the verification it read .*fix this machine's clock"):
+        check_clock("v.json", verified, now=datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc))
+
+
+def test_pre_freeze_needs_the_record_older_than_the_verification_too(prereg, tmp_path):
+    """A record stamped before the freeze but after the verification its job read was made after
+    the freeze (the freezing clock was fast): kept. One older than both is pre-freeze."""
+    folder, fr = prereg
+    frozen = datetime.fromisoformat(fr.frozen_utc)
+    before = (frozen - timedelta(minutes=2)).isoformat(timespec="seconds")
+    older = (frozen - timedelta(days=1)).isoformat(timespec="seconds")
+    shard = write_shard([make_record("a", prereg_hash=fr.prereg_hash, started_utc=before),
+                         make_record("b", prereg_hash=fr.prereg_hash, started_utc=older)], tmp_path / "s.jsonl")
+    verified = tmp_path / "verified.json"
+    verified.write_text(json.dumps({"prereg_hash": fr.prereg_hash,
+                                    "verified_utc": (frozen - timedelta(minutes=3)).isoformat()}))
+    df, prov = score_shards([shard], folder, verified)
+    assert df["pre_freeze"].tolist() == [False, True] and prov["pre_freeze"] == 1
+
+
+def test_claims_refuse_excluded_records_unless_accepted(prereg, tmp_path):
+    from kvcert.analysis.load import write_table
+    from kvcert.analysis.steps import check_exclusions, claims_step
+
+    folder, fr = prereg
+    records = [make_record(f"e{i}", prereg_hash=fr.prereg_hash, started_utc="2001-01-01T00:00:00+00:00")
+               for i in range(3)]
+    shard = write_shard(records, tmp_path / "generations" / "m" / "main" / "needle" / "512" / "shard000.jsonl")
+    df, prov = score_shards([shard], folder)
+    scores = write_table(df, tmp_path / "scores.parquet", prov)
+    with pytest.raises(RecordRefused, match=r"3 records started before the freeze .*\(m/main/needle/512: 3\).*"
+                                             r"--accept-excluded") as info:
+        claims_step(scores, [], folder, "smoke", tmp_path / "claims.json", configs=REPO / "configs")
+    assert "\n" not in str(info.value) and not (tmp_path / "claims.json").exists()
+    check_exclusions(df[~df["pre_freeze"]], scores, fr.frozen_utc)  # nothing left out: passes
+
+
+# --- 4. kvcert run validates before loading the model ----------------------------------------------
+@pytest.fixture
+def no_model_load(monkeypatch):
+    import kvcert.models
+
+    def refuse(*_, **__):
+        raise AssertionError("the model was loaded before the inputs were checked")
+
+    monkeypatch.setattr(kvcert.models, "load_model", refuse)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("budget=abc", r"budget=abc: must be a number"),
+    ("limit=abc", r"limit=abc: must be an integer"),
+    ("seed=abc", r"seed=abc: must be an integer"),
+    ("limt=2", r"limt=2: unknown key 'limt' \(did you mean 'limit'\?\)"),
+    ("task.max_new_tokens=0", r"task\.max_new_tokens=0: must be an integer >= 1"),
+    ("length=5000", r"length=5000: with the 16-token answer it exceeds the model's 4096 positions"),
+    ("length=10000000", r"length=10000000: .*4096 positions"),
+])
+def test_kvcert_run_checks_its_inputs_before_loading_the_model(no_model_load, override, message):
+    from kvcert.pipeline.oneoff import run_command
+
+    args = Namespace(overrides=["task=needle", "method=snapkv-poisson", "budget=0.25", "limit=1", override],
+                     configs=None, prereg=None, quiet=True)
+    if override.startswith("budget="):
+        args.overrides.remove("budget=0.25")
+    with pytest.raises(ValueError, match=message) as info:
+        run_command(args)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
+def test_a_cuda_device_without_a_gpu_is_one_line(no_model_load):
+    from kvcert.pipeline.oneoff import run_command
+
+    args = Namespace(overrides=["task=needle", "model.device=cuda", "limit=1"], configs=None, prereg=None, quiet=True)
+    with pytest.raises(ValueError, match=r"model\.device=cuda: no CUDA GPU on this machine; use model\.device=cpu"):
+        run_command(args)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("context", None, r"field 'context' must be text, got NoneType None"),
+    ("input", 3, r"field 'input' must be text, got int 3"),
+    ("context", "abc \ud800 def", r"field 'context' holds '\\ud800' at character 4, a lone surrogate"),
+])
+def test_longbench_rows_hold_text_where_text_belongs(tmp_path, no_model_load, field, value, message):
+    from kvcert.pipeline.oneoff import run_command
+
+    row = {"input": "What is X?", "context": "X is y.", "answers": ["y"], "length": 10, "dataset": "hotpotqa",
+           "language": "en", "all_classes": None, "_id": "a1", field: value}
+    (tmp_path / "hotpotqa.jsonl").write_text(json.dumps(row) + "\n")
+    args = Namespace(overrides=["task=longbench_hotpotqa", f"task.source={tmp_path}", "limit=1", "length=1024"],
+                     configs=None, prereg=None, quiet=True)
+    with pytest.raises(ValueError, match=rf"hotpotqa\.jsonl:1: {message}") as info:
+        run_command(args)
+    assert "\n" not in str(info.value)
+
+
+def test_a_task_record_with_a_lone_surrogate_is_one_line():
+    from kvcert.tasks.records import RecordError, TaskRecord
+
+    with pytest.raises(RecordError, match=r"field 'question' holds '\\udc80'"):
+        TaskRecord(id="x", task="needle", context="c", question="q\udc80", answers=["a"], metadata={"target_tokens": 0})
+
+
+# --- 5. atomic outputs -----------------------------------------------------------------------------
+PLAIN_WRITE = re.compile(r"\.write_text\(|\.write_bytes\(|open\([^)]*[\"'][wa]b?[\"']|\.savefig\(|\.to_csv\(|"
+                         r"\.to_parquet\(|pq\.write_table\(")
+
+
+def test_every_output_goes_through_the_atomic_helper():
+    """A plain write is allowed only on the temporary path of kvcert.atomic.atomic_path (``tmp``), the
+    shard's append-only partial file, and the lock file."""
+    offenders = []
+    for path in sorted((REPO / "src" / "kvcert").rglob("*.py")):
+        if path.name == "atomic.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            code = line.split("#", 1)[0]
+            if PLAIN_WRITE.search(code) and "tmp" not in code and "self.partial, \"a\"" not in code \
+                    and "lock_path, \"a\"" not in code:
+                offenders.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_a_write_that_fails_leaves_the_old_file(tmp_path):
+    from kvcert.atomic import atomic_path, write_text
+
+    target = write_text(tmp_path / "claims.json", "old\n")
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed")
+    assert target.read_text() == "old\n" and list(tmp_path.iterdir()) == [target]
+
+
+def test_a_report_killed_half_way_leaves_no_summary_that_disagrees(tmp_path, monkeypatch):
+    import kvcert.analysis.report as report
+    from kvcert.analysis.steps import report_step, write_json
+
+    out = tmp_path / "report"
+    write_json({"claims": "of the previous run"}, out / "summary.json")
+    claims = write_json({"provenance": {"prereg_hash": "h"}, "claims": []}, tmp_path / "claims.json")
+
+    def killed(doc, df, prov, rp, rows, out_dir, replay_prov):
+        (Path(out_dir) / "report.md").write_text("the new report")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "build_report", killed)
+    with pytest.raises(KeyboardInterrupt):
+        report_step(claims, None, [], [], out)
+    assert not (out / "summary.json").exists()
+
+
+# --- 6/7. messages ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "decode", "--steps", "0"], "--steps 0: must be at least 1"),
+    (["bench", "coverage", "--sizes", "0"], "--sizes 0: must be at least 1"),
+    (["bench", "generate", "--examples", "0"], "--examples 0: must be at least 1"),
+    (["bench", "certificate", "--repeats", "0"], "--repeats 0: must be at least 1"),
+    (["bench", "report", "--models", "0"], "--models 0: must be at least 1"),
+])
+def test_bench_counts_of_zero_are_one_line(capsys, argv, message):
+    from kvcert.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_an_empty_seal_is_named_with_its_path(prereg, tmp_path):
+    folder, fr = prereg
+    shard = write_shard([make_record("a", prereg_hash=fr.prereg_hash)], tmp_path / "s.jsonl")
+    seal = tmp_path / "s.jsonl.seal.json"
+    seal.write_text("")
+    with pytest.raises(RecordRefused, match=rf"{re.escape(str(seal))}: the seal of s\.jsonl is an empty file; delete"):
+        score_shards([shard], folder)
+
+
+def test_an_empty_verification_file_is_named(prereg, tmp_path):
+    folder, _ = prereg
+    verified = tmp_path / "verified.json"
+    verified.write_text("")
+    with pytest.raises(PreregError, match=rf"{re.escape(str(verified))}: not a verification record \(an empty file\)"):
+        score_shards([], folder, verified)
+
+
+def test_an_unwritable_results_folder_is_caught_by_the_preflight(tmp_path):
+    from kvcert.pipeline.check import check_results
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    problems = check_results(blocker / "results")
+    assert len(problems) == 1 and "not writable" in problems[0] and "--config results=" in problems[0]
+    assert check_results(tmp_path / "new" / "results") == []
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"key": "inf"}, r"key: contains an infinite value"),
+    ({"query": "-inf"}, r"query: contains an infinite value"),
+    ({"centre": torch.zeros(1, 4)}, r"centre: expected shape \[B, Hkv, D\]"),
+    ({"centre": torch.zeros(1, 2, 4)}, r"centre: shape \(1, 2, 4\) does not match value"),
+    ({"centre": torch.full((1, 1, 4), float("nan"))}, r"centre: contains NaN"),
+])
+def test_certified_attention_refuses_non_finite_inputs_and_a_bad_centre(kwargs, message):
+    from kvcert.attention import certified_attention
+
+    gen = torch.Generator().manual_seed(0)
+    args = {"query": torch.randn(1, 2, 1, 4, generator=gen), "key": torch.randn(1, 1, 5, 4, generator=gen),
+            "value": torch.randn(1, 1, 5, 4, generator=gen), "log_pi": None}
+    for name, value in kwargs.items():
+        if isinstance(value, str):
+            args[name] = args[name].clone()
+            args[name][0, 0, 0, 0] = float(value)
+        else:
+            args[name] = value
+    with pytest.raises(ValueError, match=message):
+        certified_attention(**args)
+
+
+def test_poisson_sample_on_empty_input_is_a_value_error():
+    from kvcert.design import poisson_sample
+
+    with pytest.raises(ValueError, match=r"pi: empty \(shape \(0,\)\)"):
+        poisson_sample(torch.empty(0))
+    with pytest.raises(ValueError, match=r"pi: empty \(shape \(2, 0\)\)"):
+        poisson_sample(torch.empty(2, 0))
+
+
+def test_task_max_new_tokens_zero_is_refused_not_replaced():
+    from kvcert.pipeline.compose import answer_tokens
+
+    assert answer_tokens({"max_new_tokens": None}) == 32 and answer_tokens({"max_new_tokens": 16}) == 16
+    with pytest.raises(ValueError, match=r"task\.max_new_tokens=0: must be an integer >= 1"):
+        answer_tokens({"max_new_tokens": 0})
