@@ -7,7 +7,7 @@ directive in pyproject.toml cannot list a package under a name other than its fo
 A wheel (a non-editable install) also carries copies of the repository's ``configs/``
 and ``preregistration/`` folders as ``kvcert/_bundled/``, so that the CLI works outside
 a checkout; run from a checkout, the working copy's folders win
-(:func:`kvcert.pipeline.compose.configs_dir`). Editable installs read the checkout.
+(:mod:`kvcert.paths`). Editable installs read the checkout.
 """
 
 import shutil

@@ -68,7 +68,6 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SKETCH_BLOCK = 16  # shadow slots per block of the sketch epilogue

@@ -1,4 +1,4 @@
-"""Known-answer tests of the comparison signals (third amendment, issue 18), through the whole
+"""Known-answer tests of the comparison signals (third amendment), through the whole
 analysis path the CLI runs: shards → score_step → claims_step → report_step (summary.json).
 
 Construction (the main grid, task needle): at 512 tokens 40 examples, the even ones answerable

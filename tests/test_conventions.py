@@ -1,4 +1,4 @@
-"""Benchmark conventions matched to the official code (issue 14), as golden cases.
+"""Benchmark conventions matched to the official code, as golden cases.
 
 Every expected value below was produced by the official code itself — THUDM/LongBench
 ``pred.py`` / ``eval.py`` / ``metrics.py`` (v1) and snap-research/locomo

@@ -94,9 +94,9 @@ MASTERED = ("needle", "multikey", "multiturn")  # the tasks the model is meant t
 
 
 def test_full_cache_accuracy_bar():
-    """The tasks the model masters stay at >= 0.9 on every length (issue 3's bar); the
+    """The tasks the model masters stay at >= 0.9 on every length; the
     look-alike needles are its task of inherent difficulty: solved only part of the time,
-    but well above nothing (issue 12)."""
+    but well above nothing."""
     record = embedded_provenance()
     for length in record["eval_lengths"]:
         for task in MASTERED:

@@ -147,7 +147,6 @@ def _score(run: Path, prereg: Path):
     return snakemake(run, prereg, "--cores", "1", "--", "results/smoke/scores.parquet")
 
 
-@pytest.mark.skipif(not (REPO / "analysis" / "score.py").exists(), reason="analysis/score.py has not landed yet")
 def test_corrupt_shard_is_named_at_scoring_and_resumed(ref, tmp_path):
     prereg, refdir = ref
     run = seed_workdir(tmp_path / "run", refdir, MODEL, VERIFIED, MANIFEST, *SHARDS)

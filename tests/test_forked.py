@@ -1,4 +1,4 @@
-"""One prefill per example, every variant forked from it and decoded together (issue 16).
+"""One prefill per example, every variant forked from it and decoded together.
 
 The forked-and-batched path (:mod:`kvcert.generation.forked`) must write the records the
 batch-1 path (:meth:`Engine.run`) writes, on every condition: the same greedy tokens and

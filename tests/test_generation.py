@@ -1,4 +1,4 @@
-"""Generation engine: conditions, signals, resumable shards, clear errors (issue 4)."""
+"""Generation engine: conditions, signals, resumable shards, clear errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from kvcert import enable_certified_attention
 from kvcert.generation.engine import Engine
 from kvcert.generation.record import GenerationRecord
 from kvcert.generation.runner import run_job
@@ -296,7 +295,8 @@ def test_short_prompt_without_a_random_tail_is_uncertified_not_exact(loaded, tok
     import math
 
     from kvcert.analysis.load import ScoringPlan, flatten
-    from kvcert.pipeline.compose import analysis_plan, prereg_dir
+    from kvcert.paths import prereg_dir
+    from kvcert.pipeline.compose import analysis_plan
     from kvcert.tasks import TaskRecord
 
     record = TaskRecord(id="short-0", task="needle", context=" ".join(["The grass is green."] * 18),

@@ -1,4 +1,4 @@
-"""kvcert's kvpress-matched method configs against NVIDIA kvpress 0.5.5 (issue 14).
+"""kvcert's kvpress-matched method configs against NVIDIA kvpress 0.5.5.
 
 ``tests/fixtures/kvpress/goldens.json`` holds the positions each layer and KV head keeps
 under kvpress's presses on the committed tiny checkpoint ``tests/fixtures/kvpress/model``

@@ -11,7 +11,7 @@ import pytest
 
 from kvcert.analysis.load import RecordRefused, check_record
 from kvcert.embedded import embedded_model_path
-from kvcert.pipeline.compose import configs_dir, prereg_dir
+from kvcert.paths import configs_dir, prereg_dir
 from kvcert.pipeline.oneoff import budget_of, compose_run, parse_overrides, summary_rows
 
 REPO = Path(__file__).resolve().parents[1]

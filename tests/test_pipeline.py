@@ -223,7 +223,7 @@ def test_wheel_install_finds_its_configs_and_preregistration(tmp_path):
                           capture_output=True, text=True, timeout=120, env=env)
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout.strip().splitlines()[-1].startswith("generations=84240 jobs=669")  # 661 + the replay manifests
-    where = subprocess.run([sys.executable, "-c", "import kvcert.pipeline.compose as c; print(c.configs_dir())"],
+    where = subprocess.run([sys.executable, "-c", "import kvcert.paths as c; print(c.configs_dir())"],
                            cwd=elsewhere, capture_output=True, text=True, timeout=60, env=env)
     assert where.stdout.strip() == str(site / "kvcert" / "_bundled" / "configs")
     check = subprocess.run([sys.executable, "-m", "kvcert.cli", "check", "--experiment", "smoke"], cwd=elsewhere,

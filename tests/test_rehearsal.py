@@ -1,4 +1,4 @@
-"""The rehearsal: the paper profile's code path end to end, on stand-ins (issue 14).
+"""The rehearsal: the paper profile's code path end to end, on stand-ins.
 
 The README's steps, as a cluster user follows them: ``kvcert make-rehearsal --out DIR``
 (tiny Qwen2, Llama and Mistral checkpoints with BPE tokenizers and chat templates,

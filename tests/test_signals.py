@@ -1,4 +1,4 @@
-"""The comparison signals every generation record carries (issue 18), against references.
+"""The comparison signals every generation record carries, against references.
 
 * attention entropy over the retained tokens (torch path of :func:`hajek_attention`) against
   a float64 softmax over the same keys, with −log π offsets, padding (+inf) and causal queries;

@@ -1,4 +1,4 @@
-"""End to end: the smoke DAG on a reduced pre-registration, to the claim report (issue 6).
+"""End to end: the smoke DAG on a reduced pre-registration, to the claim report.
 
 The grid is the smoke grid made small (needle + multi-key at 512 tokens, a multi-turn
 cell, the replay), frozen in a temporary folder; the model is the shipped embedded

@@ -175,7 +175,7 @@ def hajek_attention(
     (with ``certificate``): the eviction sketch of this layer; its shadow terms are returned
     too (:func:`kvcert.sketch.sketch_terms`). ``entropy``: also return the Shannon entropy of
     the attention weights each query uses, H = −Σ_j p_j log p_j with p = softmax(s − log π)
-    over the keys it sees (padding excluded) — the H2O-style cache-side signal of issue 18 —
+    over the keys it sees (padding excluded) — the H2O-style cache-side comparison signal —
     computed in the same pass as H = log l − Σ_j e^{z_j − m} (z_j − m) / l (z = s − log π,
     m = max_j z_j, l = Σ_j e^{z_j − m}); on the kernel path, the kernel's.
     """

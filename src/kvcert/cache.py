@@ -177,11 +177,6 @@ class CompactLayer(CacheLayerMixin):
         self.undecided -= removed
         self._refresh_views()
 
-    @property
-    def sq_dev(self) -> torch.Tensor | None:
-        """‖v_i − c‖² per slot (from the cached ‖v_i − c‖)."""
-        return None if self.dev is None else self.dev.pow(2)
-
     def _grow(self, needed: int) -> None:
         old = (self._k, self._v, self._lp, self._om, self._dev)
         b, h, _, d = self._k.shape
@@ -356,7 +351,7 @@ class CertifiedCache(Cache):
     capture_layers: layer indices whose attention inputs are kept after each forward
         (``captured[layer]``, a :class:`~kvcert.scorers.base.LayerObservation`).
     record_entropy: record the entropy of the attention weights of every forward over a
-        compressed layer (the comparison signal of issue 18), in the same ``step_log``.
+        compressed layer (a comparison signal), in the same ``step_log``.
     schedule: instead of ``press``, the schedule itself (:class:`kvcert.fork.ForkSchedule`).
     """
 

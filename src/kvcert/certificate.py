@@ -56,10 +56,9 @@ set S with inclusion probabilities π_i, Hájek weights w_i = e^{s_i}/π_i / Σ_
   (:data:`UNIT_ROUNDOFF`: 2⁻²⁴ fp32, 2⁻¹¹ fp16, 2⁻⁸ bf16) bounds how finely it can be
   resolved, so the robust certificate claims nothing below u·‖ô‖. Evicted tokens outside the shadow
   are left to the plug-in's Horvitz–Thompson logic, so ε_R is not valid for every query:
-  its coverage is measured (``kvcert bench coverage``, the replay's claim C8). (Until the
-  amendment of 2026-12-01, issue 13, the t_j entered the Bernstein bound as extra summands,
-  V̂ + Σ t_j² and max(b̂_c, max t_j): about 4.5 t_j for one dominant evicted token where the
-  error is t_j.)
+  its coverage is measured (``kvcert bench coverage``, the replay's claim C8). Entering the t_j
+  into the Bernstein bound as extra summands instead (V̂ + Σ t_j², max(b̂_c, max t_j)) would give
+  about 4.5 t_j for one dominant evicted token where the error is t_j (docs/robust-certificate.md).
 """
 
 from __future__ import annotations

@@ -36,11 +36,6 @@ ATTENTION_NAME = "kvcert"
 _ACTIVE_CACHE: contextvars.ContextVar = contextvars.ContextVar("kvcert_active_cache", default=None)
 
 
-def active_cache():
-    """The cache passed to the model call in progress (None outside a call)."""
-    return _ACTIVE_CACHE.get()
-
-
 def kvcert_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -76,7 +71,7 @@ def kvcert_attention_forward(
     biased = (layer.needs_bias if layer is not None else log_pi is not None)
     recorder = cache.recorder if layer is not None else None
     certify = biased and layer is not None and layer.has_tail and recorder.certificates
-    # the attention entropy over the retained tokens (issue 18): every forward over a compressed layer
+    # the attention entropy over the retained tokens (a comparison signal): every forward over a compressed layer
     entropy = layer is not None and recorder.entropy and layer.compactions > 0
     extra = attention_mask if isinstance(attention_mask, torch.Tensor) else None
     if not biased and not entropy and extra is None and n_q in (1, length):

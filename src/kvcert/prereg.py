@@ -283,6 +283,9 @@ def check_clock(verified: str | Path, verified_utc: str | None, now: datetime | 
 
 
 def run(args) -> int:
+    from .paths import resolve_prereg
+
+    args.folder = resolve_prereg(args.folder)
     if args.action == "freeze":
         record = freeze(args.folder, args.reason or "")
         print(f"frozen {record.path} prereg_hash={record.prereg_hash}")
@@ -298,7 +301,7 @@ def run(args) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("prereg", help="freeze or verify the pre-registration")
     p.add_argument("action", choices=["freeze", "verify"])
-    p.add_argument("--folder", default="preregistration", help="pre-registration folder (default: preregistration)")
+    p.add_argument("--folder", default=None, help="pre-registration folder (default: $KVCERT_PREREG, else ./preregistration)")
     p.add_argument("--reason", default=None, help="why this (amending) freeze is made")
     p.add_argument("--out", default=None, help="verify: write the verified freeze record as JSON here")
     p.set_defaults(func=run)

@@ -37,7 +37,7 @@ class StepRecorder:
 
     certificates: record V̂ and b̂_c of every forward over a layer with a sampled tail.
     entropy: record the entropy of the attention weights of every forward over a
-        compressed layer (the comparison signal of issue 18).
+        compressed layer (a comparison signal).
     capture_layers: layer indices whose attention inputs are kept after each forward
         (``captured[layer]``, a :class:`~kvcert.scorers.base.LayerObservation`).
     """

@@ -27,7 +27,7 @@ The r evicted tokens of largest ψ̃ form the *shadow* (r from the memory budget
 :func:`shadow_count`). κ, H and γ were chosen on the synthetic harness of
 ``kvcert bench coverage`` and on embedded-model prompts outside the pre-registered seeds;
 the normalisation and the window (the last 4 queries: later queries resemble the latest
-ones) by the amendment of 2026-12-01 (issue 13), on replays of training-range seeds.
+ones) on replays of training-range seeds (preregistration/claims.yaml, robust_certificate).
 
 **What is stored per shadow token** (:class:`EvictionSketch`): its key quantised to int8
 (symmetric, one fp32 scale per token: k̃_j = scale_j · codes_j), the exact quantisation
@@ -139,12 +139,6 @@ class EvictionSketch:
         """Value deviations after the centre moved by ``shift`` [B, Hkv] = ‖c_new − c_old‖ (triangle inequality)."""
         dev = torch.where(self.valid, self.value_dev + shift.to(self.value_dev.dtype).unsqueeze(-1), 0.0)
         return EvictionSketch(self.codes, self.scale, self.key_error, dev, self.potential, self.count)
-
-
-def empty_sketch(batch: int, heads: int, dim: int, device=None) -> EvictionSketch:
-    z = torch.zeros(batch, heads, 0, device=device)
-    return EvictionSketch(torch.zeros(batch, heads, 0, dim, dtype=torch.int8, device=device), z, z.clone(), z.clone(),
-                          z.clone(), torch.zeros(batch, heads, dtype=torch.long, device=device))
 
 
 def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

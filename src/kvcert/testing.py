@@ -7,7 +7,7 @@ it. Nothing here is a result: every number is drawn from the stated generative m
 :func:`make_record` builds one :class:`~kvcert.generation.record.GenerationRecord`
 (the type the engine builds, so a fixture has exactly its fields); its certificate trace
 is constant over decode steps, so every aggregation of it equals ``signal`` (the robust
-certificate's, 1.25 × ``signal``). The comparison signals (issue 18) are constant over
+certificate's, 1.25 × ``signal``). The comparison signals are constant over
 steps too: ``signals`` maps ``output_entropy``, ``top2_margin``, ``attention_entropy``,
 ``evicted_mass``, ``evicted_mass_expected`` to the value every step / aggregation takes.
 

@@ -8,8 +8,23 @@ imported when a command runs, so ``kvcert --help`` loads none of it.
 
 from __future__ import annotations
 
+from ..paths import resolve_configs, resolve_prereg
+
+
+def _folders(a) -> None:
+    """``--prereg`` / ``--configs`` not given: the folders every command finds (:mod:`kvcert.paths`:
+    ``$KVCERT_PREREG`` / ``$KVCERT_CONFIGS``, the working directory, the checkout, the wheel's copy)."""
+    if hasattr(a, "prereg"):
+        a.prereg = str(resolve_prereg(a.prereg))
+    if hasattr(a, "configs"):
+        try:
+            a.configs = str(resolve_configs(a.configs))
+        except FileNotFoundError:  # only --experiment and --model read it; they say so where they do
+            pass
+
 
 def _replay(a) -> int:
+    _folders(a)
     from .steps import replay_step, resolve_model
 
     model = resolve_model(a.model_config, a.model, a.configs, a.model_path)
@@ -21,6 +36,7 @@ def _replay(a) -> int:
 
 
 def _score(a) -> int:
+    _folders(a)
     from .steps import planned_shards, score_step
 
     expected = planned_shards(a.shards, a.experiment, a.prereg, a.configs, dict(a.model_path)) if a.experiment else None
@@ -29,6 +45,7 @@ def _score(a) -> int:
 
 
 def _claims(a) -> int:
+    _folders(a)
     from .steps import claims_step
 
     content = claims_step(a.scores, a.replay, a.prereg, a.experiment, a.out, a.verified, a.configs,
@@ -67,10 +84,10 @@ def register(subparsers) -> None:
     which.add_argument("--model", help="model name: configs/model/<name>.yaml")
     which.add_argument("--model-config", help="a model config (name, path, dtype, device) or a job config with one")
     p.add_argument("--model-path", default=None, help="override the model config's path")
-    p.add_argument("--configs", default="configs", help="hydra configs folder (for --model)")
+    p.add_argument("--configs", default=None, help="hydra configs folder (for --model; default: as every command finds it)")
     p.add_argument("--experiment", default=None, help="experiment name (recorded in the provenance)")
     p.add_argument("--records", required=True, help="task records manifest (JSONL) of the replay cell")
-    p.add_argument("--prereg", default="preregistration", help="pre-registration folder (frozen)")
+    p.add_argument("--prereg", default=None, help="pre-registration folder (frozen; default: $KVCERT_PREREG, else ./preregistration)")
     p.add_argument("--out", required=True, help="replay draws (Parquet)")
     p.add_argument("--impossibility-out", required=True, help="impossibility rows (JSON)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the replay draws")
@@ -86,9 +103,9 @@ def register(subparsers) -> None:
                               "missing, and records whose config_hash differs from the config their job composes now. "
                               "Every record is rescored from its answer with its task's metric.")
     p.add_argument("--shards", nargs="+", required=True, help="finished generation shards (JSONL)")
-    p.add_argument("--prereg", default="preregistration", help="pre-registration folder (frozen)")
+    p.add_argument("--prereg", default=None, help="pre-registration folder (frozen; default: $KVCERT_PREREG, else ./preregistration)")
     p.add_argument("--experiment", default=None, help="experiment whose plan gives each shard's records")
-    p.add_argument("--configs", default=None, help="hydra configs folder (with --experiment)")
+    p.add_argument("--configs", default=None, help="hydra configs folder (with --experiment; default: $KVCERT_CONFIGS, else ./configs)")
     p.add_argument("--model-path", action="append", default=[], type=_model_path, metavar="MODEL=PATH",
                    help="a model's path as its generate jobs were given it (kvcert shard --model-path); repeatable")
     p.add_argument("--verified", default=None, help=verified_help)
@@ -102,10 +119,10 @@ def register(subparsers) -> None:
                               "(configs/experiment/<name>.yaml, its `grid` inside the pre-registration folder).")
     p.add_argument("--scores", required=True, help="scores table from kvcert score")
     p.add_argument("--replay", nargs="*", default=[], help="replay tables from kvcert replay (one per model)")
-    p.add_argument("--prereg", default="preregistration", help="pre-registration folder (frozen)")
+    p.add_argument("--prereg", default=None, help="pre-registration folder (frozen; default: $KVCERT_PREREG, else ./preregistration)")
     p.add_argument("--verified", default=None, help=verified_help)
     p.add_argument("--experiment", required=True, help="experiment name (its design grid)")
-    p.add_argument("--configs", default="configs", help="configs folder holding experiment/<name>.yaml")
+    p.add_argument("--configs", default=None, help="configs folder holding experiment/<name>.yaml (default: $KVCERT_CONFIGS, else ./configs)")
     p.add_argument("--out", required=True, help="claims JSON")
     p.add_argument("--accept-excluded", action="store_true",
                    help="evaluate the claims even when records are left out as pre-freeze (default: refuse, "

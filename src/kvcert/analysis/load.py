@@ -50,7 +50,7 @@ Derived columns (``analysis_plan`` of ``claims.yaml``):
   ``induced`` (compressed wrong, full cache right), ``inherent`` (both wrong),
   ``unknown`` (no full-cache run) or ``full`` (the full-cache run itself).
 * ``unit`` — the bootstrap unit ``model|task|target_tokens|example_id``.
-* ``sig_<name>`` — the comparison signals (``comparison_signals``, issue 18), raw values
+* ``sig_<name>`` — the comparison signals (``comparison_signals``), raw values
   (their failure orientation is the plan's): ``sig_output_entropy``, ``sig_top2_margin``,
   ``sig_attention_entropy`` (per-step series reduced with ``over_steps``),
   ``sig_evicted_mass`` and ``sig_evicted_mass_expected`` (``evicted_mass.<kind>.<aggregation>``);
@@ -80,7 +80,6 @@ from ..provenance import check_prereg_hash
 
 GENERATION_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "condition", "method", "budget", "seed")
 FULL_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "seed")
-UNIT_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id")
 RANDOMIZED_SAMPLERS = ("poisson", "priority")
 CERT_FIELDS = ("steps", "anytime_steps", "relative_steps")
 OVER_STEPS = ("mean", "max", "min", "last", "first")

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..atomic import write_text
+from ..paths import resolve_configs
 from ..pipeline.config import experiment_grid
 from ..provenance import check_prereg_hash, git_commit
 from ..prereg import load_claims, verify
@@ -72,7 +73,7 @@ def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | 
     from ..pipeline.jobs import planned_records
     from ..pipeline.plan import build_plan
 
-    configs = Path(configs or "configs")
+    configs = resolve_configs(configs)
     plan = build_plan(experiment, experiment_grid(experiment, configs, prereg)[1])
     out, cache = {}, {}
     for path in shards:
@@ -148,7 +149,7 @@ def resolve_model(model_config: str | Path | None = None, model: str | None = No
     if model_config is not None:
         section = _model_section(model_config)
     elif model is not None:
-        path = Path(configs or "configs") / "model" / f"{model}.yaml"
+        path = resolve_configs(configs) / "model" / f"{model}.yaml"
         if not path.exists():
             raise FileNotFoundError(f"{path}: no model config named {model!r}")
         section = _model_section(path)
@@ -253,7 +254,7 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
     remove_stale(Path(out).parent, DOWNSTREAM[1:], "stale until the report step rebuilds it from these claims")
     freeze = verified_freeze(prereg, verified_json)
     doc = load_claims(prereg)
-    grid = experiment_grid(experiment, configs or "configs", prereg)[1]
+    grid = experiment_grid(experiment, resolve_configs(configs), prereg)[1]
     df, scores_prov = _read_scores(scores, freeze.prereg_hash)
     rp, replay_prov = _read_replays(replay, freeze.prereg_hash)
     if not accept_excluded:

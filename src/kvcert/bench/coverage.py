@@ -1,6 +1,6 @@
 """``kvcert bench coverage``: the plug-in and the robust certificate on later queries, side by side.
 
-The synthetic heavy-tailed harness of issue 13 (seeded; float64 through the public path:
+A synthetic heavy-tailed harness (seeded; float64 through the public path:
 :func:`kvcert.design.inclusion_probabilities`, :func:`kvcert.design.poisson_sample`, the
 eviction sketch of :mod:`kvcert.sketch` and :func:`kvcert.attention.hajek_attention`):
 

@@ -7,7 +7,7 @@ over key-norm importance, certainty set of sinks + window + top slice). The cach
 are filled directly with random keys and values (decode cost does not depend on their
 content), so no long prefill is needed. Also measured: the certificate's share of
 decode time (the same compacted cache decoded with and without recording it).
-Also the comparison signals' cost (issue 18: next-token entropy and top-2 margin, attention
+Also the comparison signals' cost (next-token entropy and top-2 margin, attention
 entropy over the retained tokens): the same 25 % cache of the Poisson and of the top-k
 sampler decoded as the engine decodes, with and without them (worst over lengths). Side by side in one process; medians
 of interleaved repeats. Last line: ``kv_bytes_ratio_25=<ratio> decode_time_ratio_25=<ratio>
@@ -77,7 +77,7 @@ def decode_steps(model, cache, steps: int, token: int = 7, signals: bool | None 
     """Decode ``steps`` tokens, then drop them again so every repeat sees the same cache.
 
     ``signals`` (True / False): decode as the engine does — the next token's log-probabilities
-    and argmax every step — with (True) or without (False) the comparison signals of issue 18:
+    and argmax every step — with (True) or without (False) the comparison signals:
     the attention entropy recorded by the cache, the next-token entropy and top-2 margin, folded
     as the engine folds them. The same cache serves both (only its ``record_entropy`` switch
     changes), so the two differ by the signals' work alone. None: the forward only."""
@@ -130,7 +130,7 @@ def run(args) -> int:
         plain25 = filled_cache(model, length, 0.25, 0, record=False)
         contenders = {name: (lambda c=c: decode_steps(model, c, steps)) for name, c in caches.items()}
         contenders["plain25"] = lambda: decode_steps(model, plain25, steps)
-        # the comparison signals' cost (issue 18): the same 25 % caches decoded with and without them
+        # the comparison signals' cost: the same 25 % caches decoded with and without them
         for sampler in ("poisson", "topk"):
             cache = filled_cache(model, length, 0.25, 0, sampler=sampler)
             contenders[f"bare_{sampler}"] = lambda c=cache: decode_steps(model, c, steps, signals=False)

@@ -25,7 +25,8 @@ INSTALL_HINT = ("kvcert bench kernel --compile-only: Triton is not installed; "
 def kernel_shapes(experiment: str = "paper") -> tuple[dict, tuple]:
     """({(dtype, head_dim, group): [models]} of the experiment grid's models, the embedded model's
     (dtype, head_dim, group)). Models whose architecture is unknown are left out."""
-    from ..pipeline.compose import configs_dir, model_setting, prereg_dir
+    from ..paths import configs_dir, prereg_dir
+    from ..pipeline.compose import model_setting
     from ..pipeline.config import experiment_grid
     from ..pipeline.roofline import model_architecture
 

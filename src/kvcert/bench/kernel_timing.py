@@ -24,10 +24,8 @@ Run: ``kvcert bench kernel [--output bench.json] [--tune]`` (or ``python -m kvce
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 
 import torch
 import torch.nn.functional as F

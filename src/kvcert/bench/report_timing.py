@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..paths import resolve_prereg
+
 PAPER_MODELS = ["qwen2.5-1.5b-instruct", "qwen2.5-7b-instruct", "llama-3.1-8b-instruct", "mistral-7b-instruct"]
 PAPER_TASKS = {"longbench_qasper": 150, "longbench_multifieldqa_en": 150, "longbench_hotpotqa": 150,
                "longbench_2wikimqa": 150, "needle": 110}
@@ -32,7 +34,7 @@ def run(args) -> int:
     from kvcert.analysis.steps import claims_step, report_step, score_step
     from kvcert.testing import frozen_copy, multiturn_records, paper_records, replay_frame, write_shard
 
-    source = Path(args.prereg)
+    source = resolve_prereg(args.prereg)
     if not (source / "claims.yaml").exists():
         raise FileNotFoundError(f"{source}: no claims.yaml (run from the repository root or pass --prereg)")
     tmp = Path(tempfile.mkdtemp(prefix="kvcert-bench-report-"))
@@ -102,7 +104,7 @@ def _chain(*iterables):
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("report", help="score + claims + report from 74k simulated paper-shaped records")
-    p.add_argument("--prereg", default="preregistration", help="pre-registration folder to copy (claims.yaml, grids/)")
+    p.add_argument("--prereg", default=None, help="pre-registration folder to copy (claims.yaml, grids/; default: $KVCERT_PREREG, else ./preregistration)")
     p.add_argument("--models", type=int, default=4, help="models simulated (4 = the paper's 73,840 main-grid records)")
     p.add_argument("--multiturn", type=int, default=200, help="multi-turn examples per model")
     p.add_argument("--replay-cells", type=int, default=0, help="also a synthetic replay table with this many cells")

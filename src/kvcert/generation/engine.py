@@ -88,7 +88,7 @@ def greedy(lp: torch.Tensor, forbidden: set[int]) -> torch.Tensor:
     return masked.argmax(-1)
 
 
-def _sync(device: torch.device) -> None:
+def sync_device(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -210,10 +210,10 @@ class Engine:
         trace = CertificateTrace(spec.certificate.delta, spec.certificate.aggregations, self.num_layers,
                                  unit_roundoff(next(self.model.parameters()).dtype))
 
-        _sync(self.device)
+        sync_device(self.device)
         t0 = time.perf_counter()
         logits = self._prefill(spec, ids, question_start, cache, press)
-        _sync(self.device)
+        sync_device(self.device)
         t1 = time.perf_counter()
         kept_fraction = cache.kept_fraction()
         mass = evicted_mass(cache.layers, spec.certificate.aggregations)
@@ -233,7 +233,7 @@ class Engine:
             if tok in stops or step == limit - 1:
                 break
             logits = self._forward([tok], cache)
-        _sync(self.device)
+        sync_device(self.device)
         t2 = time.perf_counter()
 
         return self.record(record, spec, ids, question_start, tokens, logprobs, trace, kept_fraction, signals, mass,

@@ -1,4 +1,4 @@
-"""One prefill per example, every eviction variant forked from it and decoded together (issue 16).
+"""One prefill per example, every eviction variant forked from it and decoded together.
 
 The runs of one example under several :class:`~kvcert.generation.spec.GenerationSpec`
 (the full cache and {aware, streaming} × budgets × methods) share their prefill: eviction
@@ -42,7 +42,7 @@ from ..certificate import unit_roundoff
 from ..fork import (Branch, ForkingCache, join_view_caches, row_nbytes, row_view_cache, stacked_cache,
                     take_cache_rows, width_buckets)
 from ..tasks.prompting import build_prompt_ids
-from .engine import Engine, _sync, check_logits, greedy, refusing_non_finite, stop_rules
+from .engine import Engine, sync_device, check_logits, greedy, refusing_non_finite, stop_rules
 from .signals import CertificateTrace, StepSignals, add_rows, attention_entropy, evicted_mass, next_token_signals
 
 
@@ -102,7 +102,7 @@ def _run_forked(engines: list[Engine], record) -> list[dict]:
     traces = [CertificateTrace(s.certificate.delta, s.certificate.aggregations, e.num_layers, roundoff)
               if s.method.randomized else None for e, s in zip(engines, specs)]
 
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     branches: dict[int, Branch] = {}
     for i, (e, s) in enumerate(zip(engines, specs)):
@@ -113,7 +113,7 @@ def _run_forked(engines: list[Engine], record) -> list[dict]:
     shared = ForkingCache(list(branches.values()))
     model(input_ids=torch.tensor([prefix], dtype=torch.long, device=device), cache=shared, use_cache=True,
           logits_to_keep=1)
-    _sync(device)
+    sync_device(device)
     t_shared = time.perf_counter() - t0
 
     record_certs = any(t is not None for t in traces)
@@ -141,7 +141,7 @@ def _run_forked(engines: list[Engine], record) -> list[dict]:
             view = row_view_cache(batch, start, start + len(members))
             out = _forward_rows(model, view, feed, len(members), device)
             check_logits(out, e0.model_path)
-            _sync(device)
+            sync_device(device)
             dt = time.perf_counter() - t
             _fold([traces[i] for i in members], [signals[i] for i in members], view, view.pop_steps(),
                   range(len(members)))
@@ -202,7 +202,7 @@ def _run_forked(engines: list[Engine], record) -> list[dict]:
             check_logits(entry[2], e0.model_path)
             _fold([traces[i] for i in active], [signals[i] for i in active], cache, cache.pop_steps(),
                   range(len(active)))
-            _sync(device)
+            sync_device(device)
             dt = time.perf_counter() - t
             for i in active:
                 decode_seconds[i] += dt / len(active)

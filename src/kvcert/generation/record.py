@@ -16,7 +16,7 @@ Fields, in groups:
 * certificates — the paper's plug-in certificate and the robust one
   (:func:`certificate_field` is their layout), what the certificate field means
   (``certificate_status``), the kept fraction per layer;
-* comparison signals (issue 18; definitions in ``claims.yaml``'s
+* comparison signals (definitions in ``claims.yaml``'s
   ``analysis_plan.comparison_signals``) — per decode step the next-token distribution's
   entropy and top-2 margin, the attention entropy over the retained tokens, and the
   share of the scorer's importance mass that compression evicted;
@@ -90,7 +90,7 @@ class GenerationRecord:
     certificate_status: str | None
     certificate_robust: dict | None
     kept_fraction: list
-    # comparison signals (issue 18)
+    # comparison signals
     output_entropy_steps: list
     top2_margin_steps: list
     attention_entropy_steps: list | None

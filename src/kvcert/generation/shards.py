@@ -22,7 +22,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from ..atomic import write_text
 
@@ -221,7 +221,3 @@ class ShardWriter:
         finally:
             self.close()  # the lock is released only after the rename
         return self.final
-
-
-def iter_jsonl(path: str | Path) -> Iterator[dict]:
-    yield from read_records(path)

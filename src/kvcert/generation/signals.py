@@ -1,5 +1,5 @@
 """Per-generation signals: the certificate per decode step, confidence, kept fractions, and
-the comparison signals of issue 18 (next-token entropy and top-2 margin, attention entropy
+the comparison signals (docs/signals.md: next-token entropy and top-2 margin, attention entropy
 over the retained tokens, evicted-score mass).
 
 The certificate of one step is the radius ε_δ = sqrt(2 V̂ L) + (2/3) b̂ L of every
@@ -151,7 +151,7 @@ def add_rows(traces: list[CertificateTrace], step: StepCertificates, rows: list[
 
 
 class StepSignals:
-    """The per-step comparison signals of one generation (issue 18), one value per decode step:
+    """The per-step comparison signals of one generation, one value per decode step:
     next-token entropy and top-2 margin, and (for a compressed cache) the attention entropy.
 
     Steps are kept as tensors and read out once, when the record is written: a per-step
@@ -190,7 +190,7 @@ class StepSignals:
 
 def next_token_signals(logprobs: torch.Tensor) -> torch.Tensor:
     """Per row of next-token log-probabilities [..., V]: [..., 2] holding the distribution's entropy
-    H = −Σ_v p_v log p_v (nats) and its top-2 margin p_(1) − p_(2) (issue 18's output-side signals)."""
+    H = −Σ_v p_v log p_v (nats) and its top-2 margin p_(1) − p_(2) (the output-side comparison signals)."""
     lp = logprobs.float()
     p = lp.exp()
     entropy = -(p * lp).nansum(-1)  # 0 · log 0 (a −inf log-probability) counts 0

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .compose import (analysis_plan, compose_config, configs_dir, generation_config, model_setting, prereg_dir,
-                      run_overrides)
+from ..paths import configs_dir, prereg_dir
+from .compose import compose_config, model_setting
 from .config import experiment_grid
 from .plan import build_plan, fork_factor, gpu_hours, seconds_per
 

@@ -16,39 +16,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ..paths import configs_dir
 from .plan import Run
-
-
-def configs_dir() -> Path:
-    """The hydra ``configs/`` folder: ``$KVCERT_CONFIGS``; else ``./configs`` (the working
-    copy a command is run from); else the source checkout of an editable install; else
-    the copy bundled into a wheel (:func:`bundled`)."""
-    return _located("configs", "KVCERT_CONFIGS", "config.yaml")
-
-
-def prereg_dir() -> Path:
-    """The pre-registration folder, located as :func:`configs_dir` locates ``configs/``
-    (``$KVCERT_PREREG``, ``./preregistration``, the checkout, the wheel's copy)."""
-    return _located("preregistration", "KVCERT_PREREG", "claims.yaml")
-
-
-def bundled(name: str) -> Path:
-    """Where a wheel install keeps its copy of the repository folder ``name``."""
-    return Path(__file__).resolve().parents[1] / "_bundled" / name
-
-
-def _located(name: str, variable: str, marker: str) -> Path:
-    import os
-
-    if os.environ.get(variable):
-        return Path(os.environ[variable]).resolve()
-    for candidate in (Path.cwd() / name, Path(__file__).resolve().parents[3] / name, bundled(name)):
-        if (candidate / marker).is_file():
-            return candidate.resolve()
-    raise FileNotFoundError(
-        f"no {name}/ folder found (looked in the working directory, the source checkout and the "
-        f"installed package); run from a kvcert checkout or set {variable}"
-    )
 
 
 def budget_option(budget: float) -> str:

@@ -207,7 +207,7 @@ def run_command(args) -> int:
     from ..generation.shards import read_records
     from ..generation.spec import GenerationSpec
     from ..models import ModelSpec, load_model, pick_device
-    from .compose import configs_dir, prereg_dir
+    from ..paths import configs_dir, prereg_dir
     from .manifest import build_records, load_tokenizer
 
     configs = Path(args.configs).resolve() if args.configs else configs_dir()

@@ -54,7 +54,8 @@ class Sources:
 
 
 def _grid_needs(experiment: str, configs: Path | None, prereg: Path | None):
-    from ..pipeline.compose import compose_config, configs_dir, prereg_dir
+    from ..paths import configs_dir, prereg_dir
+    from ..pipeline.compose import compose_config
     from ..pipeline.config import experiment_grid
     from ..pipeline.plan import build_plan
 
