@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from datetime import datetime, timezone
 
 import torch
@@ -199,12 +198,12 @@ class Engine:
 
     # --- one record ------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, record, budget: float | None = None, max_new_tokens: int | None = None) -> dict:
+    def run(self, record) -> dict:
         """Generate an answer for ``record`` and return its JSON-ready generation record."""
-        spec = self.spec if budget is None else replace(self.spec, budget=budget)
+        spec = self.spec
         started = datetime.now(timezone.utc).isoformat(timespec="seconds")
         ids, question_start = build_prompt_ids(self.tokenizer, record)
-        limit = int(record.metadata.get("max_new_tokens") or max_new_tokens or spec.max_new_tokens)
+        limit = int(record.metadata.get("max_new_tokens") or spec.max_new_tokens)
         cache = CertifiedCache(record_certificates=spec.method.randomized, record_entropy=not spec.method.is_full)
         press = self.press(record.id, spec.budget)
         trace = CertificateTrace(spec.certificate.delta, spec.certificate.aggregations, self.num_layers,
