@@ -231,7 +231,7 @@ def test_missing_records_file_and_field(tmp_path, loaded):
 
 def test_records_are_scored_with_their_metadata():
     from kvcert.tasks.records import TaskRecord
-    from kvcert.tasks.scoring import score_record
+    from kvcert.tasks import score_record
 
     lb = TaskRecord(id="x", task="longbench_hotpotqa", context="c", question="q", answers=["The Cat sat"],
                     metadata={"dataset": "hotpotqa", "all_classes": None, "target_tokens": 10}, length=5)

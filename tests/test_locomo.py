@@ -300,7 +300,7 @@ def test_generate_and_score_with_a_random_init_model(tok):
 def test_a_spread_sample_covers_every_conversation():
     """The paper cell's 400 of 1,986 items: a share of each conversation proportional to its items, at evenly
     spaced positions (the released file lists categories in runs), in file order."""
-    from kvcert.pipeline.manifest import spread_over_conversations
+    from kvcert.tasks.locomo import spread_over_conversations
     from kvcert.tasks.records import TaskRecord
 
     sizes = [199, 105, 193, 260, 242, 158, 190, 239, 196, 204]  # locomo10.json's QA items per conversation

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from kvcert.tasks import SYNTHETIC_TASKS, TASKS, TaskRecord, build_prompt_ids, register_task, score
+from kvcert.tasks import SYNTHETIC_TASKS, TASKS, TaskRecord, build_prompt_ids, is_correct, register_task, score
 from kvcert.tasks import lookalike, metrics, multikey, multiturn, needle
 from kvcert.tasks.records import RecordError, read_jsonl, write_jsonl
 from kvcert.training.tokenizer import build_tokenizer
@@ -289,9 +289,9 @@ def test_score_dispatch_and_correctness():
     assert score("needle", "1234567", ["1234567"]) == 1.0
     assert score("multikey", "the city is Lisbon", ["Lisbon"]) == 1.0
     assert score("multiturn", "48", ["4821"]) == 0.0
-    assert metrics.is_correct("needle", "x 1234567", ["1234567"])
-    assert not metrics.is_correct("needle", "1234567", ["1234567", "9"])
-    with pytest.raises(KeyError, match="no answer metric"):
+    assert is_correct("needle", "x 1234567", ["1234567"])
+    assert not is_correct("needle", "1234567", ["1234567", "9"])
+    with pytest.raises(KeyError, match="unknown task 'nonexistent'"):
         score("nonexistent", "a", ["a"])
 
 
@@ -307,7 +307,6 @@ def test_registry_is_extensible(tok):
         assert score("toy", "it", ["it"]) == 1.0
     finally:
         TASKS.pop("toy")
-        metrics.ANSWER_METRICS.pop("toy")
 
 
 # ---------------------------------------------------------------- records

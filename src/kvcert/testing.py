@@ -61,11 +61,14 @@ _WORDS = [f"w{i:03d}" for i in range(100)]
 
 def scored_answer(task: str, score: float | None) -> tuple[str, list[str], dict]:
     """(answer, reference answers, task metadata) whose score under ``task``'s metric
-    (:func:`kvcert.tasks.scoring.score_record`) is ``score``: 1 and 0 with one reference
+    (:func:`kvcert.tasks.score_record`) is ``score``: 1 and 0 with one reference
     ``x``; a multiple of 0.01 with 100 reference words of which the answer holds that share
     (RULER's string match: 100 references; recall and LongBench's F1: one 100-word
     reference, the answer as long, so precision = recall = F1); None: no references."""
-    metadata = {"dataset": task[len("longbench_"):], "all_classes": None} if task.startswith("longbench_") else {}
+    from .tasks import task_of
+
+    family = task_of(task)  # a family's records carry its data set (LongBench's metric reads it)
+    metadata = {"dataset": task.removeprefix(family.prefix), "all_classes": None} if family.prefix else {}
     if score is None:
         return "x", [], metadata
     if float(score) in (0.0, 1.0):

@@ -17,7 +17,7 @@ the analysis naming path:line) and refuses, in one line each:
   hash of the config its job composes now (the message names both hashes).
 
 The stored ``score`` is a cache, not the truth: every record is **rescored** from its
-``answer`` and ``answers`` with its task's metric (:func:`kvcert.tasks.scoring.score_record`,
+``answer`` and ``answers`` with its task's metric (:func:`kvcert.tasks.score_record`,
 what the engine ran); the table holds the derived score, and where the two differ the
 count goes into the provenance (``rescored``) and the score step names the first one.
 
@@ -74,7 +74,7 @@ import pyarrow.parquet as pq
 from ..atomic import atomic_path
 from ..generation.record import GenerationRecord
 from ..generation.shards import ShardSealError, check_seal, read_records, seal_path
-from ..tasks.scoring import score_record
+from ..tasks import score_record
 from ..prereg import Freeze, load_claims, parse_utc, read_verified, verify
 from ..provenance import check_prereg_hash
 
@@ -322,7 +322,7 @@ def check_record(record: Mapping, where: str, prereg_hash: str) -> None:
 
 @dataclass(frozen=True)
 class _Answer:
-    """What a task's metric reads of a record (:func:`kvcert.tasks.scoring.score_record`)."""
+    """What a task's metric reads of a record (:func:`kvcert.tasks.score_record`)."""
 
     task: str
     answers: list

@@ -14,7 +14,7 @@ Conditions (docs/design.md §2):
 
 Decoding is greedy; decode-time tokens enter the cache with π = 1. The record keeps the
 raw decoded answer (special tokens skipped, nothing stripped) and its task score, which
-applies the benchmark's own post-processing only (:mod:`kvcert.tasks.scoring`). Every
+applies the benchmark's own post-processing only (:func:`kvcert.tasks.score_record`). Every
 forward's certificates are folded into a :class:`~kvcert.generation.signals.CertificateTrace`:
 the record carries the paper's plug-in certificate (``certificate``) and the robust one
 (``certificate_robust``, from the layers' eviction sketches; ``sketch_bytes`` their memory,
@@ -39,7 +39,7 @@ from ..certificate import unit_roundoff
 from ..checks import NonFiniteError
 from ..press import EvictionPress
 from ..scorers import get_scorer
-from ..tasks.scoring import score_record
+from ..tasks import score_record
 from ..tasks.prompting import build_prompt_ids
 from .record import PROVENANCE_FIELDS, GenerationRecord
 from .signals import CertificateTrace, StepSignals, attention_entropy, confidence, evicted_mass, next_token_signals

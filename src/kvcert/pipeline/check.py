@@ -114,32 +114,14 @@ def check_results(results: str | Path) -> list[str]:
 
 
 def check_task(task_cfg: dict) -> list[str]:
-    """Problems of one task config's data (synthetic tasks need none)."""
-    kind = task_cfg.get("kind", "synthetic")
-    name = task_cfg.get("name", "?")
+    """Problems of one task config's data (its task's pre-flight; synthetic tasks need none)."""
+    from ..tasks import task_for_config
+
     try:
-        if kind == "longbench":
-            from ..tasks.longbench import _local_files
-
-            source = str(task_cfg["source"])
-            if hub_id(source) is not None:
-                return []
-            folder = Path(source).expanduser()
-            if folder.is_file():
-                return []
-            if not folder.is_dir():
-                from ..sources import missing
-
-                raise missing("longbench", source, "does not exist (a folder of LongBench v1 files was expected)")
-            if not _local_files(folder, task_cfg["dataset"], "test"):
-                return [f"task {name}: {source} has no {task_cfg['dataset']}.jsonl (nor Parquet files of it)"]
-        elif kind == "locomo":
-            from ..tasks.locomo import locomo_file
-
-            locomo_file(str(task_cfg["source"]))
-    except SourceError as exc:
-        return [f"task {name}: {_strip(str(exc), kind + ': ')}"]
-    return []
+        task = task_for_config(task_cfg)
+    except (KeyError, ValueError) as exc:
+        return [f"task {task_cfg.get('name', '?')}: {exc.args[0] if exc.args else exc}"]
+    return task.check(task_cfg)
 
 
 def _strip(message: str, prefix: str) -> str:

@@ -48,19 +48,17 @@ def plan_command(args) -> int:
 
 
 def _answer_tokens(config_dir: Path, task: str) -> int:
-    """A task's answer budget: its config's ``max_new_tokens``, LongBench's dataset2maxlen where that
-    is null, else 32 (:func:`kvcert.pipeline.compose.generation_config`'s fallback)."""
+    """A task's answer budget: its config's ``max_new_tokens``, else its task's where that is null
+    (LongBench's dataset2maxlen), else 32 (:func:`kvcert.pipeline.compose.answer_tokens`'s fallback)."""
     import yaml
+
+    from ..tasks import task_for_config
 
     path = config_dir / "task" / f"{task}.yaml"
     cfg = yaml.safe_load(path.read_text()) if path.exists() else {}
     if cfg.get("max_new_tokens"):
         return int(cfg["max_new_tokens"])
-    if cfg.get("kind") == "longbench":
-        from ..tasks.longbench import DATASET2MAXLEN
-
-        return int(DATASET2MAXLEN.get(cfg.get("dataset"), 32))
-    return 32
+    return int((task_for_config(cfg).answer_tokens(cfg) if cfg else None) or 32)
 
 
 def _roofline_lines(args, exp: dict, plan) -> float:

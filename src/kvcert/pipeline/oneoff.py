@@ -35,7 +35,6 @@ from pathlib import Path
 OWN_KEYS = ("budget", "compression_ratio", "limit", "length", "data_seed", "out", "threads")
 #: the config's own top-level keys and groups (configs/config.yaml)
 CONFIG_KEYS = ("experiment", "model", "task", "method", "condition", "seed", "chunk_tokens", "certificate")
-DEFAULT_LENGTH = {"synthetic": 512, "longbench": 6144, "locomo": 0}
 #: the longest prompt accepted where the model's config names no position limit
 LENGTH_CAP = 1 << 20
 
@@ -208,12 +207,13 @@ def run_command(args) -> int:
     from ..generation.spec import GenerationSpec
     from ..models import ModelSpec, load_model, pick_device
     from ..paths import configs_dir, prereg_dir
+    from ..tasks import task_for_config
     from .manifest import build_records, load_tokenizer
 
     configs = Path(args.configs).resolve() if args.configs else configs_dir()
     prereg = Path(args.prereg) if args.prereg else prereg_dir()
     gen_configs, task_cfg, own = compose_run(args.overrides, configs, prereg)
-    kind = task_cfg.get("kind", "synthetic")
+    task = task_for_config(task_cfg)
     length = integer(own, "length", None, 0)
     limit = integer(own, "limit", 10, 1)
     data_seed = integer(own, "data_seed", 0, 0)
@@ -225,7 +225,7 @@ def run_command(args) -> int:
     answer = max(s.max_new_tokens for s in specs)
     if length is None:  # the default, within the model's positions
         positions = max_positions(model_spec.path)
-        length = DEFAULT_LENGTH.get(kind, 512)
+        length = task.default_length
         length = length if positions is None or not length else max(1, min(length, positions - answer))
     check_length(length, answer, model_spec.path)
     if threads:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from . import checkpoints, locomo_file, longbench_files, text
 from ..atomic import write_text
+from ..tasks import task_for_config
 
 #: the layout of each paper data set (both of the loader's kinds are exercised)
 LAYOUT = {"qasper": "jsonl", "hotpotqa": "jsonl", "multifieldqa_en": "parquet", "2wikimqa": "parquet"}
@@ -84,8 +85,9 @@ def make_rehearsal(out: str | Path, experiment: str = "rehearsal", rows: int | N
     """
     root = Path(out).expanduser().resolve()
     models, tasks = _grid_needs(experiment, configs, prereg)
-    longbench_tasks = {name: t for name, t in tasks.items() if t["cfg"].get("kind") == "longbench"}
-    locomo_tasks = [t for t in tasks.values() if t["cfg"].get("kind") == "locomo"]
+    family = {name: task_for_config(t["cfg"]).name for name, t in tasks.items()}  # the stand-in data each needs
+    longbench_tasks = {name: t for name, t in tasks.items() if family[name] == "longbench"}
+    locomo_tasks = [t for name, t in tasks.items() if family[name] == "locomo"]
     longest = max([t["length"] for t in longbench_tasks.values()] + [512])
 
     written: dict[str, Path] = {}

@@ -1,50 +1,132 @@
-"""Evaluation tasks: generators and loaders that emit :class:`TaskRecord` objects,
-their scorers, and the rendering of a record into prompt token ids.
+"""Evaluation tasks, one registry: every task — the synthetic ones and the LongBench and LoCoMo
+families — is a :class:`Task` in :data:`TASKS`, registered with :func:`register_task`.
 
-``TASKS`` maps a task name to a :class:`Task`: its ``generate(tokenizer, n_examples,
-target_tokens, seed, **options) -> list[TaskRecord]`` and its answer metric. The synthetic
-tasks (``needle``, ``lookalike``, ``multikey``, ``multiturn``) serve both the embedded model and the
-real models; further tasks (LongBench, LoCoMo loaders) register with
-:func:`register_task`.
+A task provides what the rest of the pipeline asks of it, so no other module dispatches on a
+task's kind or name:
+
+* ``build(task_cfg, tokenizer, length, examples, seed, sample)`` — its records
+  (:class:`TaskRecord`) from its config (``configs/task/<name>.yaml``): generated, seeded, for
+  the synthetic tasks; read from the official files for LongBench and LoCoMo;
+* ``score_record(record, prediction)`` — the record's score in [0, 1] with the benchmark's own
+  metric and post-processing (:func:`score_record`);
+* ``check(task_cfg)`` — the pre-flight: one line per problem of its data (none to check for a
+  generated task);
+* ``default_length`` — ``kvcert run``'s prompt length when none is given (0: the data's own);
+* ``answer_tokens(task_cfg)`` — its answer budget where the config leaves it null (LongBench's
+  per data set), else None.
+
+A synthetic task is registered under its name; a family (``longbench`` for every
+``longbench_<dataset>``, ``locomo``) under its kind, and :func:`task_of` finds it from a
+record's task name or a config.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from kvcert.tasks import lookalike, metrics, multikey, multiturn, needle
-from kvcert.tasks.metrics import ANSWER_METRICS, AnswerMetric, is_correct, register_metric, score
+from kvcert.tasks import locomo, longbench, lookalike, metrics, multikey, multiturn, needle
+from kvcert.tasks.metrics import AnswerMetric
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import RecordError, TaskRecord, read_jsonl, write_jsonl
 
 Generator = Callable[..., list[TaskRecord]]
 
 
+def _no_data(task_cfg: Mapping) -> list[str]:
+    return []
+
+
+def _no_answer_budget(task_cfg: Mapping) -> int | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Task:
-    """A task name with its record generator (or loader) and its answer metric."""
+    """One task of the registry (see the module docstring).
+
+    ``kind`` is the ``kind`` of its configs (``synthetic``, ``longbench``, ``locomo``; ``free`` for
+    the free-text records of :func:`kvcert.generate_answer`); ``prefix``: the task names the family
+    covers start with it (``longbench_``); ``generate`` and ``metric``: a synthetic task's seeded
+    generator ``generate(tokenizer, n_examples, target_tokens, seed, **options)`` and its answer
+    metric ``metric(prediction, answers)``; ``loader``: a family's ``build``."""
 
     name: str
-    generate: Generator
-    metric: AnswerMetric
+    kind: str
+    default_length: int = 512
+    generate: Generator | None = None
+    metric: AnswerMetric | None = None
+    loader: Callable[..., list[TaskRecord]] | None = None
+    scorer: Callable[[TaskRecord, str], float] | None = None
+    check: Callable[[Mapping], list[str]] = _no_data
+    answer_tokens: Callable[[Mapping], int | None] = _no_answer_budget
+    prefix: str | None = None
+
+    def build(self, task_cfg: Mapping, tokenizer: Any, length: int, examples: int, seed: int,
+              sample: str = "first") -> list[TaskRecord]:
+        """The records of one (task config, length): ``examples`` of them, seeded by ``seed``; ``sample``
+        (``first`` | ``spread``) where the data are a fixed file (LoCoMo)."""
+        if self.loader is not None:
+            return self.loader(task_cfg, tokenizer, length, examples, seed, sample)
+        if self.generate is None:
+            raise ValueError(f"task {self.name}: builds no records")
+        return self.generate(tokenizer, n_examples=examples, target_tokens=length, seed=seed)
+
+    def score_record(self, record: TaskRecord, prediction: str) -> float:
+        """``prediction``'s score for ``record`` in [0, 1] (NaN for free text without answers)."""
+        if self.scorer is not None:
+            return float(self.scorer(record, prediction))
+        return self.score(prediction, list(record.answers))
 
     def score(self, prediction: str, answers: list[str]) -> float:
+        """The answer metric alone (a synthetic task's; a family scores records, :meth:`score_record`)."""
+        if self.metric is None:
+            raise ValueError(f"task {self.name}: scores records (its metric needs the record's metadata)")
         return float(self.metric(prediction, answers))
 
 
 TASKS: dict[str, Task] = {}
 
 
-def register_task(name: str, generate: Generator, metric: AnswerMetric) -> Task:
-    """Add a task to ``TASKS`` and its answer metric to :data:`kvcert.tasks.metrics.ANSWER_METRICS`."""
-    task = Task(name, generate, metric)
-    TASKS[name] = task
-    register_metric(name, metric)
+def register_task(task: Task | str, generate: Generator | None = None, metric: AnswerMetric | None = None) -> Task:
+    """Add ``task`` to :data:`TASKS` (or a synthetic task from its name, generator and metric)."""
+    if isinstance(task, str):
+        task = Task(task, "synthetic", generate=generate, metric=metric)
+    TASKS[task.name] = task
     return task
 
 
+def task_of(name: str) -> Task:
+    """The task a record's or a config's task name belongs to: its own entry, or the family whose prefix
+    it carries (``longbench_qasper`` → ``longbench``)."""
+    if name in TASKS:
+        return TASKS[name]
+    for task in TASKS.values():
+        if task.prefix and name.startswith(task.prefix):
+            return task
+    raise KeyError(f"unknown task {name!r}; known: {', '.join(sorted(known_names()))}")
+
+
+def task_for_config(task_cfg: Mapping) -> Task:
+    """The task of a task config (``configs/task/<name>.yaml``: ``name``, ``kind``); a kind that does not
+    match the task's is refused."""
+    name = str(task_cfg.get("name", "?"))
+    kind = str(task_cfg.get("kind", "synthetic"))
+    task = TASKS.get(kind) if kind != "synthetic" else None
+    if task is None:
+        task = task_of(name)
+    if task.kind != kind:
+        kinds = sorted({t.kind for t in TASKS.values()} - {"free"})
+        raise ValueError(f"task {name}: kind {kind!r} is not this task's ({task.kind!r}); the kinds are {', '.join(kinds)}")
+    return task
+
+
+def known_names() -> list[str]:
+    return [t.prefix + "<dataset>" if t.prefix else t.name for t in TASKS.values() if t.kind != "free"]
+
+
 def get_task(name: str) -> Task:
+    """The registered task ``name`` (a synthetic task's or a family's name)."""
     try:
         return TASKS[name]
     except KeyError:
@@ -53,20 +135,42 @@ def get_task(name: str) -> Task:
 
 def generate(task_name: str, tokenizer: Any, n_examples: int, target_tokens: int, seed: int,
              **options: Any) -> list[TaskRecord]:
-    """Records of ``task_name`` (see each generator for its options)."""
+    """Records of the synthetic task ``task_name`` (see each generator for its options)."""
     return get_task(task_name).generate(tokenizer, n_examples, target_tokens, seed, **options)
 
 
-register_task("needle", needle.generate, metrics.string_match_all)
-register_task("multikey", multikey.generate, metrics.recall)
-register_task("multiturn", multiturn.generate, metrics.recall)
-register_task("lookalike", lookalike.generate, metrics.string_match_all)
+def score(task_name: str, prediction: str, answers: list[str]) -> float:
+    """Score ``prediction`` against ``answers`` with the answer metric of ``task_name``; a float in [0, 1]."""
+    return task_of(task_name).score(prediction, answers)
+
+
+def is_correct(task_name: str, prediction: str, answers: list[str]) -> bool:
+    """True when the score reaches :data:`kvcert.tasks.metrics.CORRECT_THRESHOLD`."""
+    return score(task_name, prediction, answers) >= metrics.CORRECT_THRESHOLD
+
+
+def score_record(record: TaskRecord, prediction: str) -> float:
+    """The record's task score of ``prediction`` (its task's :meth:`Task.score_record`)."""
+    return task_of(record.task).score_record(record, prediction)
+
+
+for _name, _generate, _metric in (("needle", needle.generate, metrics.string_match_all),
+                                  ("multikey", multikey.generate, metrics.recall),
+                                  ("multiturn", multiturn.generate, metrics.recall),
+                                  ("lookalike", lookalike.generate, metrics.string_match_all)):
+    register_task(_name, _generate, _metric)
+register_task(Task("longbench", "longbench", default_length=6144, loader=longbench.build_records,
+                   scorer=longbench.score_longbench_record, check=longbench.check_config,
+                   answer_tokens=longbench.config_answer_tokens, prefix="longbench_"))
+register_task(Task("locomo", "locomo", default_length=0, loader=locomo.build_records,
+                   scorer=locomo.score_locomo_record, check=locomo.check_config))
+register_task(Task("unscored", "free", metric=metrics.unscored))  # generate_answer's free question about a context
 
 #: the synthetic tasks (generated, no data needed) — the embedded default runs these.
 SYNTHETIC_TASKS: tuple[str, ...] = ("needle", "multikey", "multiturn", "lookalike")
 
 __all__ = [
-    "RecordError", "ANSWER_METRICS", "SYNTHETIC_TASKS", "TASKS", "Task", "TaskRecord",
+    "RecordError", "SYNTHETIC_TASKS", "TASKS", "Task", "TaskRecord",
     "build_prompt_ids", "generate", "get_task", "is_correct", "read_jsonl",
-    "register_task", "score", "write_jsonl",
+    "register_task", "score", "score_record", "task_for_config", "task_of", "write_jsonl",
 ]

@@ -76,7 +76,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from kvcert.sources import missing
+from kvcert.sources import SourceError, missing
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import TaskRecord, check_text
 
@@ -400,3 +400,46 @@ def category_means(categories: Sequence[int], scores: Sequence[float]) -> dict[s
             means[CATEGORY_NAMES[category]] = sum(picked) / len(picked)
     means["overall"] = sum(scores) / len(scores)
     return means
+
+
+# ------------------------------------------------------------------------ the task registry's entry
+
+def spread_over_conversations(records: list[TaskRecord], examples: int) -> list[TaskRecord]:
+    """``examples`` QA items spread over every conversation: each conversation gets a share proportional to its
+    items (largest remainder), taken at evenly spaced positions of its QA list (so its categories, which the
+    released file lists in runs, are all represented); records stay in file order."""
+    by_conv: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        by_conv.setdefault(str(r.metadata.get("sample_id")), []).append(i)
+    examples = min(examples, len(records))
+    exact = {c: examples * len(idx) / len(records) for c, idx in by_conv.items()}
+    take = {c: int(v) for c, v in exact.items()}
+    for c in sorted(exact, key=lambda c: (take[c] - exact[c], c))[: examples - sum(take.values())]:
+        take[c] += 1
+    chosen = []
+    for c, idx in by_conv.items():
+        k = take[c]
+        chosen += [idx[int((j + 0.5) * len(idx) / k)] for j in range(k)] if k else []
+    return [records[i] for i in sorted(chosen)]
+
+
+def build_records(task_cfg: Mapping[str, Any], tokenizer: Any, length: int, examples: int, seed: int,
+                  sample: str = "first") -> list[TaskRecord]:
+    """``examples`` QA items of the config's LoCoMo file as records (the registry's ``build``): the first
+    ones (``sample="first"``) or spread over every conversation (``"spread"``); the context is the whole
+    conversation, whatever ``length``."""
+    records = locomo_records(load_locomo(task_cfg["source"]), tokenizer, seed=seed)
+    if sample == "spread":
+        return spread_over_conversations(records, examples)
+    if sample != "first":
+        raise ValueError(f"locomo: sample must be 'first' or 'spread', got {sample!r}")
+    return records[:examples]
+
+
+def check_config(task_cfg: Mapping[str, Any]) -> list[str]:
+    """The pre-flight of a LoCoMo task config: its file exists (one line otherwise)."""
+    try:
+        locomo_file(str(task_cfg["source"]))
+    except SourceError as exc:
+        return [f"task {task_cfg.get('name', '?')}: {str(exc).removeprefix('locomo: ')}"]
+    return []

@@ -59,11 +59,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from kvcert.tasks.longbench_metrics import DATASET2METRIC, score_sample
 from kvcert.tasks.prompting import build_prompt_ids
-from kvcert.sources import HUB_PREFIX, hub_id, missing
+from kvcert.sources import HUB_PREFIX, SourceError, hub_id, missing
 from kvcert.tasks.records import TaskRecord, check_text
 
 __all__ = [
@@ -473,3 +473,38 @@ def score_longbench_record(record: TaskRecord, prediction: str) -> float:
     metadata = record.metadata
     return score_sample(base_dataset(metadata["dataset"]), prediction, record.answers, metadata["all_classes"])
 
+
+# ------------------------------------------------------------------------ the task registry's entry
+
+def build_records(task_cfg: Mapping[str, Any], tokenizer: Any, length: int, examples: int, seed: int,
+                  sample: str = "first") -> list[TaskRecord]:
+    """The first ``examples`` rows of the config's data set as records at ``length`` tokens (the
+    registry's ``build``; ``seed`` and ``sample`` do not apply: the official order is kept)."""
+    rows = load_longbench(task_cfg["source"], task_cfg["dataset"], limit=examples)
+    return longbench_records(rows, task_cfg["dataset"], tokenizer, max_length=length,
+                             chat_template=task_cfg.get("chat_template") or "official")
+
+
+def check_config(task_cfg: Mapping[str, Any]) -> list[str]:
+    """The pre-flight of a LongBench task config: its source exists and holds its data set (a Hub
+    id is checked where it is loaded). One line per problem."""
+    name, source = task_cfg.get("name", "?"), str(task_cfg["source"])
+    try:
+        if hub_id(source) is not None:
+            return []
+        folder = Path(source).expanduser()
+        if folder.is_file():
+            return []
+        if not folder.is_dir():
+            raise missing("longbench", source, "does not exist (a folder of LongBench v1 files was expected)")
+        if not _local_files(folder, task_cfg["dataset"], "test"):
+            return [f"task {name}: {source} has no {task_cfg['dataset']}.jsonl (nor Parquet files of it)"]
+    except SourceError as exc:
+        return [f"task {name}: {str(exc).removeprefix('longbench: ')}"]
+    return []
+
+
+def config_answer_tokens(task_cfg: Mapping[str, Any]) -> int | None:
+    """The official answer budget of the config's data set (``DATASET2MAXLEN``)."""
+    dataset = task_cfg.get("dataset")
+    return int(DATASET2MAXLEN[dataset]) if dataset in DATASET2MAXLEN else None

@@ -6,11 +6,11 @@
   normalised tokens that occur in the normalised prediction.
 - :func:`normalize_answer` — LongBench's normalisation: lower-case, drop punctuation,
   drop the articles a/an/the, collapse whitespace (in that order).
-- :func:`score` — dispatch by task name (``ANSWER_METRICS``).
 
 All scores lie in [0, 1]. A prediction counts as *correct* when its score is at least
 :data:`CORRECT_THRESHOLD` (= 1): every reference found (needle) or every token of one
-gold answer recalled (multi-key QA, multi-turn recall); see :func:`is_correct`.
+gold answer recalled (multi-key QA, multi-turn recall); see :func:`kvcert.tasks.is_correct`.
+Each task names its metric in the task registry (:mod:`kvcert.tasks`).
 """
 
 from __future__ import annotations
@@ -64,33 +64,3 @@ AnswerMetric = Callable[[str, list[str]], float]
 def unscored(prediction: str, answers: list[str]) -> float:
     """Free text without gold answers (``kvcert.generate_answer``): no score (NaN)."""
     return float("nan")
-
-#: task name -> answer metric; loaders that add tasks register their metric here.
-ANSWER_METRICS: dict[str, AnswerMetric] = {
-    "needle": string_match_all,
-    "lookalike": string_match_all,
-    "multikey": recall,
-    "multiturn": recall,
-    "unscored": unscored,
-}
-
-
-def register_metric(task_name: str, scorer: AnswerMetric) -> None:
-    """Add (or replace) the answer metric of a task."""
-    ANSWER_METRICS[task_name] = scorer
-
-
-def score(task_name: str, prediction: str, answers: list[str]) -> float:
-    """Score ``prediction`` with the answer metric of ``task_name``; a float in [0, 1]."""
-    try:
-        metric = ANSWER_METRICS[task_name]
-    except KeyError:
-        raise KeyError(
-            f"no answer metric for task {task_name!r}; known: {', '.join(sorted(ANSWER_METRICS))}"
-        ) from None
-    return float(metric(prediction, answers))
-
-
-def is_correct(task_name: str, prediction: str, answers: list[str]) -> bool:
-    """True when the score reaches :data:`CORRECT_THRESHOLD`."""
-    return score(task_name, prediction, answers) >= CORRECT_THRESHOLD
