@@ -112,9 +112,9 @@ def test_a_kvpress_scorer_press_as_a_kvcert_scorer_keeps_the_golden_sets(model, 
 def test_kvcert_run_with_a_kvpress_scorer_certifies(tmp_path):
     from kvcert.cli import main
 
-    assert main(["run", "task=needle", "method=kvpress-snapkv-poisson", "budget=0.25", "limit=2", "length=400",
+    assert main(["run", "task=needle", "method=kvpress:SnapKVPress-poisson", "budget=0.25", "limit=2", "length=400",
                  f"out={tmp_path}"]) in (0, None)
-    rows = [json.loads(line) for line in (tmp_path / "generations.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "generations" / "needle.jsonl").read_text().splitlines()]
     pressed = [row for row in rows if row["condition"] != "full"]
     assert len(pressed) == 2 and all(row["scorer"] == "kvpress:SnapKVPress" for row in pressed)
     assert all(row["certificate_status"] == "certified" and row["certificate"] for row in pressed)
@@ -123,6 +123,6 @@ def test_kvcert_run_with_a_kvpress_scorer_certifies(tmp_path):
     assert main(["run", "task=needle", "method=snapkv-poisson", "method.scorer=kvpress:SnapKVPress",
                  "+method.scorer_options={window_size:32}", "budget=0.25", "limit=1", "length=400",
                  f"out={out}"]) in (0, None)
-    row = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()][-1]
+    row = [json.loads(line) for line in (out / "generations" / "needle.jsonl").read_text().splitlines()][-1]
     assert row["scorer"] == "kvpress:SnapKVPress" and row["certificate_status"] == "certified"
 

@@ -334,6 +334,11 @@ def test_generate_answer_is_one_call(loaded):
         _record(context, question))["tokens"]
     with pytest.raises(ValueError, match="method"):
         generate_answer(model, tok, context, question, method="snapkv")
+    # every shipped method name works, and the grammar's names without a file
+    for name in ("adakv-poisson", "pyramidkv-topk", "snapkv-kvpress", "tova-priority"):
+        out = generate_answer(model, tok, context, question, method=name, budget=0.25, max_new_tokens=2)
+        assert out["method"] == name and out["allocation"] == {"adakv": "adakv", "pyramidkv": "pyramid"}.get(
+            name.split("-")[0], "uniform")
 
 
 def _record(context, question):

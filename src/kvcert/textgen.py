@@ -24,8 +24,12 @@ Which order, ``condition`` (the record's ``condition`` field says which one ran)
   (docs/kvpress.md). The same press can score very differently in the two orders;
 * ``"full"``: no compression.
 
-``method`` is ``<scorer>-<sampler>`` (``snapkv-poisson``, ``tova-topk``,
-``kvpress:SnapKVPress-poisson`` for a kvpress press as the scorer) or ``full``.
+``method`` is a method name of the one grammar the pipeline's configs and ``kvcert run`` follow
+(:mod:`kvcert.methods`): ``<policy>-<sampler>`` — ``snapkv-poisson``, ``tova-topk``,
+``adakv-poisson``, ``pyramidkv-topk``, ``kvpress:SnapKVPress-poisson`` for a kvpress press as
+the scorer — a shipped config's name (``snapkv-kvpress``: kvpress's own protected tokens and
+rounding), or ``full``. The retention design is the pre-registered default (sinks, window,
+top slice, floor) unless the method's config sets its own.
 """
 
 from __future__ import annotations
@@ -43,21 +47,19 @@ def generate_answer(model: Any, tokenizer: Any, context: str, question: str, *, 
                     answer_prefix: str = "", seed: int = 0, delta: float = 0.1) -> dict:
     """Answer ``question`` about ``context`` (see the module docstring). ``condition``:
     ``aware`` (default: compressed after the question), ``streaming`` (kvpress's order:
-    compressed before it, :data:`KVPRESS_ORDER`) or ``full``; ``method``:
-    ``<scorer>-<sampler>`` (e.g. ``snapkv-poisson``, ``tova-topk``) or ``full``."""
+    compressed before it, :data:`KVPRESS_ORDER`) or ``full``; ``method``: a method name
+    (:mod:`kvcert.methods`: ``snapkv-poisson``, ``adakv-topk``, ``snapkv-kvpress``, …) or ``full``."""
     from .generation.engine import Engine
     from .generation.spec import CertificateSpec, GenerationSpec, MethodSpec
     from .integration import enable_certified_attention
+    from .methods import method_config
     from .models import ModelSpec
     from .tasks.records import TaskRecord
 
     if condition == "full" or method == "full":
         condition, method_spec, kept = "full", MethodSpec(), 1.0
     else:
-        scorer, _, sampler = method.rpartition("-")
-        if not scorer:
-            raise ValueError(f"method: {method!r} is not <scorer>-<sampler> (e.g. snapkv-poisson) or full")
-        method_spec = MethodSpec(name=method, scorer=scorer, sampler=sampler)
+        method_spec = MethodSpec.from_dict(method_config(method))
         kept = kept_budget(budget, compression_ratio, default=0.25)
     if model.config._attn_implementation != "kvcert":
         enable_certified_attention(model)

@@ -63,6 +63,16 @@ class MethodSpec:
         if self.scorer_options:
             _reject_unknown("method.scorer_options", self.scorer_options, scorer_options(self.scorer))
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MethodSpec":
+        """Build from a method config (``configs/method/<name>.yaml``, :func:`kvcert.methods.method_config`),
+        rejecting unknown keys."""
+        method = dict(data or {})
+        _reject_unknown("method", method, set(cls.__dataclass_fields__))
+        design = dict(method.pop("design", {}) or {})
+        _reject_unknown("method.design", design, set(RetentionDesign.__dataclass_fields__))
+        return cls(**method, design=RetentionDesign(**design))
+
     @property
     def is_full(self) -> bool:
         return self.name == "full"
@@ -126,17 +136,14 @@ class GenerationSpec:
         _reject_unknown("", data, {f for f in cls.__dataclass_fields__} | {"compression_ratio"})
         model = dict(data.pop("model", {}) or {})
         _reject_unknown("model", model, set(ModelSpec.__dataclass_fields__))
-        method = dict(data.pop("method", {}) or {})
-        _reject_unknown("method", method, set(MethodSpec.__dataclass_fields__))
-        design = dict(method.pop("design", {}) or {})
-        _reject_unknown("method.design", design, set(RetentionDesign.__dataclass_fields__))
+        method = MethodSpec.from_dict(data.pop("method", {}))
         cert = dict(data.pop("certificate", {}) or {})
         _reject_unknown("certificate", cert, set(CertificateSpec.__dataclass_fields__))
         if "aggregations" in cert:
             cert["aggregations"] = tuple(cert["aggregations"])
         return cls(
             model=ModelSpec(**model),
-            method=MethodSpec(**method, design=RetentionDesign(**design)),
+            method=method,
             certificate=CertificateSpec(**cert),
             **data,
         )

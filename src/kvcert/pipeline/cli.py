@@ -190,10 +190,12 @@ def register(subparsers) -> None:
         description=__import__("kvcert.pipeline.oneoff", fromlist=["x"]).__doc__,
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                   help="model=… model.path=… task=… method=… budget=… | compression_ratio=… condition=… limit=…")
+                   help="model=… model.path=… task=… method=… budget=… | compression_ratio=… condition=… limit=… "
+                   "(comma-separated task, method, condition, budget: a sweep)")
     p.add_argument("--prereg", default=None, help="pre-registration folder whose analysis plan sets the design")
     p.add_argument("--configs", default=None, help="hydra configs folder (default: ./configs, else the installed copy)")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--list", action="store_true", help="list the tasks, methods, models and conditions a run can name")
     p.set_defaults(func=lambda args: __import__("kvcert.pipeline.oneoff", fromlist=["x"]).run_command(args))
 
     p = subparsers.add_parser("manifest", help="build the task records of one (model, task, length)")

@@ -40,14 +40,59 @@ def model_setting(config_dir: Path, name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True) if path.exists() else {}
 
 
+#: the config groups a run composes (configs/<group>/<option>.yaml)
+GROUPS = ("experiment", "model", "task", "method", "budget")
+
+
+def check_group_options(overrides: list[str], config_dir: Path) -> None:
+    """Refuse an option no file of its group provides, in one line with the nearest ones and the list; a
+    method name without a file is read by the method grammar (:mod:`kvcert.methods`) instead."""
+    import difflib
+
+    from ..methods import GRAMMAR, parse_method_name
+
+    for item in overrides:
+        group, sep, option = item.partition("=")
+        if not sep or group not in GROUPS or (config_dir / group / f"{option}.yaml").is_file():
+            continue
+        options = sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+        if group == "method":
+            try:
+                parse_method_name(option)
+                continue
+            except ValueError as exc:
+                reason = f"{exc}; shipped: {', '.join(options)}"
+        else:
+            reason = f"no {group} config named {option!r}; the {group}s: {', '.join(options)}"
+        close = difflib.get_close_matches(option, options, n=1)
+        hint = f" (did you mean {group}={close[0]}?)" if close else ""
+        raise ValueError(f"{item}:{hint} {reason}")
+
+
+def _store_named_methods(overrides: list[str], config_dir: Path) -> None:
+    """Give hydra the grammar's method config of every ``method=<name>`` that has no file (hydra's config
+    store, group ``method``), so a grammar name composes like a shipped one."""
+    from hydra.core.config_store import ConfigStore
+
+    from ..methods import method_config
+
+    for item in overrides:
+        group, sep, option = item.partition("=")
+        if group == "method" and sep and not (config_dir / "method" / f"{option}.yaml").is_file():
+            ConfigStore.instance().store(group="method", name=option, node=method_config(option, config_dir))
+
+
 def compose_config(overrides: list[str], config_dir: Path | None = None) -> dict:
-    """The composed config as a plain dict (interpolations resolved)."""
+    """The composed config as a plain dict (interpolations resolved). A group option that does not exist
+    is refused with the group's options (:func:`check_group_options`)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
-    directory = str((config_dir or configs_dir()).resolve())
+    config_dir = (config_dir or configs_dir()).resolve()
+    check_group_options(overrides, config_dir)
+    _store_named_methods(overrides, config_dir)
     try:
-        with initialize_config_dir(config_dir=directory, version_base=None):
+        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
             cfg = compose(config_name="config", overrides=overrides)
     except HydraException as exc:
         raise ValueError(f"config: {str(exc).splitlines()[0]}") from None

@@ -2,26 +2,35 @@
 pre-registration.
 
     kvcert run model.path=/ckpt task=longbench_hotpotqa method=snapkv-poisson budget=0.25 limit=20
+    kvcert run task=needle,multikey method=snapkv-poisson,adakv-topk budget=0.125,0.25 limit=20
+    kvcert run --list
 
 composes ``configs/config.yaml`` with the overrides (``model=…``, ``task=…``,
-``method=…``, ``condition=…``, ``seed=…``, or any dotted key such as ``model.path=…``
-or ``model.dtype=…``), builds ``limit`` records of the task, and generates each with
-the full cache and with the chosen setting into ``<out>/generations.jsonl``
-(resumable, like a shard). It ends with a table: accuracy, mean score, mean relative
-certificate, kept fraction. Keys of its own: ``budget`` (fraction of the cache kept)
-or ``compression_ratio`` (kvpress's convention: the fraction *removed*; give exactly
-one), ``limit``, ``length`` (prompt tokens: synthetic tasks' target, LongBench's
-truncation; default 512 and 6144), ``data_seed``, ``out``, ``threads``.
+``method=…`` — a shipped config or any name of the method grammar, :mod:`kvcert.methods` —,
+``condition=…``, ``seed=…``, or any dotted key such as ``model.path=…`` or
+``model.dtype=…``), builds ``limit`` records of each task, and generates each with the full
+cache and with every chosen setting into ``<out>/generations/<task>.jsonl`` (resumable, like a
+shard). Comma-separated values of ``task``, ``method``, ``condition``, ``budget`` and
+``compression_ratio`` sweep every combination (one full-cache baseline per task). It ends
+with a table per (task, setting) — the share that passes (score ≥ the task's pass mark, as
+the claims count it), the mean task score, the mean relative certificate ε/‖ô‖, each with a
+90 % bootstrap interval over records, and the kept fraction — and writes
+``<out>/results.json``: the command, the records' files, those metrics with their intervals,
+and every composed generation config. Keys of its own: ``budget`` (fraction of the cache
+kept) or ``compression_ratio`` (kvpress's convention: the fraction *removed*; give exactly
+one), ``limit``, ``length`` (prompt tokens: the task's default — 512 for synthetic tasks,
+6144 for LongBench, LoCoMo's own), ``data_seed``, ``out``, ``threads``.
 
 The retention design and δ come from the pre-registration's analysis plan, as in the
 pipeline. The records carry ``prereg_hash: null``: claim scoring refuses them — a
 one-off run is exploration, not evidence.
 
 Everything is checked before the model is loaded, one line each: every key (an unknown
-one with the nearest known key), every number (``budget``, ``limit``, ``seed``, …), the
-device, the length against the model's positions (``max_position_embeddings`` of the
-folder's ``config.json``; :data:`LENGTH_CAP` where it has none), and the task's data
-(text fields that are text, no lone surrogate).
+one, or an unknown task, method or model, with the nearest known one), every number
+(``budget``, ``limit``, ``seed``, …), the device, the length against the model's positions
+(``max_position_embeddings`` of the folder's ``config.json``; :data:`LENGTH_CAP` where it
+has none), and the tasks' data (built with the tokenizer alone: text fields that are text,
+no lone surrogate, prompts that fit).
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 OWN_KEYS = ("budget", "compression_ratio", "limit", "length", "data_seed", "out", "threads")
+#: keys whose comma-separated values sweep (every combination runs; one full-cache baseline per task)
+SWEEP_KEYS = ("task", "method", "condition", "budget", "compression_ratio")
 #: the config's own top-level keys and groups (configs/config.yaml)
 CONFIG_KEYS = ("experiment", "model", "task", "method", "condition", "seed", "chunk_tokens", "certificate")
 #: the longest prompt accepted where the model's config names no position limit
@@ -133,9 +144,28 @@ def check_length(length: int, answer_tokens: int, model_path: str) -> None:
                          f"{max(limit - answer_tokens, 0)} or less")
 
 
-def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[dict], dict, dict]:
-    """(generation configs: full cache + the chosen setting, task config, own keys)."""
-    from .compose import analysis_plan, compose_config, generation_config
+def sweep(items: list[str]) -> list[list[str]]:
+    """The override lists of every combination of the comma-separated values of :data:`SWEEP_KEYS`
+    (``task=needle,multikey method=snapkv-poisson,h2o-topk budget=0.25,0.5``: 8 lists), in the
+    order given; other items are kept as they are in each."""
+    import itertools
+
+    axes = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if sep and key in SWEEP_KEYS and "," in value:
+            values = [v.strip() for v in value.split(",")]
+            if not all(values):
+                raise ValueError(f"{item}: an empty value in the list (write {key}=a,b)")
+            axes.append([f"{key}={v}" for v in values])
+        else:
+            axes.append([item])
+    return [list(combo) for combo in itertools.product(*axes)]
+
+
+def compose_setting(items: list[str], configs: Path) -> tuple[dict, dict]:
+    """(the composed config of one setting, its own keys) from one override list (no sweep)."""
+    from .compose import compose_config
 
     hydra, own = parse_overrides(items)
     composed = compose_config(hydra, configs)
@@ -150,37 +180,54 @@ def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[dic
         composed["condition"] = "full"
     if any(o.startswith("model.path=") for o in hydra) and not any(o.startswith("model.name=") for o in hydra):
         composed["model"]["name"] = Path(str(composed["model"]["path"])).name or composed["model"]["name"]
+    return composed, own
+
+
+def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[tuple[dict, list[dict]]], dict]:
+    """(per task of the sweep (:func:`sweep`): its task config and its generation configs — the full cache
+    first, then every setting of the sweep once —, the command's own keys); every setting is composed and
+    checked before anything runs."""
+    from .compose import analysis_plan, generation_config
+
     plan = analysis_plan(prereg)
-    setting = generation_config(composed, plan, None)
-    configs_out = [setting]
-    if method != "full":
-        full = dict(composed, condition="full", budget=1.0, method={"name": "full"}, chunk_tokens=None)
-        configs_out.insert(0, generation_config(full, plan, None))
-    return configs_out, composed["task"], own
+    tasks: dict[str, tuple[dict, list[dict]]] = {}
+    own_keys: dict = {}
+    for combo in sweep(items):
+        composed, own = compose_setting(combo, configs)
+        own_keys = {k: v for k, v in own.items() if k not in ("budget", "compression_ratio")}
+        task_cfg = composed["task"]
+        if task_cfg["name"] not in tasks:
+            full = dict(composed, condition="full", budget=1.0, method={"name": "full"}, chunk_tokens=None)
+            tasks[task_cfg["name"]] = (task_cfg, [generation_config(full, plan, None)])
+        runs = tasks[task_cfg["name"]][1]
+        setting = generation_config(composed, plan, None)
+        if setting not in runs:
+            runs.append(setting)
+    return list(tasks.values()), own_keys
 
 
-def summary_rows(records: list[dict]) -> list[dict]:
-    """Per setting: records, accuracy (score ≥ the synthetic pass mark), mean score, mean
-    relative certificate (over steps, mean over heads), kept fraction."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in records:
-        groups.setdefault((r["condition"], r["method"], r["budget"]), []).append(r)
-    rows = []
-    for (condition, method, budget), group in groups.items():
-        scores = [r["score"] for r in group if r["score"] is not None]
-        certs = []
-        for r in group:
-            steps = (r.get("certificate") or {}).get("relative_steps", {}).get("mean") or []
-            if steps:
-                certs.append(sum(steps) / len(steps))
-        rows.append({
-            "condition": condition, "method": method, "budget": budget, "records": len(group),
-            "accuracy": sum(s >= 1.0 for s in scores) / len(scores) if scores else math.nan,
-            "score": sum(scores) / len(scores) if scores else math.nan,
-            "certificate": sum(certs) / len(certs) if certs else math.nan,
-            "kept": sum(_mean(r["kept_fraction"]) for r in group) / len(group),
-        })
-    return rows
+# --- what a run reports ----------------------------------------------------------------------------
+#: percentile bootstrap of the per-setting means: resamples of the records, level, seed
+BOOTSTRAP = {"resamples": 2000, "level": 0.90, "seed": 0}
+
+
+def _interval(values: list[float]) -> dict:
+    """The mean of ``values`` with its percentile bootstrap interval over records (:data:`BOOTSTRAP`)."""
+    import numpy as np
+
+    x = np.asarray([v for v in values if v is not None and not math.isnan(v)], dtype=float)
+    if len(x) == 0:
+        return {"value": None, "ci": [None, None]}
+    rng = np.random.default_rng(BOOTSTRAP["seed"])
+    means = x[rng.integers(0, len(x), size=(BOOTSTRAP["resamples"], len(x)))].mean(1)
+    tail = (1 - BOOTSTRAP["level"]) / 2
+    return {"value": float(x.mean()), "ci": [float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))]}
+
+
+def _relative_radius(record: dict) -> float | None:
+    """The record's plug-in certificate relative to the output, ε/‖ô‖, mean over steps (of the mean over heads)."""
+    steps = (record.get("certificate") or {}).get("relative_steps", {}).get("mean") or []
+    return sum(steps) / len(steps) if steps else None
 
 
 def _mean(per_layer) -> float:
@@ -190,66 +237,160 @@ def _mean(per_layer) -> float:
     return sum(per_layer) / len(per_layer) if per_layer else 1.0
 
 
+def summary_rows(records: list[dict], pass_mark) -> list[dict]:
+    """Per (task, setting): records; the share that passes (score ≥ ``pass_mark(task)``, the pass mark the
+    claims use), the mean score and the mean relative certificate ε/‖ô‖, each with its bootstrap interval
+    over records; the kept fraction."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["task"], r["condition"], r["method"], r["budget"]), []).append(r)
+    rows = []
+    for (task, condition, method, budget), group in groups.items():
+        scores = [r["score"] for r in group if r["score"] is not None]
+        mark = pass_mark(task)
+        rows.append({
+            "task": task, "condition": condition, "method": method, "budget": budget, "records": len(group),
+            "pass_mark": mark, "passed": _interval([float(x >= mark) for x in scores]),
+            "score": _interval([float(x) for x in scores]),
+            "relative_radius": _interval([_relative_radius(r) for r in group]),
+            "kept": sum(_mean(r["kept_fraction"]) for r in group) / len(group),
+        })
+    return rows
+
+
+def _cell(estimate: dict, digits: int = 3) -> str:
+    if estimate["value"] is None:
+        return "-"
+    low, high = estimate["ci"]
+    return f"{estimate['value']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
 def format_table(rows: list[dict]) -> str:
-    head = f"{'condition':<10} {'method':<18} {'budget':>6} {'records':>7} {'accuracy':>8} {'score':>6} " \
-           f"{'certificate':>11} {'kept':>6}"
+    """The summary as a text table: passed = share with score ≥ the task's pass mark; score = mean task
+    score (F1 for LongBench QA, string match for needles, ...); ε/‖ô‖ = the plug-in certificate relative to
+    the attention output; [90 % bootstrap intervals over records]."""
+    head = (f"{'task':<22} {'condition':<10} {'method':<22} {'budget':>6} {'records':>7} {'passed':>21} "
+            f"{'score':>21} {'ε/‖ô‖ (certificate)':>27} {'kept':>6}")
     lines = [head]
     for r in rows:
-        cert = "-" if math.isnan(r["certificate"]) else f"{r['certificate']:.4f}"
-        lines.append(f"{r['condition']:<10} {r['method']:<18} {r['budget']:>6.3g} {r['records']:>7} "
-                     f"{r['accuracy']:>8.3f} {r['score']:>6.3f} {cert:>11} {r['kept']:>6.3f}")
+        lines.append(f"{r['task']:<22} {r['condition']:<10} {r['method']:<22} {r['budget']:>6.3g} {r['records']:>7} "
+                     f"{_cell(r['passed']):>21} {_cell(r['score']):>21} {_cell(r['relative_radius'], 4):>27} "
+                     f"{r['kept']:>6.3f}")
+    marks = sorted({(r["task"], r["pass_mark"]) for r in rows})
+    lines.append("passed: score >= the pass mark (" + ", ".join(f"{t} {m:g}" for t, m in marks)
+                 + f"); [{BOOTSTRAP['level']:.0%} bootstrap intervals over records]")
     return "\n".join(lines)
 
 
+def listing(configs: Path) -> str:
+    """``kvcert run --list``: the tasks, methods, models and conditions a run can name."""
+    import yaml
+
+    from ..methods import GRAMMAR, shipped_methods
+
+    def names(group: str) -> list[str]:
+        return sorted(p.stem for p in (configs / group).glob("*.yaml"))
+
+    tasks = []
+    for name in names("task"):
+        cfg = yaml.safe_load((configs / "task" / f"{name}.yaml").read_text()) or {}
+        tasks.append(f"{name} ({cfg.get('kind', 'synthetic')})")
+    return "\n".join([
+        f"tasks ({configs / 'task'}): " + ", ".join(tasks),
+        f"methods ({configs / 'method'}): " + ", ".join(shipped_methods(configs)),
+        f"  any other method name of the grammar {GRAMMAR}",
+        f"models ({configs / 'model'}): " + ", ".join(names("model")) + "; or model.path=<a local checkpoint folder>",
+        "conditions: aware (compressed after the question; the default with a method), streaming "
+        "(compressed before it: kvpress's order), full",
+        "sweeps: comma-separated values of " + ", ".join(SWEEP_KEYS) + " run every combination",
+    ])
+
+
 def run_command(args) -> int:
+    from ..analysis.load import ScoringPlan
+    from ..atomic import write_text
     from ..generation.runner import run_specs
     from ..generation.shards import read_records
     from ..generation.spec import GenerationSpec
     from ..models import ModelSpec, load_model, pick_device
-    from ..paths import configs_dir, prereg_dir
+    from ..paths import resolve_configs, resolve_prereg
     from ..tasks import task_for_config
+    from .compose import analysis_plan
     from .manifest import build_records, load_tokenizer
 
-    configs = Path(args.configs).resolve() if args.configs else configs_dir()
-    prereg = Path(args.prereg) if args.prereg else prereg_dir()
-    gen_configs, task_cfg, own = compose_run(args.overrides, configs, prereg)
-    task = task_for_config(task_cfg)
-    length = integer(own, "length", None, 0)
+    configs = resolve_configs(args.configs)
+    if args.list:
+        print(listing(configs))
+        return 0
+    prereg = resolve_prereg(args.prereg)
+    per_task, own = compose_run(args.overrides, configs, prereg)
+    length_given = integer(own, "length", None, 0)
     limit = integer(own, "limit", 10, 1)
     data_seed = integer(own, "data_seed", 0, 0)
     threads = integer(own, "threads", None, 1)
-    specs = [GenerationSpec.from_dict(c) for c in gen_configs]  # every config error before anything loads
-    setting = gen_configs[-1]
-    model_spec = ModelSpec(**{k: setting["model"][k] for k in ("name", "path", "dtype", "device")})
+    plan = []  # (task config, its specs, its length), every config error before anything loads
+    for task_cfg, gen_configs in per_task:
+        specs = [GenerationSpec.from_dict(c) for c in gen_configs]
+        plan.append((task_cfg, gen_configs, specs))
+    first = plan[0][1][-1]
+    model_spec = ModelSpec(**{k: first["model"][k] for k in ("name", "path", "dtype", "device")})
     pick_device(model_spec.device)
-    answer = max(s.max_new_tokens for s in specs)
-    if length is None:  # the default, within the model's positions
-        positions = max_positions(model_spec.path)
-        length = task.default_length
-        length = length if positions is None or not length else max(1, min(length, positions - answer))
-    check_length(length, answer, model_spec.path)
+    positions = max_positions(model_spec.path)
+    lengths = {}
+    for task_cfg, _, specs in plan:
+        answer = max(s.max_new_tokens for s in specs)
+        length = length_given
+        if length is None:  # the task's default, within the model's positions
+            length = task_for_config(task_cfg).default_length
+            length = length if positions is None or not length else max(1, min(length, positions - answer))
+        check_length(length, answer, model_spec.path)
+        lengths[task_cfg["name"]] = (length, answer)
     if threads:
         import torch
 
         torch.set_num_threads(threads)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(own.get("out") or f"results/runs/{stamp}-{task_cfg['name']}-{setting['method']['name']}-"
-               f"{setting['condition']}-b{setting['budget']:g}")
-    records = build_records(task_cfg, load_tokenizer(setting["model"]), length, limit, data_seed)
-    if not records:
-        raise ValueError(f"task {task_cfg['name']}: no records")
-    positions = max_positions(model_spec.path)
-    for r in records:  # the built prompt (chat template included) and its own answer budget must fit
-        need = r.length + int(r.metadata.get("max_new_tokens") or answer)
-        if positions is not None and need > positions:
-            raise ValueError(f"length={length}: record {r.id} needs {need} positions (prompt {r.length} + answer), "
-                             f"the model has {positions}; give a shorter length")
+    names = [t["name"] for t, _, _ in plan]
+    methods = sorted({c["method"]["name"] for _, cs, _ in plan for c in cs[1:]}) or ["full"]
+    out = Path(own.get("out") or f"results/runs/{stamp}-{'+'.join(names)}-{'+'.join(methods)}")
+    tokenizer = load_tokenizer(first["model"])
+    built = {}
+    for task_cfg, _, _ in plan:  # the data of every task, checked before the model loads
+        length, answer = lengths[task_cfg["name"]]
+        records = build_records(task_cfg, tokenizer, length, limit, data_seed)
+        if not records:
+            raise ValueError(f"task {task_cfg['name']}: no records")
+        for r in records:  # the built prompt (chat template included) and its own answer budget must fit
+            need = r.length + int(r.metadata.get("max_new_tokens") or answer)
+            if positions is not None and need > positions:
+                raise ValueError(f"length={length}: record {r.id} needs {need} positions (prompt {r.length} + answer), "
+                                 f"the model has {positions}; give a shorter length")
+        built[task_cfg["name"]] = records
     model, tokenizer = load_model(model_spec)
-    shard = run_specs(gen_configs, records, out / "generations.jsonl", prereg_hash=None,
-                      model_and_tokenizer=(model, tokenizer), progress=not args.quiet)
-    rows = summary_rows(read_records(shard))
-    print(f"{len(records)} records of {task_cfg['name']} ({length or 'native'} tokens), model "
-          f"{setting['model']['name']}; one-off run outside the pre-registration (claims never score it)")
+    shards, records_out = {}, []
+    for task_cfg, gen_configs, _ in plan:
+        name = task_cfg["name"]
+        shard = run_specs(gen_configs, built[name], out / "generations" / f"{name}.jsonl", prereg_hash=None,
+                          model_and_tokenizer=(model, tokenizer), progress=not args.quiet)
+        shards[name] = str(shard)
+        records_out += read_records(shard)
+    marks = ScoringPlan.from_plan(analysis_plan(prereg))
+    rows = summary_rows(records_out, marks.pass_mark)
+    results = {
+        "command": "kvcert run " + " ".join(args.overrides),
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "outside_preregistration": True,
+        "model": first["model"],
+        "tasks": {name: {"length": lengths[name][0], "records": len(built[name]), "generations": shards[name]}
+                  for name in names},
+        "bootstrap": BOOTSTRAP,
+        "metrics": rows,
+        "configs": [c for _, cs, _ in plan for c in cs],
+    }
+    write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
+    print(f"model {first['model']['name']}; " + "; ".join(
+        f"{name}: {len(built[name])} records at {lengths[name][0] or 'native'} tokens" for name in names)
+        + "; one-off run outside the pre-registration (claims never score it)")
     print(format_table(rows))
-    print(f"records: {shard}")
+    print(f"results: {out / 'results.json'} (records, metrics with intervals, the composed configs)")
     return 0
