@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -157,9 +158,17 @@ def test_bad_config_one_line(patch, match):
 
 def test_missing_model_path_is_named(tmp_path, monkeypatch):
     monkeypatch.delenv("KVCERT_MODEL_DIR", raising=False)
-    with pytest.raises(FileNotFoundError, match="model.path: .*does not exist.*KVCERT_MODEL_DIR.*unset here") as info:
+    with pytest.raises(FileNotFoundError, match="model.path: .*no-such-model does not exist") as info:
         resolve_model_path(str(tmp_path / "no-such-model"))
-    assert "\n" not in str(info.value)
+    # an explicit path is the user's own: neither the shipped configs' variable nor the Hub syntax is named
+    assert "\n" not in str(info.value) and "KVCERT_MODEL_DIR" not in str(info.value) and "Hub" not in str(info.value)
+    # a path the shipped configs built from the variable names it, and a bare owner/name the Hub syntax
+    monkeypatch.setenv("KVCERT_MODEL_DIR", str(tmp_path / "models"))
+    with pytest.raises(FileNotFoundError, match=r"KVCERT_MODEL_DIR \(the folder holding one folder per model; now "):
+        resolve_model_path(str(tmp_path / "models" / "qwen2.5-7b-instruct"))
+    with pytest.raises(FileNotFoundError, match="a Hub id is written hf:Qwen/Qwen2.5-7B-Instruct"):
+        resolve_model_path("Qwen/Qwen2.5-7B-Instruct")
+    monkeypatch.delenv("KVCERT_MODEL_DIR")
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no config.json"):
         resolve_model_path(str(tmp_path / "empty"))
@@ -346,3 +355,16 @@ def _record(context, question):
 
     return TaskRecord(id="x", task="unscored", context=context, question=question, answers=["-"],
                       metadata={"target_tokens": 0})
+
+
+def test_the_shipped_configs_build_paths_from_the_variables_the_errors_name():
+    """kvcert.sources names a variable only for a path built from it: its defaults are the configs'."""
+    from kvcert.sources import CONFIG_DEFAULTS, ENV_VARS
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    expected = {"model.path": ("model", "path"), "longbench": ("task", "source"), "locomo": ("task", "source")}
+    for what, (group, key) in expected.items():
+        variable = ENV_VARS[what][0]
+        written = [line.split(":", 1)[1].strip() for p in (configs / group).glob("*.yaml")
+                   for line in p.read_text().splitlines() if line.startswith(f"{key}:") and variable in line]
+        assert written and all(w.startswith(f"${{oc.env:{variable},{CONFIG_DEFAULTS[what]}}}") for w in written), what

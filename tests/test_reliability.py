@@ -249,6 +249,31 @@ def test_check_runs_one_token_and_refuses_nan_logits(tiny_dir, tmp_path):
     assert len(problems) == 1 and str(broken) in problems[0] and "NaN" in problems[0]
 
 
+def test_check_refuses_what_every_job_would_refuse(tiny_dir, tmp_path):
+    """The pre-flight's model check: a dtype that is no torch dtype name, a checkpoint without the chat template
+    the grid's prompts go through, fewer positions than the grid's longest prompt and answer — each one line."""
+    import json
+
+    from kvcert.pipeline.check import check_model
+
+    cfg = {"name": "tiny", "path": str(tiny_dir), "dtype": "float32", "device": "cpu"}
+    assert check_model("tiny", cfg, chat=True, longest=(2048 + 16, "task needle at 2048 tokens")) == []
+    [problem] = check_model("tiny", dict(cfg, dtype="bf16"))
+    assert "dtype 'bf16' is not one of bfloat16, float16, float32" in problem
+    plain = tmp_path / "no-template"
+    shutil.copytree(tiny_dir, plain)
+    settings = json.loads((plain / "tokenizer_config.json").read_text())
+    settings.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(settings))
+    for extra in plain.glob("chat_template.*"):
+        extra.unlink()
+    assert check_model("tiny", dict(cfg, path=str(plain)), chat=False) == []  # LongBench's no-chat data sets only
+    [problem] = check_model("tiny", dict(cfg, path=str(plain)), chat=True)
+    assert "has no chat template" in problem and str(plain) in problem
+    [problem] = check_model("tiny", cfg, longest=(4096 + 16, "task needle at 4096 tokens with its answer"))
+    assert "needs 4112 positions, the model has 4096" in problem
+
+
 # --- 3. a freeze chain that guards itself ----------------------------------------------------------
 def fresh(tmp_path: Path) -> Path:
     folder = tmp_path / "preregistration"

@@ -20,6 +20,20 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     "longbench": ("LONGBENCH_DIR", "the folder holding LongBench v1's <dataset>.jsonl files"),
     "locomo": ("LOCOMO_JSON", "the path of LoCoMo's locomo10.json"),
 }
+#: what a path is for -> the value the shipped configs use where the variable is unset
+#: (``${oc.env:VAR,default}``; a test keeps these equal to the configs)
+CONFIG_DEFAULTS: dict[str, str] = {"model.path": "models", "longbench": "data/longbench",
+                                   "locomo": "data/locomo/locomo10.json"}
+
+
+def from_shipped_config(what: str, path: str) -> bool:
+    """Whether ``path`` is what the shipped configs build from the variable of ``what`` (its value now, or the
+    configs' default): only then does naming the variable help; an explicit path is the user's own."""
+    if what not in ENV_VARS:
+        return False
+    bases = {os.path.normpath(b) for b in (os.environ.get(ENV_VARS[what][0]), CONFIG_DEFAULTS.get(what)) if b}
+    given = os.path.normpath(path)
+    return given in bases or (what == "model.path" and os.path.dirname(given) in bases)
 
 
 class SourceError(FileNotFoundError):
@@ -52,13 +66,17 @@ HUB_SOURCES = ("model.path", "longbench")
 
 
 def missing(what: str, path: str, expected: str) -> SourceError:
-    """The one-line error of a missing local ``path`` (``what``: a key of ENV_VARS); a Hub id
-    is suggested only where the loader takes one (:data:`HUB_SOURCES`)."""
+    """The one-line error of a missing local ``path`` (``what``: a key of ENV_VARS). The variable the
+    shipped configs read is named only for a path built from it (:func:`from_shipped_config`), and the
+    Hub id syntax only where the loader takes one (:data:`HUB_SOURCES`) and the path looks like an id
+    (``owner/name``) or came from the shipped configs."""
     hint = ""
-    if what in ENV_VARS:
+    if from_shipped_config(what, path):
         variable, holds = ENV_VARS[what]
         value = os.environ.get(variable)
         now = f"now {value}" if value else "unset here"
         hint = f"; the shipped configs read {variable} ({holds}; {now})"
-    hub = f"; a Hub id is written {HUB_PREFIX}owner/name" if what in HUB_SOURCES else ""
+    looks_like_id = path.count("/") == 1 and not path.startswith((".", "/", "~")) and not os.path.exists(os.path.dirname(path))
+    hub = f"; a Hub id is written {HUB_PREFIX}{path if looks_like_id else 'owner/name'}" \
+        if what in HUB_SOURCES and (looks_like_id or hint) else ""
     return SourceError(f"{what}: {path} {expected}{hint}{hub}")

@@ -35,33 +35,51 @@ WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.js
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
 
-def check_model(name: str, path: str) -> list[str]:
-    """Problems of one model config (``name``: its config, ``path``: the resolved path)."""
-    from ..models import EMBEDDED, resolve_model_path
+def check_model(name: str, cfg: dict, chat: bool = False, longest: tuple[int, str] | None = None) -> list[str]:
+    """Problems of one model config (``name``; ``cfg``: its composed ``model`` section) that would stop its
+    jobs: a dtype that is not a torch dtype name, a missing or broken folder (config, weights, a tokenizer
+    that loads), no chat template where the grid's prompts go through one (``chat``), and fewer positions
+    than the grid's longest prompt with its answer (``longest``: (tokens, what needs them))."""
+    from ..models import DTYPES, EMBEDDED, resolve_model_path
+    from .oneoff import max_positions
 
+    path = str(cfg["path"])
+    problems = []
+    dtype = cfg.get("dtype", "float32")
+    if dtype not in DTYPES:
+        problems.append(f"model {name}: dtype {dtype!r} is not one of {', '.join(sorted(DTYPES))} "
+                        f"(configs/model/{name}.yaml)")
     try:
         resolved = resolve_model_path(path)
     except FileNotFoundError as exc:
-        return [f"model {name}: {_strip(str(exc), 'model.path: ')}"]
-    if path == EMBEDDED or hub_id(path) is not None:
-        return []
-    folder = Path(resolved)
-    problems = []
-    if not any(next(folder.glob(pattern), None) for pattern in WEIGHTS):
-        problems.append(f"model {name}: {path} has no weights (*.safetensors or *.bin)")
-    if not any((folder / f).exists() for f in TOKENIZER_FILES):
-        problems.append(f"model {name}: {path} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
-    if problems:
+        return problems + [f"model {name}: {_strip(str(exc), 'model.path: ')}"]
+    if hub_id(path) is not None:
         return problems
+    folder = Path(resolved)
+    if path != EMBEDDED:
+        if not any(next(folder.glob(pattern), None) for pattern in WEIGHTS):
+            problems.append(f"model {name}: {path} has no weights (*.safetensors or *.bin)")
+        if not any((folder / f).exists() for f in TOKENIZER_FILES):
+            problems.append(f"model {name}: {path} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+        if problems:
+            return problems
     try:
         from transformers import AutoConfig, AutoTokenizer
 
         AutoConfig.from_pretrained(folder)
-        AutoTokenizer.from_pretrained(folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
     except Exception as exc:  # a broken folder: name the first line of the library's reason
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return [f"model {name}: {path} does not load ({type(exc).__name__}: {first})"]
-    return []
+        return problems + [f"model {name}: {path} does not load ({type(exc).__name__}: {first})"]
+    if chat and not getattr(tokenizer, "chat_template", None):
+        problems.append(f"model {name}: {path} has no chat template (tokenizer_config.json's chat_template, or "
+                        "chat_template.jinja), and the grid's prompts are rendered through it: use the instruct "
+                        "checkpoint, or add its template")
+    positions = max_positions(str(folder))
+    if longest is not None and positions is not None and longest[0] > positions:
+        problems.append(f"model {name}: {longest[1]} needs {longest[0]} positions, the model has {positions} "
+                        "(max_position_embeddings): shorten the grid's lengths for it")
+    return problems
 
 
 def check_forward(name: str, cfg: dict) -> list[str]:
@@ -111,6 +129,15 @@ def check_results(results: str | Path) -> list[str]:
         return [f"results folder {folder}: not writable ({reason}); give a writable one with "
                 "`--config results=DIR` (or fix its permissions)"]
     return []
+
+
+def _uses_chat(task_cfg: dict) -> bool:
+    from ..tasks import task_for_config
+
+    try:
+        return task_for_config(task_cfg).uses_chat(task_cfg)
+    except (KeyError, ValueError):  # an unknown task: check_task names it
+        return False
 
 
 def check_task(task_cfg: dict) -> list[str]:
@@ -201,7 +228,7 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
     """Every problem of ``experiment`` that would stop a run, one line each (``forward``: also run one
     token per model; ``results``: the results folder, checked writable)."""
     from ..prereg import PreregError, verify
-    from .compose import compose_config
+    from .compose import compose_config, task_answer_tokens
     from .config import experiment_grid
     from .plan import build_plan
 
@@ -213,15 +240,20 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
     plan = build_plan(experiment, experiment_grid(experiment, configs, prereg)[1])
     models = sorted({m.model for m in plan.manifests + plan.replays})
     tasks = sorted({m.task for m in plan.manifests + plan.replays})
+    task_cfgs = {task: compose_config([f"experiment={experiment}", f"task={task}"], configs)["task"]
+                 for task in tasks}
+    for task, cfg in task_cfgs.items():
+        problems += check_task(cfg)
     for model in models:
         cfg = compose_config([f"experiment={experiment}", f"model={model}"], configs)["model"]
-        found = check_model(model, str(cfg["path"]))
+        cells = [(m.task, m.length) for m in plan.manifests + plan.replays if m.model == model]
+        chat = any(_uses_chat(task_cfgs[t]) for t, _ in cells)
+        needs = [(length + task_answer_tokens(configs, t), f"task {t} at {length} tokens with its answer")
+                 for t, length in cells if length]
+        found = check_model(model, cfg, chat=chat, longest=max(needs) if needs else None)
         problems += found
         if forward and not found:
             problems += check_forward(model, cfg)
-    for task in tasks:
-        cfg = compose_config([f"experiment={experiment}", f"task={task}"], configs)["task"]
-        problems += check_task(cfg)
     if profile is not None:
         problems += check_profile(profile)
     if results is not None:

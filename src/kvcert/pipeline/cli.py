@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..paths import configs_dir, prereg_dir
-from .compose import compose_config, model_setting
+from .compose import compose_config, model_setting, task_answer_tokens
 from .config import experiment_grid
 from .plan import build_plan, fork_factor, gpu_hours, seconds_per
 
@@ -47,20 +47,6 @@ def plan_command(args) -> int:
     return 0
 
 
-def _answer_tokens(config_dir: Path, task: str) -> int:
-    """A task's answer budget: its config's ``max_new_tokens``, else its task's where that is null
-    (LongBench's dataset2maxlen), else 32 (:func:`kvcert.pipeline.compose.answer_tokens`'s fallback)."""
-    import yaml
-
-    from ..tasks import task_for_config
-
-    path = config_dir / "task" / f"{task}.yaml"
-    cfg = yaml.safe_load(path.read_text()) if path.exists() else {}
-    if cfg.get("max_new_tokens"):
-        return int(cfg["max_new_tokens"])
-    return int((task_for_config(cfg).answer_tokens(cfg) if cfg else None) or 32)
-
-
 def _roofline_lines(args, exp: dict, plan) -> float:
     """Print the roofline model's assumptions and its bound beside the estimate; its GPU hours."""
     from . import roofline as rf
@@ -86,7 +72,7 @@ def _roofline_lines(args, exp: dict, plan) -> float:
             else "built-in table"
         print(f"  {model:<24} {arch.params:>8.3g} {arch.layers:>6} {arch.heads:>5} {arch.kv_heads:>3} "
               f"{arch.head_dim:>4} {arch.dtype_bytes:>5}  {source}")
-    answers = {s.task: _answer_tokens(config_dir, s.task) for s in plan.shards}
+    answers = {s.task: task_answer_tokens(config_dir, s.task) for s in plan.shards}
     print("  answer tokens: " + ", ".join(f"{t} {a}" for t, a in sorted(answers.items())))
     cost = rf.plan_roofline(plan, archs, answers, gpu, args.efficiency)
     print(f"  {'model':<24} {'length':>6} {'estimate s/gen':>14} {'roofline s/gen':>14} {'ratio':>6}")

@@ -110,6 +110,20 @@ def answer_tokens(task: dict, max_new_tokens: int | None = None) -> int:
     return value
 
 
+def task_answer_tokens(config_dir: Path, task: str) -> int:
+    """A task's answer budget from its config file: ``max_new_tokens``, else its task's where that is null
+    (LongBench's dataset2maxlen), else 32 (:func:`answer_tokens`'s fallback)."""
+    import yaml
+
+    from ..tasks import task_for_config
+
+    path = Path(config_dir) / "task" / f"{task}.yaml"
+    cfg = yaml.safe_load(path.read_text()) if path.exists() else {}
+    if cfg.get("max_new_tokens"):
+        return int(cfg["max_new_tokens"])
+    return int((task_for_config(cfg).answer_tokens(cfg) if cfg else None) or 32)
+
+
 def generation_config(composed: dict, analysis_plan: dict, max_new_tokens: int | None) -> dict:
     """The :class:`~kvcert.generation.spec.GenerationSpec` mapping of one composed run."""
     method = dict(composed["method"])

@@ -13,7 +13,9 @@ task's kind or name:
   generated task);
 * ``default_length`` — ``kvcert run``'s prompt length when none is given (0: the data's own);
 * ``answer_tokens(task_cfg)`` — its answer budget where the config leaves it null (LongBench's
-  per data set), else None.
+  per data set), else None;
+* ``uses_chat(task_cfg)`` — whether its prompts go through the tokenizer's chat template (the
+  pre-flight refuses a model without one where they do).
 
 A synthetic task is registered under its name; a family (``longbench`` for every
 ``longbench_<dataset>``, ``locomo``) under its kind, and :func:`task_of` finds it from a
@@ -41,6 +43,10 @@ def _no_answer_budget(task_cfg: Mapping) -> int | None:
     return None
 
 
+def _chat(task_cfg: Mapping) -> bool:
+    return True
+
+
 @dataclass(frozen=True)
 class Task:
     """One task of the registry (see the module docstring).
@@ -60,6 +66,7 @@ class Task:
     scorer: Callable[[TaskRecord, str], float] | None = None
     check: Callable[[Mapping], list[str]] = _no_data
     answer_tokens: Callable[[Mapping], int | None] = _no_answer_budget
+    uses_chat: Callable[[Mapping], bool] = _chat
     prefix: str | None = None
 
     def build(self, task_cfg: Mapping, tokenizer: Any, length: int, examples: int, seed: int,
@@ -161,7 +168,8 @@ for _name, _generate, _metric in (("needle", needle.generate, metrics.string_mat
     register_task(_name, _generate, _metric)
 register_task(Task("longbench", "longbench", default_length=6144, loader=longbench.build_records,
                    scorer=longbench.score_longbench_record, check=longbench.check_config,
-                   answer_tokens=longbench.config_answer_tokens, prefix="longbench_"))
+                   answer_tokens=longbench.config_answer_tokens, uses_chat=longbench.config_uses_chat,
+                   prefix="longbench_"))
 register_task(Task("locomo", "locomo", default_length=0, loader=locomo.build_records,
                    scorer=locomo.score_locomo_record, check=locomo.check_config))
 register_task(Task("unscored", "free", metric=metrics.unscored))  # generate_answer's free question about a context

@@ -508,3 +508,9 @@ def config_answer_tokens(task_cfg: Mapping[str, Any]) -> int | None:
     """The official answer budget of the config's data set (``DATASET2MAXLEN``)."""
     dataset = task_cfg.get("dataset")
     return int(DATASET2MAXLEN[dataset]) if dataset in DATASET2MAXLEN else None
+
+
+def config_uses_chat(task_cfg: Mapping[str, Any]) -> bool:
+    """Whether the config's prompts go through the chat template (``pred.py``'s rule, or ``all``)."""
+    return (task_cfg.get("chat_template") or "official") == "all" or \
+        base_dataset(str(task_cfg.get("dataset"))) not in NO_CHAT_TEMPLATE_DATASETS
