@@ -309,7 +309,7 @@ rule score:
         "environment.yml"
     shell:
         "kvcert score {params.common} --verified {input.verified} {params.model_path} "
-        "--shards {input.shards} --out {output} > {log} 2>&1"
+        "--shards {input.shards} --out {output} 2>&1 | tee {log}"
 
 
 rule claims:
@@ -327,7 +327,7 @@ rule claims:
         "environment.yml"
     shell:
         "kvcert claims {params.common} --verified {input.verified} --scores {input.scores} "
-        "--replay {input.replay} --out {output} > {log} 2>&1"
+        "--replay {input.replay} --out {output} 2>&1 | tee {log}"
 
 
 rule report:
@@ -349,4 +349,4 @@ rule report:
         "environment.yml"
     shell:
         "kvcert report --verified {input.verified} --claims {input.claims} --scores {input.scores} "
-        "--replay {input.replay} --impossibility {input.impossibility} --out-dir {params.out_dir} > {log} 2>&1"
+        "--replay {input.replay} --impossibility {input.impossibility} --out-dir {params.out_dir} 2>&1 | tee {log}"

@@ -172,3 +172,27 @@ def test_inputs_from_another_preregistration_are_refused(run, tmp_path):
     stale = write_json({"prereg_hash": "1" * 64}, tmp_path / "verified.json")
     with pytest.raises(RecordRefused, match="rerun the claims step"):
         report_step(run["tmp"] / "claims.json", None, [], [], tmp_path / "r", verified_json=stale)
+
+
+def test_the_run_ends_with_every_verdict_its_caveat_and_the_report(tmp_path):
+    """The console's last words (the Snakefile's onsuccess): one line per claim beside the paper's verdict, the
+    run's caveat (a rehearsal's stand-ins, the embedded miniature), the report's paths."""
+    import json
+
+    from kvcert.analysis.report import caveat
+    from kvcert.pipeline.console import verdict_lines
+
+    assert verdict_lines(tmp_path) == [f"kvcert: no {tmp_path / 'summary.json'} yet (the report step has not run)"]
+    summary = {"experiment": "rehearsal", "prereg_hash": "ab" * 32, "caveat": caveat("rehearsal", {}),
+               "claims": {"C1": {"verdict": "holds", "statistic": "coverage", "value": 0.91, "ci": [0.9, 0.92],
+                                 "paper_verdict": "holds", "seed_stability": 1.0},
+                          "C8": {"verdict": "killed", "statistic": "coverage_robust_later", "value": None,
+                                 "ci": [None, None], "paper_verdict": None, "seed_stability": 0.95}}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "report.html").write_text("<html></html>")
+    lines = verdict_lines(tmp_path)
+    assert lines[1] == "  C1: holds         coverage = 0.910 [0.900, 0.920]; paper: holds; same verdict on 100 % of other bootstrap seeds"
+    assert lines[2].startswith("  C8: killed        coverage_robust_later = –; paper: none (beyond the paper)")
+    assert lines[3] == "kvcert: a rehearsal on stand-in models with random weights: its verdicts mean nothing"
+    assert lines[4] == f"kvcert: report {(tmp_path / 'report.html').resolve()}"
+    assert caveat("smoke", {"models": ["embedded"]}).startswith("a miniature") and caveat("paper", {"models": ["x"]}) is None

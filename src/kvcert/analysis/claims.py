@@ -900,9 +900,18 @@ def _breakdown(rows: pd.DataFrame, prepare: Callable, analysis_plan: Mapping) ->
 def evaluate_claims(
     claims_doc: Mapping, scores: pd.DataFrame | None, replay: pd.DataFrame | None, tasks: list[str] | None = None
 ) -> list[ClaimResult]:
-    """Every claim of a parsed ``claims.yaml``, in order."""
+    """Every claim of a parsed ``claims.yaml``, in order (progress on stderr: each claim's tests, placebos and
+    stability seeds are most of the step's time)."""
+    from ..progress import progress
+
     plan = claims_doc["analysis_plan"]
-    return [evaluate_claim(spec, plan, scores, replay, tasks) for spec in claims_doc["claims"]]
+    bar = progress(len(claims_doc["claims"]), "claims (tests, placebos, stability seeds)", unit="claims")
+    results = []
+    for spec in claims_doc["claims"]:
+        results.append(evaluate_claim(spec, plan, scores, replay, tasks))
+        bar.update(1)
+    bar.close()
+    return results
 
 
 def main_tasks(grid: Mapping | None) -> list[str] | None:

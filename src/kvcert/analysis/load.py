@@ -395,13 +395,22 @@ def load_shards(paths: Iterable[str | Path], plan: ScoringPlan, freeze: Freeze, 
     many worker processes; a refused record stops the whole load with its message.
     ``df.attrs["rescored"]`` lists the records whose stored score differed from their answer's.
     """
+    from ..progress import progress
+
     tasks = [(str(p), plan, freeze.prereg_hash, (expected or {}).get(str(p))) for p in paths]
     cols: dict[str, list] = {c: [] for c in SCORE_COLUMNS}
+    bar = progress(len(tasks), "score (check, rescore, flatten)", unit="shards")
+    parts = []
     if jobs > 1 and len(tasks) >= 2 * jobs:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            parts = list(pool.map(_load_one, tasks, chunksize=max(1, len(tasks) // (4 * jobs))))
+            for part in pool.map(_load_one, tasks, chunksize=max(1, len(tasks) // (4 * jobs))):
+                parts.append(part)
+                bar.update(1)
     else:
-        parts = [_load_one(t) for t in tasks]
+        for t in tasks:
+            parts.append(_load_one(t))
+            bar.update(1)
+    bar.close()
     rescored = []
     for part in parts:
         rescored += part["rescored"]

@@ -60,15 +60,17 @@ def stability_text(c: Mapping) -> str:
     return f"{100 * st['agree']:.0f} % of {st['seeds']} seeds"
 
 
-def claim_rows(claims: list[Mapping]) -> list[list[str]]:
-    """The claims table: one row per claim (its tests are in :func:`test_rows`)."""
+def claim_rows(claims: list[Mapping], stand_ins: bool = False) -> list[list[str]]:
+    """The claims table: one row per claim (its tests are in :func:`test_rows`); ``stand_ins`` (a rehearsal):
+    no agreement with the paper is claimed."""
     rows = []
     for c in claims:
         paper = c.get("paper") or {}
         statement = c["statement"] + (" (this project's claim, beyond the paper)" if c.get("beyond_paper") else "")
+        agree = "– (stand-ins)" if stand_ins else agreement(c["verdict"], paper.get("verdict"))
         rows.append([c["id"], statement, f"**{c['verdict']}**", placebo_text(c), stability_text(c),
                      str(paper.get("value") or "–"), str(paper.get("verdict") or "–"),
-                     agreement(c["verdict"], paper.get("verdict")), "; ".join(c.get("reasons") or [])])
+                     agree, "; ".join(c.get("reasons") or [])])
     return rows
 
 
@@ -195,6 +197,16 @@ def provenance_section(doc: Document, claims_doc: Mapping, scores: pd.DataFrame 
               [[r.condition, r.method, f"{r.budget:g}", r.n] for r in settings.itertuples()])
 
 
+def caveat(experiment: str | None, grid: Mapping) -> str | None:
+    """One line for a run that is not evidence about the paper's models (the banner's lead, ``summary.json``'s
+    ``caveat``, the console's last words); None for the paper profile."""
+    if experiment == "rehearsal":
+        return "a rehearsal on stand-in models with random weights: its verdicts mean nothing"
+    if "embedded" in (grid.get("models") or []):
+        return "a miniature (the embedded 2-layer model), not the paper's models: not evidence about them"
+    return None
+
+
 def banner(doc: Document, experiment: str | None, grid: Mapping) -> None:
     """What a run that is not the paper's says on its first screen."""
     if experiment == "rehearsal":
@@ -256,7 +268,7 @@ def build_report(
         "a claim whose tests pass while a placebo's pass too is **uninformative**, not held. Every verdict, "
         f"placebos included, is redone under {((claims[0].get('seed_stability') or {}).get('seeds') if claims else 0) or 'no'} "
         "other bootstrap seeds; the share that agrees is shown.")
-    doc.table(CLAIM_HEADER, claim_rows(claims))
+    doc.table(CLAIM_HEADER, claim_rows(claims, stand_ins=claims_doc.get("experiment") == "rehearsal"))
     doc.heading("Tests", 3)
     doc.table([h.replace("90 %", pct) for h in TEST_HEADER], test_rows(claims))
 

@@ -334,9 +334,12 @@ def run_summary(df) -> dict:
 def summary(doc: Mapping, df=None) -> dict:
     """The verdicts beside the paper's, in a few lines (machine-readable), with the run's counts, and each
     comparison signal's prediction and attribution AUC pooled over the main grid (``signal_auc``)."""
+    from .report import caveat
+
     return {
         "experiment": doc.get("experiment"), "prereg_hash": doc["provenance"]["prereg_hash"],
         "frozen_utc": doc["provenance"].get("frozen_utc"),
+        "caveat": caveat(doc.get("experiment"), doc.get("grid") or {}),
         **run_summary(df),
         "claims": {c["id"]: {"verdict": c["verdict"], "statistic": c["statistic"], "value": c["value"], "ci": c["ci"],
                              "paper_value": c["paper"].get("value"), "paper_verdict": c["paper"].get("verdict"),

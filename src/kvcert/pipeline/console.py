@@ -28,6 +28,8 @@ def verdict_lines(out_dir: str | Path) -> list[str]:
         stable = c.get("seed_stability")
         stable = "" if stable is None else f"; same verdict on {100 * stable:.0f} % of other bootstrap seeds"
         lines.append(f"  {cid}: {c['verdict']:<13} {c.get('statistic')} = {number}; paper: {paper}{stable}")
+    if doc.get("caveat"):
+        lines.append(f"kvcert: {doc['caveat']}")
     for name in ("report.html", "report.md"):
         if (out / name).exists():
             lines.append(f"kvcert: report {(out / name).resolve()}")
