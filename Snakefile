@@ -20,8 +20,8 @@ from snakemake.utils import min_version, validate
 
 from kvcert.pipeline.check import preflight, profile_from_argv
 from kvcert.pipeline.config import check_pipeline_config, experiment_grid
-from kvcert.pipeline.compose import compose_config
-from kvcert.pipeline.digest import DigestCache, config_digest, job_config_files, model_digest
+from kvcert.pipeline.digest import DigestCache, model_digest
+from kvcert.pipeline.jobs import config_file, data_config_hash, shard_config_hash
 from kvcert.prereg import PreregError, verify
 from kvcert.pipeline.plan import build_plan, shard_minutes
 
@@ -64,7 +64,8 @@ if workflow.is_main_process:  # not again inside each cluster job
     PROFILE = profile_from_argv(sys.argv)
     if PROFILE and not Path(PROFILE).exists() and (Path(workflow.basedir) / "profiles" / PROFILE).exists():
         PROFILE = str(Path(workflow.basedir) / "profiles" / PROFILE)
-    PROBLEMS = preflight(EXP, PREREG, CONFIGS, PROFILE, results=config["results"])
+    PROBLEMS = preflight(EXP, PREREG, CONFIGS, PROFILE, results=config["results"],
+                         model_paths={"embedded": f"{config['results']}/{EXP}/model/embedded"} if config["retrain_model"] else None)
     if PROBLEMS:
         raise WorkflowError("\n".join(PROBLEMS + [
             f"{len(PROBLEMS)} problem(s) found before any job ran; `kvcert check --experiment {EXP}"
@@ -85,19 +86,26 @@ REPLAYS = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.parquet" for r in PLAN.r
 IMPOSSIBILITY = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.impossibility.json" for r in PLAN.replays]
 
 
-def configs_of(wildcards):
-    """Digest of the config files a manifest / generate / replay job composes."""
-    if "cell" in wildcards.keys():
-        runs = PLAN.shard(wildcards.model, wildcards.cell, wildcards.task, int(wildcards.length),
-                          int(wildcards.index)).runs
-        methods = {r.method for r in runs if r.condition != "full"}
-        budgets = {r.budget for r in runs}
-    else:
-        methods = {PLAN.grid["replay"]["method"]} if "replay" in PLAN.grid else set()
-        budgets = set()
-    files = job_config_files(EXP, wildcards.model, wildcards.task, methods, budgets)
-    return config_digest(CONFIGS, files)
+JOB_CACHE = {}
 
+
+def configs_of(wildcards):
+    """What a generate job's records depend on in the configs: its shard config hash (the hash of the
+    config hashes its records carry; kvcert.pipeline.jobs)."""
+    shard = PLAN.shard(wildcards.model, wildcards.cell, wildcards.task, int(wildcards.length),
+                       int(wildcards.index))
+    return shard_config_hash(EXP, shard, CONFIGS, PREREG, TRAINED if RETRAIN and shard.model == "embedded" else None,
+                             JOB_CACHE)
+
+
+def data_of(wildcards):
+    """What a manifest job reads from the configs: the model's (its tokenizer) and the task's."""
+    return data_config_hash(CONFIGS, wildcards.model, wildcards.task)
+
+
+def replay_of(wildcards):
+    """What a replay job reads from the configs: the model's, the task's and the replay's method."""
+    return data_config_hash(CONFIGS, wildcards.model, wildcards.task, method=PLAN.grid["replay"]["method"])
 
 
 MODEL_DIGESTS = {}
@@ -111,7 +119,7 @@ def model_of(wildcards):
     if RETRAIN and wildcards.model == "embedded":
         return "retrained"
     if wildcards.model not in MODEL_DIGESTS:
-        path = compose_config([f"experiment={EXP}", f"model={wildcards.model}"], CONFIGS)["model"]["path"]
+        path = config_file(CONFIGS, "model", wildcards.model)["path"]
         MODEL_DIGESTS[wildcards.model] = model_digest(str(path), DIGEST_CACHE)
     return MODEL_DIGESTS[wildcards.model]
 
@@ -213,7 +221,7 @@ rule manifest:
     params:
         common=COMMON,
         model_path=model_path_flag,
-        configs=configs_of,
+        configs=data_of,
         model=model_of,
     conda:
         "environment.yml"
@@ -233,7 +241,8 @@ rule replay_manifest:
     params:
         common=COMMON,
         model_path=model_path_flag,
-        configs=configs_of,
+        configs=data_of,
+        model=model_of,
     conda:
         "environment.yml"
     shell:
@@ -254,7 +263,7 @@ rule replay:
     params:
         common=COMMON,
         model_path=model_path_flag,
-        configs=configs_of,
+        configs=replay_of,
         model=model_of,
     threads: EXP_CFG["threads_per_job"]
     resources:

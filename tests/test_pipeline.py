@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcert.pipeline.compose import compose_config, generation_config, run_overrides, analysis_plan
+from kvcert.pipeline.compose import compose_config, generation_config, analysis_plan
 from kvcert.pipeline.config import PipelineConfigError, check_pipeline_config
 from kvcert.pipeline.plan import Run, build_plan, load_grid
 from kvcert.prereg import PreregError, freeze, verify
@@ -153,15 +153,40 @@ def test_config_errors_are_one_line(config, match):
     assert out.returncode != 0 and re.search(match, out.stdout + out.stderr)
 
 
-def test_composed_run_config_takes_design_from_prereg():
+def test_a_job_config_takes_the_design_from_the_prereg():
+    from kvcert.pipeline.jobs import run_config
+
     run = Run("streaming", "snapkv-poisson", 0.125, 0, 64)
-    composed = compose_config(run_overrides("smoke", "embedded", "multiturn", run))
-    cfg = generation_config(composed, analysis_plan(REPO / "preregistration"), None)
+    cfg = run_config(REPO / "configs", "embedded", "multiturn", run, analysis_plan(REPO / "preregistration"))
     assert cfg["budget"] == 0.125 and cfg["condition"] == "streaming" and cfg["chunk_tokens"] == 64
     assert cfg["method"]["design"] == {"sinks": 4, "window": 32, "top_fraction": 0.25, "floor": 0.1}
     assert cfg["certificate"]["delta"] == 0.1
-    with pytest.raises(ValueError, match="config"):
+    with pytest.raises(ValueError, match="method=no-such-method"):
         compose_config(["method=no-such-method"])
+
+
+@pytest.mark.parametrize("experiment", ["smoke", "rehearsal", "paper"])
+def test_the_typed_jobs_equal_hydras_composition_of_every_run(experiment):
+    """The pipeline's jobs read the config files directly (kvcert.pipeline.jobs); hydra composes them for
+    kvcert run. For every run of one shard per cell and task of each experiment, the two give the same
+    generation config, so the records' config hashes do not depend on the path."""
+    from kvcert.pipeline.config import experiment_grid
+    from kvcert.pipeline.jobs import run_config
+
+    configs, prereg = REPO / "configs", REPO / "preregistration"
+    plan_ = analysis_plan(prereg)
+    shards = build_plan(experiment, experiment_grid(experiment, configs, prereg)[1]).shards
+    seen = set()
+    for shard in shards:
+        if (shard.cell, shard.task) in seen:
+            continue
+        seen.add((shard.cell, shard.task))
+        for run in shard.runs[:: 3 if experiment == "paper" else 1]:
+            overrides = [f"experiment={experiment}", f"model={shard.model}", f"task={shard.task}",
+                         f"method={run.method}", f"condition={run.condition}", f"seed={run.seed}",
+                         f"budget={run.budget}"] + ([f"chunk_tokens={run.chunk_tokens}"] if run.chunk_tokens else [])
+            composed = generation_config(compose_config(overrides, configs), plan_, None)
+            assert run_config(configs, shard.model, shard.task, run, plan_) == composed, (shard.path, run)
 
 
 def test_freeze_verify_and_amend(tmp_path):

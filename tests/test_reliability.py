@@ -124,7 +124,7 @@ def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, t
     results = tmp_path / "results" / "smoke"
     manifest = results / shard.manifest
     write_jsonl([TaskRecord(id=f"{shard.task}-{i}", task=shard.task, context="c", question="q", answers=["x"],
-                            metadata={"target_tokens": shard.length}) for i in range(shard.stop)], manifest)
+                            metadata={"target_tokens": shard.length, "depth": 50}) for i in range(shard.stop)], manifest)
     expected = planned_records("smoke", shard, manifest, configs, folder)
     assert len(expected) == shard.generations
     records = [make_record(key[3], model=key[0], task=key[1], target_tokens=key[2], prereg_hash=fr.prereg_hash,
@@ -134,6 +134,15 @@ def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, t
     plans = planned_shards([path], "smoke", folder, configs)
     df, prov = score_shards([path], folder, expected=plans)
     assert len(df) == shard.generations and prov["plan_checked"]
+
+    # the references a score is derived from are the manifest's: an answer and its references edited
+    # together (the seal recomputed) are refused, not scored as correct
+    forged = [dict(r, answer="totally wrong", answers=["totally wrong"]) if i == 1 else r for i, r in enumerate(records)]
+    reseal(path, forged)
+    with pytest.raises(RecordRefused, match=r"shard000\.jsonl:2: record .*: its reference answers differ from the "
+                                             r"manifest's \(.*512\.jsonl\), which its score is derived from"):
+        score_shards([path], folder, expected=planned_shards([path], "smoke", folder, configs))
+    reseal(path, records)
 
     model = configs / "model" / "embedded.yaml"
     model.write_text(model.read_text().replace("dtype: float32", "dtype: bfloat16"))

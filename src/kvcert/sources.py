@@ -76,7 +76,8 @@ def missing(what: str, path: str, expected: str) -> SourceError:
         value = os.environ.get(variable)
         now = f"now {value}" if value else "unset here"
         hint = f"; the shipped configs read {variable} ({holds}; {now})"
-    looks_like_id = path.count("/") == 1 and not path.startswith((".", "/", "~")) and not os.path.exists(os.path.dirname(path))
+    looks_like_id = not hint and path.count("/") == 1 and not path.startswith((".", "/", "~")) \
+        and not os.path.exists(os.path.dirname(path))
     hub = f"; a Hub id is written {HUB_PREFIX}{path if looks_like_id else 'owner/name'}" \
         if what in HUB_SOURCES and (looks_like_id or hint) else ""
     return SourceError(f"{what}: {path} {expected}{hint}{hub}")

@@ -108,10 +108,14 @@ def _key_text(key: tuple) -> str:
 class PlannedShard:
     """What the plan puts in one shard: {:func:`generation_key`: the config hash its job composes now}.
 
-    ``configs`` names where the hashes come from (for the message)."""
+    ``configs`` names where the hashes come from (for the message); ``references`` {example id: (reference
+    answers, metadata)} are the manifest's (``manifest``), which a record's score is derived from: a record
+    whose own differ is refused."""
 
     records: Mapping[tuple, str]
     configs: str = "the experiment's configs"
+    references: Mapping[str, tuple] | None = None
+    manifest: str = "the manifest"
 
     def check(self, shard: Path, records: list[dict]) -> None:
         """Refuse a record the plan does not put in ``shard``, one made under another config, and a
@@ -130,6 +134,13 @@ class PlannedShard:
                     f"{shard}:{number}: config_hash {record['config_hash']} differs from {self.records[key]}, the "
                     f"hash of the config its job composes now ({self.configs}): the shard was made under other "
                     f"configs (or edited); {fix} (or restore the configs)")
+            if self.references is not None:
+                answers, metadata = self.references[record["example_id"]]
+                if list(record["answers"]) != answers or dict(record["metadata"]) != metadata:
+                    what = "answers" if list(record["answers"]) != answers else "metadata"
+                    raise RecordRefused(
+                        f"{shard}:{number}: record {_key_text(key)}: its reference {what} differ from the "
+                        f"manifest's ({self.manifest}), which its score is derived from: it was edited; {fix}")
             seen.add(key)
         missing = [k for k in self.records if k not in seen]
         if missing:

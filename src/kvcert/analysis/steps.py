@@ -70,7 +70,7 @@ def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | 
     the plan's relative shard path; the examples from the manifest beside them, the config
     hashes from the configs composed now, ``model_paths`` {model: path} overriding a model's
     path as ``kvcert shard --model-path`` does); a shard the plan does not know is refused."""
-    from ..pipeline.jobs import planned_records
+    from ..pipeline.jobs import manifest_references, planned_records
     from ..pipeline.plan import build_plan
 
     configs = resolve_configs(configs)
@@ -89,10 +89,11 @@ def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | 
         try:
             records = planned_records(experiment, shard, manifest, configs, prereg,
                                       (model_paths or {}).get(shard.model), cache)
+            references = manifest_references(manifest, shard, cache)
         except ValueError as exc:
             raise RecordRefused(f"{path}: {exc}") from None
         out[str(path)] = PlannedShard(records, f"{configs}, experiment {experiment}, model {shard.model}, task "
-                                               f"{shard.task}")
+                                               f"{shard.task}", references, str(manifest))
     return out
 
 

@@ -131,6 +131,37 @@ def check_results(results: str | Path) -> list[str]:
     return []
 
 
+def check_finished_shards(experiment: str, plan, prereg: str | Path, configs: Path, results: str | Path,
+                          model_paths: dict | None = None) -> list[str]:
+    """Finished shards (``<results>/<experiment>/generations/...``) whose records were made under another config
+    than their job composes now: one line per shard naming both hashes and the remedy. Snakemake reruns such a job
+    itself when its metadata knows the shard; this catches results copied into a fresh clone or shared with
+    ``--config results=…``, which it would otherwise leave standing."""
+    import json
+
+    from ..provenance import config_hash
+    from .jobs import shard_specs
+
+    problems, cache = [], {}
+    for shard in plan.shards:
+        path = Path(results) / experiment / shard.path
+        if not path.is_file():
+            continue
+        with open(path, encoding="utf-8") as fh:
+            first = fh.readline()
+        try:
+            made = json.loads(first).get("config_hash") if first.strip() else None
+        except ValueError:
+            continue  # a damaged shard: scoring names it
+        specs = shard_specs(experiment, shard, configs, prereg, (model_paths or {}).get(shard.model), cache)
+        planned = sorted({config_hash(s.to_dict()) for s in specs})
+        if made is not None and made not in planned:
+            problems.append(f"{path}: made under config {made}, but its job composes {planned[0]}"
+                            f"{' (and others)' if len(planned) > 1 else ''} now (a model, task or method config "
+                            "changed since): delete the shard and its seal to regenerate it, or restore the configs")
+    return problems
+
+
 def _uses_chat(task_cfg: dict) -> bool:
     from ..tasks import task_for_config
 
@@ -224,11 +255,13 @@ def cluster_gpu_types() -> set[str] | None:
 
 
 def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str | Path | None = None,
-              forward: bool = False, results: str | Path | None = None) -> list[str]:
+              forward: bool = False, results: str | Path | None = None, model_paths: dict | None = None) -> list[str]:
     """Every problem of ``experiment`` that would stop a run, one line each (``forward``: also run one
-    token per model; ``results``: the results folder, checked writable)."""
+    token per model; ``results``: the results folder, checked writable, and its finished shards checked
+    against the configs now, :func:`check_finished_shards`; ``model_paths`` {model: path} as the jobs are
+    given them, a retrained embedded model)."""
     from ..prereg import PreregError, verify
-    from .compose import compose_config, task_answer_tokens
+    from .jobs import config_file, task_answer_tokens
     from .config import experiment_grid
     from .plan import build_plan
 
@@ -240,12 +273,11 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
     plan = build_plan(experiment, experiment_grid(experiment, configs, prereg)[1])
     models = sorted({m.model for m in plan.manifests + plan.replays})
     tasks = sorted({m.task for m in plan.manifests + plan.replays})
-    task_cfgs = {task: compose_config([f"experiment={experiment}", f"task={task}"], configs)["task"]
-                 for task in tasks}
+    task_cfgs = {task: config_file(configs, "task", task) for task in tasks}
     for task, cfg in task_cfgs.items():
         problems += check_task(cfg)
     for model in models:
-        cfg = compose_config([f"experiment={experiment}", f"model={model}"], configs)["model"]
+        cfg = config_file(configs, "model", model)
         cells = [(m.task, m.length) for m in plan.manifests + plan.replays if m.model == model]
         chat = any(_uses_chat(task_cfgs[t]) for t, _ in cells)
         needs = [(length + task_answer_tokens(configs, t), f"task {t} at {length} tokens with its answer")
@@ -258,6 +290,7 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
         problems += check_profile(profile)
     if results is not None:
         problems += check_results(results)
+        problems += check_finished_shards(experiment, plan, prereg, configs, results, model_paths)
     return problems
 
 

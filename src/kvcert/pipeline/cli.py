@@ -1,8 +1,8 @@
 """Pipeline commands: ``kvcert plan``, ``kvcert check``, ``kvcert manifest``, ``kvcert shard``.
 
 The Snakefile runs ``kvcert manifest`` and ``kvcert shard`` for its jobs; both look
-their job up in the plan of the experiment's pre-registered grid and compose the run
-configs with hydra (:mod:`kvcert.pipeline.compose`).
+their job up in the plan of the experiment's pre-registered grid, whose runs become
+generation specs straight from the config files (:mod:`kvcert.pipeline.jobs`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..paths import configs_dir, prereg_dir
-from .compose import compose_config, model_setting, task_answer_tokens
+from .compose import model_setting
+from .jobs import task_answer_tokens
 from .config import experiment_grid
 from .plan import build_plan, fork_factor, gpu_hours, seconds_per
 
@@ -103,16 +104,18 @@ def check_command(args) -> int:
 
 
 def manifest_command(args) -> int:
+    from .jobs import config_file
     from .manifest import build_records, load_tokenizer, write_manifest
 
     config_dir = _folders(args)
     _, plan = _experiment(args)
     item = plan.manifest(args.model, args.task, args.length, args.set)
-    composed = compose_config([f"experiment={args.experiment}", f"model={args.model}", f"task={args.task}"], config_dir)
+    model = config_file(config_dir, "model", args.model)
     if args.model_path:
-        composed["model"]["path"] = args.model_path
-    tokenizer = load_tokenizer(composed["model"])
-    records = build_records(composed["task"], tokenizer, item.length, item.examples, item.seed, item.sample)
+        model["path"] = args.model_path
+    tokenizer = load_tokenizer(model)
+    records = build_records(config_file(config_dir, "task", args.task), tokenizer, item.length, item.examples,
+                            item.seed, item.sample)
     if len(records) < item.examples:
         raise ValueError(f"task {args.task}: only {len(records)} examples, the grid asks for {item.examples}")
     write_manifest(records, args.out)

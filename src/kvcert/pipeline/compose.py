@@ -1,13 +1,15 @@
-"""Hydra composition of one run's generation config.
+"""A run's generation config: hydra composition for ``kvcert run``'s overrides, and the one mapping
+from a composed config to a generation config that the pipeline's typed jobs share.
 
-Each run of a shard composes ``configs/config.yaml`` with overrides derived from the
-Snakemake wildcards — ``experiment=…, model=…, task=…, method=…, budget=…,
-condition=…, seed=…`` — through hydra's compose API with an absolute config
-directory (no working-directory change, no output folders). The retention design
-and the certificate level δ are then taken from the frozen pre-registration's
-analysis plan, so generation and analysis cannot disagree about them; a method config
-that names ``design`` keys itself (the kvpress-matched ones, outside the
-pre-registration) overrides those keys only.
+:func:`compose_config` composes ``configs/config.yaml`` with overrides (``model=…, task=…,
+method=…, condition=…, seed=…`` and dotted keys) through hydra's compose API with an absolute
+config directory (no working-directory change, no output folders); a group option that does not
+exist is refused with its group's options, and a method name without a file is read by the method
+grammar (:mod:`kvcert.methods`). :func:`generation_config` turns a composed config (or the pipeline's
+own reading of the same files, :mod:`kvcert.pipeline.jobs`) into a generation config: the retention
+design and the certificate level δ are taken from the frozen pre-registration's analysis plan, so
+generation and analysis cannot disagree about them; a method config that names ``design`` keys
+itself (the kvpress-matched ones, outside the pre-registration) overrides those keys only.
 """
 
 from __future__ import annotations
@@ -17,21 +19,6 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..paths import configs_dir
-from .plan import Run
-
-
-def budget_option(budget: float) -> str:
-    return "full" if float(budget) == 1.0 else f"b{float(budget):g}"
-
-
-def run_overrides(experiment: str, model: str, task: str, run: Run) -> list[str]:
-    overrides = [
-        f"experiment={experiment}", f"model={model}", f"task={task}", f"method={run.method}",
-        f"budget={budget_option(run.budget)}", f"condition={run.condition}", f"seed={run.seed}",
-    ]
-    if run.chunk_tokens is not None:
-        overrides.append(f"chunk_tokens={run.chunk_tokens}")
-    return overrides
 
 
 def model_setting(config_dir: Path, name: str) -> dict:
@@ -41,7 +28,7 @@ def model_setting(config_dir: Path, name: str) -> dict:
 
 
 #: the config groups a run composes (configs/<group>/<option>.yaml)
-GROUPS = ("experiment", "model", "task", "method", "budget")
+GROUPS = ("experiment", "model", "task", "method")
 
 
 def check_group_options(overrides: list[str], config_dir: Path) -> None:
@@ -108,20 +95,6 @@ def answer_tokens(task: dict, max_new_tokens: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"task.max_new_tokens={value}: must be an integer >= 1 (or null: the task's default)")
     return value
-
-
-def task_answer_tokens(config_dir: Path, task: str) -> int:
-    """A task's answer budget from its config file: ``max_new_tokens``, else its task's where that is null
-    (LongBench's dataset2maxlen), else 32 (:func:`answer_tokens`'s fallback)."""
-    import yaml
-
-    from ..tasks import task_for_config
-
-    path = Path(config_dir) / "task" / f"{task}.yaml"
-    cfg = yaml.safe_load(path.read_text()) if path.exists() else {}
-    if cfg.get("max_new_tokens"):
-        return int(cfg["max_new_tokens"])
-    return int((task_for_config(cfg).answer_tokens(cfg) if cfg else None) or 32)
 
 
 def generation_config(composed: dict, analysis_plan: dict, max_new_tokens: int | None) -> dict:

@@ -7,22 +7,24 @@ place. So the Snakefile gives each job, as params, the digests of what it depend
 
 - the pre-registration hash of the newest freeze (:func:`kvcert.prereg.verify`): the
   same after an edit is restored, new after an amendment;
-- :func:`config_digest` of the hydra config files the job composes (its model, task,
-  methods, budgets, the experiment and the primary config), by content: a comment or
-  key order changes nothing, a changed ``path``, ``dtype`` or ``max_new_tokens`` reruns
-  the jobs that read it, and no others;
+- the config hash its records carry (:func:`kvcert.pipeline.jobs.shard_config_hash`: the
+  typed specs of a generate job's runs) and, for a manifest or replay job, the hash of the
+  model and task configs it reads (:func:`kvcert.pipeline.jobs.data_config_hash`): a
+  changed ``path``, ``dtype`` or ``max_new_tokens`` reruns the jobs whose records would
+  change, a comment, key order or a planning estimate reruns nothing;
 - :func:`model_digest` of the model folder a manifest / generate / replay job loads:
   every file's name, size and SHA-256 (the safetensors headers and weights included),
   so weights replaced in place rerun the jobs of that model and a copy of the folder
   (new paths, new times, the same bytes) reruns nothing. A file is read whole only when
   it is new to the digest cache or its size, inode or status-change time changed
   (:class:`DigestCache`; every write, and every time set back, changes the status-change
-  time); otherwise its recorded SHA-256 is used, so a 16 GB folder is
-  read once, not at every workflow start. The digest itself holds no time.
+  time); otherwise its recorded SHA-256 is used, so a 16 GB folder is read once (a cold
+  start of the paper profile reads every model's weights once: minutes), not at every
+  workflow start. The digest itself holds no time.
 
 Inputs over Snakemake's checksum limit (1 MB by default) would be compared by file time
-(a restored shard, a touched manifest); the Snakefile raises that limit so that its own
-recorded checksums decide.
+(a restored shard, a touched manifest); the default profile raises that limit so that its
+own recorded checksums decide.
 """
 
 from __future__ import annotations
@@ -30,38 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
-
-import yaml
-
-from .compose import budget_option
-
-
-@lru_cache(maxsize=None)
-def _file_digest(path: str, mtime_ns: int) -> str:
-    data = yaml.safe_load(Path(path).read_text()) if Path(path).exists() else None
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def config_digest(configs: Path, files: Iterable[str]) -> str:
-    """SHA-256 (16 hex digits) of the parsed content of ``files`` (relative to ``configs``)."""
-    parts = []
-    for name in sorted(set(files)):
-        path = Path(configs) / name
-        stamp = path.stat().st_mtime_ns if path.exists() else 0
-        parts.append(f"{name}:{_file_digest(str(path), stamp)}")
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-
-
-def job_config_files(experiment: str, model: str, task: str, methods: Iterable[str] = (),
-                     budgets: Iterable[float] = ()) -> list[str]:
-    """The config files one job composes (see :mod:`kvcert.pipeline.compose`)."""
-    files = ["config.yaml", f"experiment/{experiment}.yaml", f"model/{model}.yaml", f"task/{task}.yaml"]
-    files += [f"method/{m}.yaml" for m in methods]
-    files += [f"budget/{budget_option(b)}.yaml" for b in budgets]
-    return files
 
 
 class DigestCache:

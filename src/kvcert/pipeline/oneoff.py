@@ -319,7 +319,7 @@ def run_command(args) -> int:
     from .manifest import build_records, load_tokenizer
 
     configs = resolve_configs(args.configs)
-    if args.list:
+    if getattr(args, "list", False):
         print(listing(configs))
         return 0
     prereg = resolve_prereg(args.prereg)

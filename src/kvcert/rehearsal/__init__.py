@@ -56,7 +56,7 @@ class Sources:
 
 def _grid_needs(experiment: str, configs: Path | None, prereg: Path | None):
     from ..paths import configs_dir, prereg_dir
-    from ..pipeline.compose import compose_config
+    from ..pipeline.jobs import config_file
     from ..pipeline.config import experiment_grid
     from ..pipeline.plan import build_plan
 
@@ -65,7 +65,7 @@ def _grid_needs(experiment: str, configs: Path | None, prereg: Path | None):
     plan = build_plan(experiment, experiment_grid(experiment, configs, prereg)[1])
     tasks: dict[str, dict] = {}
     for item in plan.manifests + plan.replays:
-        cfg = compose_config([f"experiment={experiment}", f"task={item.task}"], configs)["task"]
+        cfg = config_file(configs, "task", item.task)
         entry = tasks.setdefault(item.task, {"cfg": cfg, "examples": 0, "length": 0})
         entry["examples"] = max(entry["examples"], item.examples)
         entry["length"] = max(entry["length"], item.length)
