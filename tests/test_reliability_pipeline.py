@@ -1,8 +1,8 @@
 """Reruns follow content, not file times or paths, through the real Snakefile (slow).
 
 One finished run of a small grid in a copy of the checkout whose embedded model is a copy
-of the shipped one: needle at 512 tokens, 460 examples under the full cache and one
-Poisson setting, 4-token answers — a manifest and a 920-record shard each over 1 MB, above
+of the shipped one: needle at 512 tokens, 600 examples under the full cache and one
+Poisson setting, 4-token answers — a manifest and a 1,200-record shard each over 1 MB, above
 Snakemake's default checksum limit, so their file times would decide.
 Then, each time with a dry run (``-n``):
 
@@ -32,7 +32,7 @@ experiment: smoke
 models: [embedded]
 lengths: [512]
 tasks:
-  needle: {examples: 460, seed: 1000}
+  needle: {examples: 600, seed: 1000}
 conditions: [aware]
 budgets: [0.25]
 methods: [snapkv-poisson]
