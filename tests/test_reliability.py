@@ -231,8 +231,15 @@ def test_nan_weights_are_refused_in_one_line_naming_the_folder(tiny_dir, tmp_pat
     from kvcert.models import ModelSpec, load_model
     from kvcert.tasks import generate as generate_task
 
+    from kvcert.models import BrokenModelError
+
     broken = nan_copy(tiny_dir, tmp_path / "nan")
-    model, tokenizer = load_model(ModelSpec(name="nan", path=str(broken)))
+    with pytest.raises(BrokenModelError, match=rf"model {re.escape(str(broken))}: weight .*down_proj.weight holds NaN"):
+        load_model(ModelSpec(name="nan", path=str(broken)))  # refused as it loads
+    # weights that break after loading (or overflow in their dtype): the engine's own checks
+    model, tokenizer = load_model(ModelSpec(name="nan", path=str(tiny_dir)))
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if "mlp.down_proj" in n)[0, 0] = float("nan")
     record = generate_task("needle", tokenizer, n_examples=1, target_tokens=200, seed=1)[0]
 
     def spec(**kw):
@@ -256,6 +263,11 @@ def test_check_runs_one_token_and_refuses_nan_logits(tiny_dir, tmp_path):
     broken = nan_copy(tiny_dir, tmp_path / "nan")
     problems = check_forward("tiny", {"name": "tiny", "path": str(broken), "dtype": "float32", "device": "cpu"})
     assert len(problems) == 1 and str(broken) in problems[0] and "NaN" in problems[0]
+    # NaN in a query projection: PyTorch's CPU attention can swallow it into finite (wrong) outputs, so the
+    # weights themselves are checked when the model loads
+    query = nan_copy(tiny_dir, tmp_path / "nan-q", name="self_attn.q_proj")
+    [problem] = check_forward("tiny", {"name": "tiny", "path": str(query), "dtype": "float32", "device": "cpu"})
+    assert problem.startswith(f"model tiny: {query}: weight model.layers.") and "q_proj.weight holds NaN" in problem
 
 
 def test_check_refuses_what_every_job_would_refuse(tiny_dir, tmp_path):

@@ -75,8 +75,14 @@ def pick_device(device: str) -> torch.device:
     return picked
 
 
+class BrokenModelError(ValueError):
+    """A checkpoint that loads but cannot be right (a weight holding NaN or ±inf): nothing may run on it."""
+
+
 def load_model(spec: ModelSpec):
-    """(model, tokenizer) in eval mode, with kvcert attention enabled."""
+    """(model, tokenizer) in eval mode, with kvcert attention enabled. A folder that does not load, and weights
+    holding NaN or ±inf (which attention kernels can swallow into finite, wrong outputs), are refused in one
+    line naming the folder."""
     import sys
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -98,6 +104,15 @@ def load_model(spec: ModelSpec):
             f"model.path: could not load {spec.path!r} ({first}); "
             "give a complete local model directory (config, weights, tokenizer)"
         ) from exc
+    except Exception as exc:  # a damaged weights file (safetensors), a config the library refuses
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise BrokenModelError(f"model.path: {spec.path} does not load ({type(exc).__name__}: {first}); its files "
+                               "are damaged or incomplete: copy the checkpoint again") from None
     model.to(device).eval()
+    with torch.no_grad():
+        bad = next((name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())), None)
+    if bad is not None:
+        raise BrokenModelError(f"model {path}: weight {bad} holds NaN or ±inf; its weights are broken: replace "
+                               "the weights in that folder")
     enable_certified_attention(model)
     return model, tokenizer

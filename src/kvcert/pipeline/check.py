@@ -89,7 +89,7 @@ def check_forward(name: str, cfg: dict) -> list[str]:
 
     from ..cache import CertifiedCache
     from ..generation.engine import model_folder_label
-    from ..models import ModelSpec, load_model
+    from ..models import BrokenModelError, ModelSpec, load_model
 
     spec = ModelSpec(**{k: cfg[k] for k in ("name", "path", "dtype", "device") if k in cfg})
     if spec.device.startswith("cuda") and not torch.cuda.is_available():
@@ -101,6 +101,8 @@ def check_forward(name: str, cfg: dict) -> list[str]:
             x = torch.tensor([[token]], dtype=torch.long, device=next(model.parameters()).device)
             logits = model(input_ids=x, cache=CertifiedCache(record_certificates=False), use_cache=True,
                            logits_to_keep=1).logits
+    except BrokenModelError as exc:
+        return [f"model {name}: {str(exc).removeprefix('model ')}"]
     except (OSError, ValueError, RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return [f"model {name}: {spec.path} does not run one token ({type(exc).__name__}: {first})"]
