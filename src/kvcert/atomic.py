@@ -3,9 +3,9 @@
 Every output kvcert writes (scores, claims, summary, report, tables, figures, freeze
 records, seals, manifests) goes through :func:`atomic_path`: the writer fills a
 temporary file beside the target, flushed to disk, and :func:`os.replace` renames it
-over the target in one step (POSIX rename is atomic within a file system). A writer
-killed half-way leaves the target as it was and a ``.tmp`` file that the next write
-replaces.
+over the target in one step (POSIX rename is atomic within a file system). A writer that
+fails removes its temporary file; one killed outright (SIGKILL) leaves the target as it was
+and a hidden ``.<name>.<pid>.tmp<suffix>`` beside it, which nothing reads (delete it at will).
 
 The bottom of the package, like :mod:`kvcert.provenance`: every stage may import it.
 """

@@ -97,16 +97,23 @@ def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | 
     return out
 
 
-#: the outputs made from the scores, in the order the steps make them
-DOWNSTREAM = ("claims.json", "report.md", "report.html", "summary.json")
+#: the outputs made from the scores, in the order the steps make them (the report's tables and
+#: figures with it: a report killed half-way leaves none of the previous run's beside the new claims)
+DOWNSTREAM = ("claims.json", "report.md", "report.html", "summary.json", "failure_labels.csv", "replay_cells.csv",
+              "generations_per_cell.csv", "figures")
 
 
 def remove_stale(folder: Path, names: Sequence[str], why: str) -> None:
     """Remove earlier outputs that the step about to run makes stale (a run killed half-way then
-    leaves nothing that disagrees with the new files)."""
+    leaves nothing that disagrees with the new files); a folder (``figures``) goes with its files."""
+    import shutil
+
     for name in names:
         stale = folder / name
-        if stale.exists():
+        if stale.is_dir():
+            shutil.rmtree(stale)
+            print(f"{stale}/: removed ({why})")
+        elif stale.exists():
             stale.unlink()
             print(f"{stale}: removed ({why})")
 
