@@ -126,3 +126,29 @@ def test_kvcert_run_with_a_kvpress_scorer_certifies(tmp_path):
     row = [json.loads(line) for line in (out / "generations" / "needle.jsonl").read_text().splitlines()][-1]
     assert row["scorer"] == "kvpress:SnapKVPress" and row["certificate_status"] == "certified"
 
+
+
+#: kvpress ScorerPresses a name alone cannot make a kvcert scorer of: trained weights from the Hub
+#: (QFilterPress, KVzapPress, ExpectedAttentionStatsPress: they load them in their model setup), a press
+#: that wraps another (CriticalKVPress), attention weights (ObservedAttentionPress: eager attention)
+NOT_BY_NAME = {"QFilterPress", "KVzapPress", "ExpectedAttentionStatsPress", "CriticalKVPress", "ObservedAttentionPress"}
+SCORER_PRESSES = sorted(n for n in dir(kvpress) if isinstance(getattr(kvpress, n), type)
+                        and issubclass(getattr(kvpress, n), kvpress.ScorerPress) and n != "ScorerPress")
+
+
+@pytest.mark.parametrize("name", [n for n in SCORER_PRESSES if n not in NOT_BY_NAME])
+def test_every_scorer_press_by_name_is_a_certified_kvcert_scorer(model, name):  # noqa: F811
+    """Every kvpress ScorerPress but NOT_BY_NAME scores a kvcert cache after the model setup kvpress's
+    ``with press(model):`` does (the rotary embedding on each attention module, the press's model fields),
+    and the Poisson sampler certifies it."""
+    from kvcert import CertifiedCache, EvictionPress, enable_certified_attention
+    from kvcert.scorers import get_scorer
+
+    enable_certified_attention(model)
+    ids = torch.tensor([GOLDEN["input_ids"]])
+    cache = CertifiedCache(press=EvictionPress(scorer=get_scorer("kvpress:" + name), sampler="poisson", budget=0.25))
+    with torch.no_grad():
+        model(input_ids=ids, cache=cache)
+        model(input_ids=ids[:, -1:], cache=cache)
+    assert all(0.2 < layer.length / ids.shape[1] < 0.35 for layer in cache.layers)
+    assert cache.step_log and all(bool(torch.isfinite(v).all()) for v in cache.step_log[-1].variance.values())

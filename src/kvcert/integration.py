@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -208,6 +209,8 @@ def enable_certified_attention(model: torch.nn.Module) -> torch.nn.Module:
         for attention in attention_modules(model):
             attention.register_forward_pre_hook(_attention_pre_hook, with_kwargs=True)
             attention.register_forward_hook(_attention_post_hook, with_kwargs=True, always_call=True)
+            # the model a scorer may need (a kvpress press's model setup); a plain attribute, not a submodule
+            object.__setattr__(attention, "_kvcert_model", weakref.ref(model))
     return model
 
 

@@ -137,6 +137,26 @@ class KvpressScorer(Scorer):
             raise ValueError(f"method.scorer_options: {sorted(unknown)} are no fields of {self.press_name}; "
                              f"allowed: {sorted(press_options(self.press_name))}")
         self.press = cls(**self.options)
+        self._prepared: set[int] = set()
+
+    def prepare(self, module: torch.nn.Module) -> None:
+        """What kvpress's ``with press(model):`` does before a press scores, once per model: every attention
+        module gets the model's rotary embedding (``self_attn.rotary_emb``: ExpectedAttentionPress, CapPress
+        read it) and the press its model-dependent fields (``post_init_from_model``: QFilterPress, KVzapPress).
+        The model is the one :func:`~kvcert.integration.enable_certified_attention` switched ``module`` to."""
+        ref = getattr(module, "_kvcert_model", None)
+        model = ref() if ref is not None else None
+        if model is None or id(model) in self._prepared:
+            return
+        inner = model.model.language_model if hasattr(model.model, "language_model") else model.model
+        if hasattr(inner, "rotary_emb"):
+            for layer in inner.layers:
+                layer.self_attn.rotary_emb = inner.rotary_emb
+        for hook in ("post_init_from_model", "__post_init_from_model__"):
+            if callable(getattr(self.press, hook, None)):
+                getattr(self.press, hook)(model)
+                break
+        self._prepared.add(id(model))
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -155,6 +175,7 @@ class KvpressScorer(Scorer):
         if obs.module is None or obs.hidden_states is None:
             raise ValueError(f"scorer: {self.press_name} reads the attention module and hidden states, which this "
                              "observation lacks (it was not made in a forward of a model with kvcert attention)")
+        self.prepare(obs.module)
         kwargs: dict[str, Any] = {"position_embeddings": obs.position_embeddings, "attention_mask": None}
         scores = self.press.score(obs.module, obs.hidden_states, obs.key, obs.value, None, kwargs).to(torch.float32)
         if scores.shape != obs.key.shape[:3]:
