@@ -8,6 +8,7 @@ from conftest import tiny_model
 
 from kvcert import CertifiedCache, EvictionPress, enable_certified_attention
 from kvcert.cache import CompactLayer
+from kvcert.integration import cache_argument
 
 
 def ids(n, seed=0, batch=1):
@@ -148,10 +149,11 @@ def test_generate_works_and_matches_plain_at_full_budget(arch):
     x = ids(64, seed=8)
     plain = model.generate(x, max_new_tokens=8, do_sample=False)
     enable_certified_attention(model)
-    full = model.generate(x, max_new_tokens=8, do_sample=False, cache=CertifiedCache(press=EvictionPress(budget=1.0)))
+    name = cache_argument(model.model)  # generate's cache keyword: cache (transformers 5.24), past_key_values (5.2)
+    full = model.generate(x, max_new_tokens=8, do_sample=False, **{name: CertifiedCache(press=EvictionPress(budget=1.0))})
     assert torch.equal(plain, full)
     cache = CertifiedCache(press=EvictionPress(budget=0.6, sampler="poisson"))
-    out = model.generate(x, max_new_tokens=8, do_sample=False, cache=cache)
+    out = model.generate(x, max_new_tokens=8, do_sample=False, **{name: cache})
     assert out.shape == (1, 72)
     assert len(cache.step_log) == 7  # one per decode step after the prefill
     assert isinstance(cache.layers[0], CompactLayer) and cache.layers[0].compactions == 1
