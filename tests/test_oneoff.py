@@ -78,6 +78,10 @@ def test_method_names_follow_one_grammar_and_typos_get_the_options():
         compose_run(["method=snapkv-poison", "budget=0.25"], configs_dir(), prereg_dir())
     with pytest.raises(ValueError, match=r"task=needl: \(did you mean task=needle\?\) no task config.*lookalike"):
         compose_run(["task=needl"], configs_dir(), prereg_dir())
+    # a shipped method whose scorer is overridden is named for what it runs
+    [(_, [_, setting])], _ = compose_run(["method=snapkv-poisson", "method.scorer=h2o", "budget=0.25"],
+                                         configs_dir(), prereg_dir())
+    assert setting["method"]["name"] == "h2o-poisson" and setting["method"]["scorer"] == "h2o"
     text = listing(configs_dir())
     assert "needle (synthetic)" in text and "longbench_hotpotqa (longbench)" in text and "adakv-kvpress" in text
 

@@ -50,6 +50,13 @@ def parse_method_name(name: str) -> dict:
     return {"name": name, "scorer": scorer, "sampler": sampler, "allocation": allocation}
 
 
+def method_name(scorer: str, sampler: str, allocation: str = "uniform") -> str:
+    """The grammar's name of a scorer × sampler × allocation (the inverse of :func:`parse_method_name`; an
+    allocation without a family name of its own over this scorer is named after the scorer alone)."""
+    family = next((p for p, (s, a) in ALLOCATION_FAMILIES.items() if (s, a) == (scorer, allocation)), None)
+    return f"{family or scorer}-{sampler}"
+
+
 def shipped_methods(configs: str | Path) -> list[str]:
     """The method configs shipped in ``configs/method/``."""
     return sorted(p.stem for p in (Path(configs) / "method").glob("*.yaml"))

@@ -173,6 +173,14 @@ def compose_setting(items: list[str], configs: Path) -> tuple[dict, dict]:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed={seed}: must be an integer (e.g. seed=0)")
     method = composed["method"]["name"]
+    changed = [o.split("=", 1)[0].lstrip("+~") for o in hydra]
+    if method != "full" and "method.name" not in changed and \
+            any(k in changed for k in ("method.scorer", "method.sampler", "method.allocation")):
+        from ..methods import method_name  # a method whose parts were overridden is named for what it is
+
+        m = composed["method"]
+        composed["method"]["name"] = method = method_name(str(m.get("scorer")), str(m.get("sampler")),
+                                                          str(m.get("allocation", "uniform")))
     if method != "full" and not any(o.startswith("condition=") for o in hydra):
         composed["condition"] = "aware"  # a method without a condition: question-aware
     composed["budget"] = budget_of(own, method)
