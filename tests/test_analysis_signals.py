@@ -79,7 +79,7 @@ def multiturn_cell(h: str, per_bucket: int = 40) -> list[dict]:
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("signals")
     prereg = tmp / "preregistration"
-    h = frozen_copy(ROOT / "preregistration", prereg, resamples=1000).prereg_hash
+    h = frozen_copy(ROOT / "preregistration", prereg, resamples=1000, stability_seeds=2).prereg_hash
     records = main_records(h, 40, 512) + main_records(h, 4, 1024) + multiturn_cell(h)
     shards = [write_shard(records[i:i + 400], tmp / "shards" / f"s{i}.jsonl") for i in range(0, len(records), 400)]
     score_step(shards, prereg, tmp / "scores.parquet")

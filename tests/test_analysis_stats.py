@@ -37,6 +37,18 @@ def test_auc_equals_sklearn_on_unit_and_integer_weights(data):
         assert g == pytest.approx(roc_auc_score(np.repeat(y, rep), np.repeat(score, rep)), abs=1e-12)
 
 
+def test_the_rank_auc_equals_sklearn_on_small_samples_with_ties():
+    rng = np.random.default_rng(11)
+    for _ in range(100):
+        n = int(rng.integers(2, 40))
+        y = rng.integers(0, 2, n).astype(float)
+        if y.min() == y.max():
+            continue
+        score = np.round(rng.normal(size=n), int(rng.integers(0, 3)))  # 0 decimals: many ties
+        assert auc(score, y) == pytest.approx(roc_auc_score(y, score), abs=1e-12)
+        assert auc(score, y * 2 - 1) == pytest.approx(roc_auc_score(y, score), abs=1e-12)  # labels -1 / 1
+
+
 def test_auc_one_class_is_undefined():
     value, ok = AUCIndex(np.array([0.1, 0.2]), np.array([1.0, 1.0]))(np.ones((1, 2)))
     assert not ok[0] and np.isnan(value[0])

@@ -195,10 +195,12 @@ def multiturn_records(
                           signal=float(0.2 + 0.1 * rng.random() if lost else 0.05 * rng.random()), **base, **extra)
 
 
-def frozen_copy(source: str | Path, dest: str | Path, resamples: int | None = None):
+def frozen_copy(source: str | Path, dest: str | Path, resamples: int | None = None,
+                stability_seeds: int | None = None):
     """Copy a pre-registration (claims.yaml, grids/) to ``dest`` and freeze the copy; returns the freeze.
-    ``resamples``: the copy's bootstrap resamples instead of the registered number (a test of known answers
-    does not need the registered precision; everything else stays as registered)."""
+    ``resamples`` / ``stability_seeds``: the copy's bootstrap resamples and stability seeds instead of the
+    registered numbers (a test of known answers does not need the registered precision; everything else
+    stays as registered)."""
     import yaml
 
     from .atomic import write_text
@@ -207,9 +209,12 @@ def frozen_copy(source: str | Path, dest: str | Path, resamples: int | None = No
     source, dest = Path(source), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(source / "claims.yaml", dest / "claims.yaml")
-    if resamples is not None:
+    if resamples is not None or stability_seeds is not None:
         doc = yaml.safe_load((dest / "claims.yaml").read_text())
-        doc["analysis_plan"]["bootstrap"]["resamples"] = int(resamples)
+        if resamples is not None:
+            doc["analysis_plan"]["bootstrap"]["resamples"] = int(resamples)
+        if stability_seeds is not None:
+            doc["analysis_plan"]["bootstrap"]["stability_seeds"] = int(stability_seeds)
         write_text(dest / "claims.yaml", yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
     if (source / "grids").exists():
         shutil.copytree(source / "grids", dest / "grids", dirs_exist_ok=True)

@@ -14,10 +14,11 @@ Implements ``analysis_plan.bootstrap`` and ``verdict_rules`` of
   two-sided percentile interval at ``level``. A resample where a statistic is undefined
   (an AUC with one class present, a ratio with a zero denominator) is skipped and
   counted; with more than 10 % skipped the test is unclear.
-* **AUC.** Point estimates with :func:`sklearn.metrics.roc_auc_score`; the resamples use
-  :class:`AUCIndex`, the Mann–Whitney form of the same area (P(score₊ > score₋) + ½
-  P(tie), the trapezoidal ROC area sklearn computes) on weights, vectorised over
-  resamples — equal to sklearn on the resampled data to rounding (tests check it).
+* **AUC.** Point estimates in the Mann–Whitney form, from mid-ranks (:func:`auc`:
+  P(score₊ > score₋) + ½ P(tie), the trapezoidal ROC area :func:`sklearn.metrics.roc_auc_score`
+  computes, without its per-call overhead — a stratified AUC calls it once per stratum); the
+  resamples use :class:`AUCIndex`, the same area on weights, vectorised over resamples — both
+  equal to sklearn's to rounding (tests check them against it).
 * **Spearman.** Point estimates with :func:`scipy.stats.spearmanr`; resamples with
   weighted mid-ranks (:class:`SpearmanIndex`), again equal to the resampled data's.
 * **Stratified AUC.** :class:`StratifiedAUCIndex`: the same area over the pairs that share
@@ -39,7 +40,6 @@ from typing import Callable, Iterator, Mapping, Sequence
 import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
-from sklearn.metrics import roc_auc_score
 
 #: the largest share of skipped resamples a test tolerates before it is unclear
 MAX_SKIPPED_FRACTION = 0.10
@@ -320,11 +320,19 @@ def stratified_auc(scores: np.ndarray, labels: np.ndarray, strata: np.ndarray) -
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """ROC AUC with scikit-learn; NaN when only one class is present."""
+    """ROC AUC (the greater of two labels positive) by the Mann–Whitney statistic on mid-ranks: (sum of the
+    positives' ranks − p(p+1)/2) / (p·n), ties counted one half; NaN when only one class is present."""
     labels = np.asarray(labels)
-    if labels.size == 0 or np.unique(labels).size < 2:
+    classes = np.unique(labels)
+    if labels.size == 0 or classes.size < 2:
         return float("nan")
-    return float(roc_auc_score(labels, np.asarray(scores, dtype=np.float64)))
+    if classes.size > 2:
+        raise ValueError(f"auc: labels must take two values, got {classes.size}")
+    positive = labels == classes[-1]
+    p = int(positive.sum())
+    n = labels.size - p
+    ranks = scipy_stats.rankdata(np.asarray(scores, dtype=np.float64))
+    return float((ranks[positive].sum() - p * (p + 1) / 2.0) / (p * n))
 
 
 class SpearmanIndex:
