@@ -57,7 +57,7 @@ timeout 60 "$PY" -m kvcert.cli bench kernel --compile-only --arch $archs --dtype
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== kernel tests (compiled, on the GPU)"
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_kernel.py 2>&1 | tee "$out/tests.txt"
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m kernel tests/test_kernel.py 2>&1 | tee "$out/tests.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== benchmark (and kernel time over the roofline)"

@@ -39,6 +39,9 @@ from kvcert_kernels import certified_decode  # noqa: E402
 from kvcert.kernel_reference import decode_reference, entropy_reference, sketch_reference, variance_scale  # noqa: E402
 from kvcert.sketch import build_sketch  # noqa: E402
 
+
+pytestmark = pytest.mark.kernel  # its own tier (tests/tiers.sh): about a minute under the interpreter
+
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 RTOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -54,7 +57,7 @@ def _interpreter_run() -> tuple[dict, str]:
     root = Path(__file__).resolve().parents[1]
     report = Path(tempfile.mkdtemp(prefix="kvcert-kernel-")) / "interpreter.xml"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__).resolve()),
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "kernel", str(Path(__file__).resolve()),
            f"--junitxml={report}"]
     try:
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)

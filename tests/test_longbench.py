@@ -445,12 +445,13 @@ def test_generate_and_score_with_a_random_init_model(tok):
 
 
 def test_every_longbench_dataset_has_a_task_config(tmp_path):
-    """All 21 datasets compose as ``task=longbench_<dataset>`` and build records through the
-    manifest step, the chat rule of the config applied."""
+    """All 21 datasets have a task config (the pipeline's jobs read it as it is; kvcert run composes it as
+    ``task=longbench_<dataset>``: tests/test_pipeline.py checks the two readings agree) and build records
+    through the manifest step, the chat rule of the config applied."""
     import json as _json
     import random as _random
 
-    from kvcert.pipeline.compose import compose_config
+    from kvcert.pipeline.jobs import config_file
     from kvcert.pipeline.manifest import build_records
     from kvcert.rehearsal import checkpoints, longbench_files, text
     from kvcert.tasks.longbench import DATASET2PROMPT, NO_CHAT_TEMPLATE_DATASETS
@@ -459,7 +460,7 @@ def test_every_longbench_dataset_has_a_task_config(tmp_path):
     tok = checkpoints.train_tokenizer(checkpoints.ARCHITECTURES["llama"],
                                       text.corpus(_random.Random(0), 50) + list(DATASET2PROMPT.values()))
     for dataset in sorted(DATASET2PROMPT):
-        task = compose_config([f"task=longbench_{dataset}"], configs)["task"]
+        task = config_file(configs, "task", f"longbench_{dataset}")
         assert (task["name"], task["kind"], task["dataset"]) == (f"longbench_{dataset}", "longbench", dataset)
         row = longbench_files.row(_random.Random(dataset), "hotpotqa", 0, 80)
         row.update(dataset=dataset, all_classes=["Location"] if dataset in ("trec", "lsht") else None)

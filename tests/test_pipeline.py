@@ -149,6 +149,17 @@ def test_config_errors_are_one_line(config, match):
     with pytest.raises(PipelineConfigError, match=match) as info:
         check_pipeline_config(base, REPO / "configs" / "pipeline.schema.yaml", REPO / "configs")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.pipeline
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        ({"experimnt": "paper"}, "'experimnt' is unknown .*did you mean 'experiment'"),
+        ({"retrain_model": "maybe"}, "must be true or false"),
+    ],
+)
+def test_a_snakemake_run_stops_on_a_config_error_in_one_line(config, match):
     out = snakemake("-n", "--config", *[f"{k}={v}" for k, v in config.items()])
     assert out.returncode != 0 and re.search(match, out.stdout + out.stderr)
 

@@ -5,13 +5,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 declare -A SELECT=(
-    [unit]="not pipeline and not slow and not slurm and not gpu_compile"
+    [unit]="not kernel and not pipeline and not slow and not slurm and not gpu_compile"
+    [kernel]="kernel and not pipeline and not slow"
     [pipeline]="pipeline and not slow and not slurm and not gpu_compile"
     [slow]="slow and not slurm and not gpu_compile"
     [slurm]="slurm"
     [compile]="gpu_compile"
 )
-ORDER=(unit pipeline slow slurm compile)
+ORDER=(unit kernel pipeline slow slurm compile)
 # the compile tier's Triton cache: one per run unless the caller keeps one (KVCERT_COMPILE_CACHE)
 export KVCERT_COMPILE_CACHE=${KVCERT_COMPILE_CACHE:-$(mktemp -d)}
 tiers=("$@")
