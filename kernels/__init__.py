@@ -10,8 +10,19 @@ float64 torch reference is :mod:`kvcert.kernel_reference`, its benchmark ``kvcer
 kernel`` (:mod:`kvcert.bench.kernel_timing`, GPU timing with ``triton.testing.do_bench``).
 
 See ``kernels/NOTES.md`` for the design and what has been verified where.
+
+Importing the package imports nothing else: its names load :mod:`.certified_decode` (and Triton)
+on first use. So a process whose working directory is the checkout — where this folder is
+importable as ``kernels``, the name under which transformers probes for the Hugging Face
+``kernels`` package — imports it cleanly without Triton installed.
 """
 
-from .certified_decode import certified_decode, decode_bytes, default_num_splits, interpreting
+import importlib
 
 __all__ = ["certified_decode", "decode_bytes", "default_num_splits", "interpreting"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        return getattr(importlib.import_module(".certified_decode", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -105,3 +105,20 @@ def test_no_import_circle():
         if n not in state:
             visit(n, [n])
     assert not circles, "\n".join(circles)
+
+
+def test_the_kernels_folder_imports_without_triton_from_the_checkout():
+    """From the checkout's root the kernels/ folder is importable as ``kernels`` — the name transformers
+    imports to probe for the Hugging Face ``kernels`` package when it loads a model config. Without Triton
+    (the CPU install: Triton is the ``gpu`` extra) that import must still succeed, or every config load of
+    a process started in the checkout (a Snakemake run's pre-flight) fails."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['triton'] = None\n"  # as if Triton were not installed
+            "import kernels, kvcert_kernels\n"
+            "from transformers import AutoConfig\n"
+            "from kvcert.embedded import embedded_model_path\n"
+            "print(type(AutoConfig.from_pretrained(embedded_model_path())).__name__)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=SRC.parent, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "LlamaConfig", done.stderr[-2000:]
