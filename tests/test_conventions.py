@@ -17,18 +17,28 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from longbench_official import (
+    OFFICIAL_E_DATASETS,
+    OFFICIAL_MAXLEN,
+    OFFICIAL_NO_CHAT,
+    OFFICIAL_PROMPT_SHA256,
+    official_greedy,
+    official_input_ids,
+    official_truncation,
+)
 
+from kvcert.generation.forked import generate
 from kvcert.rehearsal import checkpoints, longbench_files, text
 from kvcert.tasks.locomo import NO_INFORMATION, score_locomo
 from kvcert.tasks.longbench import (
-    DATASET2MAXLEN, DATASET2METRIC, DATASET2PROMPT, longbench_records, middle_truncate, split_template,
+    DATASET2MAXLEN,
+    DATASET2METRIC,
+    DATASET2PROMPT,
+    longbench_records,
+    middle_truncate,
+    split_template,
 )
 from kvcert.tasks.longbench_metrics import score_task
-
-from longbench_official import (
-    OFFICIAL_E_DATASETS, OFFICIAL_MAXLEN, OFFICIAL_NO_CHAT, OFFICIAL_PROMPT_SHA256, official_greedy,
-    official_input_ids, official_truncation,
-)
 
 # (dataset, raw prediction, answers, all_classes) -> eval.py's scorer() on that one prediction
 OFFICIAL_SCORES = [
@@ -180,7 +190,7 @@ def test_the_engine_records_and_scores_the_raw_answer(tokenizers):
     config = LlamaConfig(vocab_size=len(tok), num_hidden_layers=1)
     model = ForcedModel(config, tok(raw, add_special_tokens=False).input_ids, tok.eos_token_id)
     spec = GenerationSpec.from_dict({"model": {"name": "forced"}, "method": {"name": "full"}, "condition": "full"})
-    out = Engine(model, tok, spec).run(record)
+    out = generate([Engine(model, tok, spec)], record)[0]
     assert out["answer"] == raw
     assert out["score"] == 0.0
 
@@ -262,7 +272,7 @@ def test_samsum_generation_rules_as_pred_py(tokenizers, dataset):
     config = LlamaConfig(vocab_size=len(tok), num_hidden_layers=1)
     spec = GenerationSpec.from_dict({"model": {"name": "ranked"}, "method": {"name": "full"}, "condition": "full"})
     model = RankedModel(config, plan, eos)
-    out = Engine(model, tok, spec).run(record)
+    out = generate([Engine(model, tok, spec)], record)[0]
     reference = RankedModel(config, plan, eos)
     if dataset == "samsum":
         expected = official_greedy(reference.logits_at, [eos, newline], 1, record.metadata["max_new_tokens"])
@@ -278,7 +288,11 @@ def test_samsum_generation_rules_as_pred_py(tokenizers, dataset):
 def test_longbench_e_reads_the_e_files_with_the_v1_template(tokenizers, dataset, tmp_path):
     import json
 
-    from kvcert.tasks.longbench import LONGBENCH_E_DATASETS, load_longbench, score_longbench_record
+    from kvcert.tasks.longbench import (
+        LONGBENCH_E_DATASETS,
+        load_longbench,
+        score_longbench_record,
+    )
 
     assert LONGBENCH_E_DATASETS == OFFICIAL_E_DATASETS
     row = _row(dataset) | {"dataset": f"{dataset}_e"}

@@ -1,12 +1,13 @@
-"""One prefill per example, every variant forked from it and decoded together.
+"""The one generation path (:func:`kvcert.generation.forked.generate`): one prefill per example, every
+variant forked from it and decoded together; a run that shares no prefill decoded alone in the same loop.
 
-The forked-and-batched path (:mod:`kvcert.generation.forked`) must write the records the
-batch-1 path (:meth:`Engine.run`) writes, on every condition: the same greedy tokens and
-scores, the same kept fractions and byte counts, certificates within 1e-4 relative, each
-value, a step's mean V̂ included (fp32; batched matmuls round differently in the last bit,
-and V̂'s one-pass sums are combined in float64, or recomputed directly where they cancel);
-and a shard killed (SIGKILL) in the middle of an example resumes to the shard an
-uninterrupted run writes.
+Every record must be what the spec alone writes (the oracle, ``tests/batch1_oracle.py``: its own cache,
+its own greedy loop), on every condition: the same greedy tokens and scores, the same kept fractions and
+byte counts, certificates within 1e-4 relative, each value, a step's mean V̂ included (fp32; batched
+matmuls round differently in the last bit, and V̂'s one-pass sums are combined in float64, or recomputed
+directly where they cancel) — and, for a run decoded alone (chunked streaming; a run by itself), every
+field equal. A shard killed (SIGKILL) in the middle of an example resumes to the shard an uninterrupted
+run writes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from kvcert.attention import hajek_attention
 from kvcert.cache import CompactLayer
 from kvcert.fork import row_nbytes, stack_layers, take_rows, width_buckets
 from kvcert.generation.engine import Engine
-from kvcert.generation.forked import run_forked
+from kvcert.generation.forked import generate
 from kvcert.generation.runner import run_specs
 from kvcert.generation.shards import read_records
 from kvcert.generation.spec import GenerationSpec
@@ -37,6 +38,7 @@ TIMING = ("prefill_seconds", "decode_seconds", "started_utc")
 RTOL = 1e-4
 
 
+from batch1_oracle import run_alone  # noqa: E402 - the test oracle: one spec, its own cache and loop
 from test_generation import model_dir, tokenizer  # noqa: E402,F401 - the random-init Llama and its tokenizer
 
 
@@ -97,11 +99,28 @@ def test_forked_records_equal_batch1_on_every_condition(model_dir, tokenizer):
     records = generate_task("needle", tok, n_examples=2, target_tokens=300, seed=123)
     engines = [Engine(model, tok, GenerationSpec.from_dict(j), {"config_hash": "x"}) for j in grid_jobs()]
     for record in records:
-        reference = [e.run(record) for e in engines]
-        forked = run_forked(engines, record)
+        reference = [run_alone(e, record) for e in engines]
+        forked = generate(engines, record)
         assert_same(reference, forked)
         assert {r["certificate_status"] for r in forked} >= {None, "certified"}
         assert forked[0]["prefill_seconds"] > 0 and forked[0]["decode_seconds"] > 0
+
+
+def test_a_run_alone_is_the_one_row_case_field_for_field(model_dir, tokenizer):
+    """Runs that share no prefill — chunked streaming (the multi-turn cell), any run by itself — go through
+    the same path as a batch of one row on their own cache: every field but the timings equals the oracle's,
+    with the forked runs of the same call beside them."""
+    model, tok = load_model(ModelSpec(name="tiny", path=str(model_dir)))
+    records = generate_task("needle", tok, n_examples=2, target_tokens=300, seed=321)
+    chunked = [dict(job("streaming", s, b), chunk_tokens=64) for s in ("topk", "poisson") for b in (0.125, 0.5)]
+    engines = [Engine(model, tok, GenerationSpec.from_dict(j), {}) for j in [job("full")] + chunked + grid_jobs()[1:3]]
+    for record in records:
+        together = generate(engines, record)
+        for e, got in zip(engines, together):
+            if e.spec.chunk_tokens is not None:  # decoded alone beside the forked rows
+                assert strip(got) == strip(run_alone(e, record)), (e.spec.method.name, e.spec.budget)
+        for e in engines[:3]:  # each by itself: the one-row case
+            assert strip(generate([e], record)[0]) == strip(run_alone(e, record))
 
 
 def test_forked_rows_finish_apart_on_the_embedded_model():
@@ -114,8 +133,8 @@ def test_forked_rows_finish_apart_on_the_embedded_model():
     engines = [Engine(model, tok, GenerationSpec.from_dict(j), {}) for j in grid_jobs(model=spec, max_new_tokens=24)]
     lengths = set()
     for record in records:
-        reference = [e.run(record) for e in engines]
-        assert_same(reference, run_forked(engines, record))
+        reference = [run_alone(e, record) for e in engines]
+        assert_same(reference, generate(engines, record))
         lengths |= {len(r["tokens"]) for r in reference}
     assert len(lengths) > 1  # rows did finish at different steps
 

@@ -9,9 +9,15 @@ import pytest
 import torch
 
 from kvcert.generation.engine import Engine
+from kvcert.generation.forked import generate
 from kvcert.generation.record import GenerationRecord
 from kvcert.generation.runner import run_job
-from kvcert.generation.shards import CorruptShardError, ShardWriter, read_records, record_key
+from kvcert.generation.shards import (
+    CorruptShardError,
+    ShardWriter,
+    read_records,
+    record_key,
+)
 from kvcert.generation.spec import GenerationSpec
 from kvcert.models import ModelSpec, load_model, resolve_model_path
 from kvcert.tasks import generate as generate_task
@@ -58,7 +64,7 @@ def engine(loaded, **kw):
 
 def test_full_cache_record_and_greedy_equivalence(loaded, records):
     model, tok = loaded
-    out = engine(loaded, condition="full").run(records[0])
+    out = generate([engine(loaded, condition="full")], records[0])[0]
     assert GenerationRecord.from_dict(out).to_dict() == out  # exactly the record type's fields
     assert out["attention_entropy_steps"] is None and out["evicted_mass"] is None  # nothing compressed
     assert len(out["output_entropy_steps"]) == len(out["top2_margin_steps"]) == out["decode_steps"]
@@ -73,7 +79,7 @@ def test_full_cache_record_and_greedy_equivalence(loaded, records):
 
 @pytest.mark.parametrize("condition", ["aware", "streaming"])
 def test_randomized_conditions_record_certificates(loaded, records, condition):
-    out = engine(loaded, condition=condition).run(records[1])
+    out = generate([engine(loaded, condition=condition)], records[1])[0]
     cert = out["certificate"]
     assert cert is not None
     assert len(cert["steps"]["mean"]) == len(out["tokens"])  # one certified step per generated token
@@ -91,24 +97,24 @@ def test_randomized_conditions_record_certificates(loaded, records, condition):
 
 def test_streaming_positions_continue_from_original_length(loaded, records):
     """Streaming at 100% budget gives the full cache's tokens: RoPE positions are preserved."""
-    full = engine(loaded, condition="full").run(records[2])
-    streaming = engine(loaded, condition="streaming", sampler="topk", budget=1.0).run(records[2])
-    chunked = engine(loaded, condition="streaming", sampler="topk", budget=1.0, chunk_tokens=64).run(records[2])
+    full = generate([engine(loaded, condition="full")], records[2])[0]
+    streaming = generate([engine(loaded, condition="streaming", sampler="topk", budget=1.0)], records[2])[0]
+    chunked = generate([engine(loaded, condition="streaming", sampler="topk", budget=1.0, chunk_tokens=64)], records[2])[0]
     assert streaming["tokens"] == full["tokens"] == chunked["tokens"]
     torch.testing.assert_close(torch.tensor(streaming["token_logprobs"]), torch.tensor(full["token_logprobs"]), atol=1e-4, rtol=0)
 
 
 def test_deterministic_method_has_no_certificate_and_runs_repeat(loaded, records):
-    a = engine(loaded, condition="aware", sampler="topk").run(records[0])
-    b = engine(loaded, condition="aware", sampler="poisson").run(records[0])
-    c = engine(loaded, condition="aware", sampler="poisson").run(records[0])
+    a = generate([engine(loaded, condition="aware", sampler="topk")], records[0])[0]
+    b = generate([engine(loaded, condition="aware", sampler="poisson")], records[0])[0]
+    c = generate([engine(loaded, condition="aware", sampler="poisson")], records[0])[0]
     assert a["certificate"] is None and a["certificate_robust"] is None and a["sketch_bytes"] == 0
     assert b["certificate_robust"] == c["certificate_robust"]
     assert b["tokens"] == c["tokens"] and b["certificate"] == c["certificate"]  # same seed, same sample
 
 
 def test_chunked_streaming_decides_each_token_once(loaded, records):
-    out = engine(loaded, condition="streaming", budget=0.25, chunk_tokens=64).run(records[1])
+    out = generate([engine(loaded, condition="streaming", budget=0.25, chunk_tokens=64)], records[1])[0]
     assert out["certificate"] is not None
     assert all(f < 0.6 for f in out["kept_fraction"])
     # with no top slice and a uniform tail no π caps at 1: after every chunk, each KV head holds
@@ -239,8 +245,8 @@ def test_missing_records_file_and_field(tmp_path, loaded):
 
 
 def test_records_are_scored_with_their_metadata():
-    from kvcert.tasks.records import TaskRecord
     from kvcert.tasks import score_record
+    from kvcert.tasks.records import TaskRecord
 
     lb = TaskRecord(id="x", task="longbench_hotpotqa", context="c", question="q", answers=["The Cat sat"],
                     metadata={"dataset": "hotpotqa", "all_classes": None, "target_tokens": 10}, length=5)
@@ -311,15 +317,15 @@ def test_short_prompt_without_a_random_tail_is_uncertified_not_exact(loaded, tok
     record = TaskRecord(id="short-0", task="needle", context=" ".join(["The grass is green."] * 18),
                         question="What is the special magic number for pocket?", answers=["1234567"],
                         metadata={"target_tokens": 100})
-    out = engine(loaded, condition="aware").run(record)
+    out = generate([engine(loaded, condition="aware")], record)[0]
     assert out["prompt_tokens"] <= 120 and out["certificate"] is None
     assert out["certificate_status"] == "uncertified" and min(out["kept_fraction"]) < 1.0
     plan = ScoringPlan.from_plan(analysis_plan(prereg_dir()))
     row = flatten({**out, "kvcert_version": "x"}, plan)
     assert math.isnan(row["cert_signal"]) and row["uncertified"]
-    long = engine(loaded, condition="aware").run(generate_task("needle", tokenizer, 1, 300, seed=5)[0])
+    long = generate([engine(loaded, condition="aware")], generate_task("needle", tokenizer, 1, 300, seed=5)[0])[0]
     assert long["certificate_status"] == "certified"
-    assert engine(loaded, condition="aware", sampler="topk").run(record)["certificate_status"] is None
+    assert generate([engine(loaded, condition="aware", sampler="topk")], record)[0]["certificate_status"] is None
 
 
 def test_generate_answer_is_one_call(loaded):
@@ -339,8 +345,8 @@ def test_generate_answer_is_one_call(loaded):
     assert 0.2 < sum(out["kept_fraction"]) / len(out["kept_fraction"]) < 0.35 and "score" not in out
     full = generate_answer(model, tok, context, question, condition="full", max_new_tokens=4)
     assert full["certificate"] is None and full["condition"] == "full"
-    assert full["tokens"] == Engine(model, tok, GenerationSpec.from_dict(job(condition="full", max_new_tokens=4))).run(
-        _record(context, question))["tokens"]
+    assert full["tokens"] == generate([Engine(model, tok, GenerationSpec.from_dict(job(condition="full", max_new_tokens=4)))],
+                                      _record(context, question))[0]["tokens"]
     with pytest.raises(ValueError, match="method"):
         generate_answer(model, tok, context, question, method="snapkv")
     # every shipped method name works, and the grammar's names without a file

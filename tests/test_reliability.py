@@ -226,7 +226,7 @@ def test_the_snakefile_gives_generate_replay_and_manifest_the_model_digest():
 
 def test_nan_weights_are_refused_in_one_line_naming_the_folder(tiny_dir, tmp_path):
     from kvcert.generation.engine import Engine, ModelOutputError
-    from kvcert.generation.forked import run_forked
+    from kvcert.generation.forked import generate
     from kvcert.generation.spec import GenerationSpec
     from kvcert.models import ModelSpec, load_model
     from kvcert.tasks import generate as generate_task
@@ -248,9 +248,9 @@ def test_nan_weights_are_refused_in_one_line_naming_the_folder(tiny_dir, tmp_pat
     full = spec(method={"name": "full"}, condition="full")
     poisson = spec(method={"name": "snapkv-poisson", "scorer": "snapkv", "sampler": "poisson"}, condition="aware",
                    budget=0.25)
-    for run in (lambda: Engine(model, tokenizer, full).run(record),
-                lambda: Engine(model, tokenizer, poisson).run(record),
-                lambda: run_forked([Engine(model, tokenizer, full), Engine(model, tokenizer, poisson)], record)):
+    for run in (lambda: generate([Engine(model, tokenizer, full)], record)[0],
+                lambda: generate([Engine(model, tokenizer, poisson)], record)[0],
+                lambda: generate([Engine(model, tokenizer, full), Engine(model, tokenizer, poisson)], record)):
         with pytest.raises(ModelOutputError, match=rf"model {re.escape(str(broken))}: non-finite") as info:
             run()
         assert "\n" not in str(info.value)

@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 
+from kvcert.generation.forked import generate
 from kvcert.attention import hajek_attention
 from kvcert.cache import CompactLayer
 from kvcert.design import inclusion_probabilities
@@ -160,8 +161,8 @@ def test_poisson_expected_evicted_mass_is_the_mean_realised_share():
 
 @pytest.mark.parametrize("condition,sampler", [("aware", "poisson"), ("streaming", "topk"), ("aware", "priority")])
 def test_engine_records_one_signal_per_step(loaded, records, condition, sampler):
-    out = engine(loaded, condition=condition, sampler=sampler).run(records[0])
-    again = engine(loaded, condition=condition, sampler=sampler).run(records[0])
+    out = generate([engine(loaded, condition=condition, sampler=sampler)], records[0])[0]
+    again = generate([engine(loaded, condition=condition, sampler=sampler)], records[0])[0]
     n = out["decode_steps"]
     assert len(out["output_entropy_steps"]) == len(out["top2_margin_steps"]) == len(out["attention_entropy_steps"]) == n
     kept = min(out["kept_fraction"]) * out["prompt_tokens"] + out["question_tokens"] + n

@@ -273,6 +273,7 @@ def test_regime_counts_induced_failures_among_full_cache_successes(monkeypatch, 
     """The regime table's rates are failures / runs over the records the full cache gets
     right, pooled over samplers and tasks; records the full cache fails are not run."""
     from kvcert.generation import engine as engine_module
+    from kvcert.generation import forked as forked_module
     from kvcert.training import evaluate as evaluate_module
 
     calls = []
@@ -281,7 +282,7 @@ def test_regime_counts_induced_failures_among_full_cache_successes(monkeypatch, 
         def __init__(self, model, tokenizer, spec):
             self.spec = spec
 
-        def run(self, record):
+        def answer(self, record):
             index = int(record.id.rsplit("-", 1)[1])
             condition, sampler = self.spec.condition, self.spec.method.sampler
             calls.append((condition, sampler, index))
@@ -304,6 +305,7 @@ def test_regime_counts_induced_failures_among_full_cache_successes(monkeypatch, 
             self.config._attn_implementation = name
 
     monkeypatch.setattr(engine_module, "Engine", FakeEngine)
+    monkeypatch.setattr(forked_module, "generate", lambda engines, record: [e.answer(record) for e in engines])
     monkeypatch.setattr("kvcert.integration.enable_certified_attention", lambda model: None)
     regime = evaluate_module.evaluate_regime(FakeModel(), tok, ["needle"], [300], 4, seed=1_000_001,
                                              cells=[("aware", 0.25), ("streaming", 0.125)], progress=False)

@@ -7,7 +7,7 @@ counterpart of kvpress's text-generation pipeline.
 
 The prompt is rendered through the tokenizer's chat template exactly as the pipeline's
 records are (:mod:`kvcert.tasks.prompting`); the generation runs through the same engine
-(:class:`kvcert.generation.engine.Engine`), so the returned dict is a generation record:
+(:func:`kvcert.generation.forked.generate`), so the returned dict is a generation record:
 the raw answer, its tokens and log-probabilities, the per-step certificates (plug-in and
 robust), the kept fraction per layer and the cache's bytes. ``budget`` is the fraction
 kept, ``compression_ratio`` kvpress's fraction removed (one of the two).
@@ -50,6 +50,7 @@ def generate_answer(model: Any, tokenizer: Any, context: str, question: str, *, 
     compressed before it, :data:`KVPRESS_ORDER`) or ``full``; ``method``: a method name
     (:mod:`kvcert.methods`: ``snapkv-poisson``, ``adakv-topk``, ``snapkv-kvpress``, …) or ``full``."""
     from .generation.engine import Engine
+    from .generation.forked import generate
     from .generation.spec import CertificateSpec, GenerationSpec, MethodSpec
     from .integration import enable_certified_attention
     from .methods import method_config
@@ -68,7 +69,7 @@ def generate_answer(model: Any, tokenizer: Any, context: str, question: str, *, 
                           max_new_tokens=max_new_tokens, certificate=CertificateSpec(delta=delta))
     record = TaskRecord(id="generate_answer", task="unscored", context=context, question=question, answers=["-"],
                         metadata={"target_tokens": 0}, separator=separator, answer_prefix=answer_prefix)
-    out = Engine(model, tokenizer, spec).run(record)
+    out = generate([Engine(model, tokenizer, spec)], record)[0]
     for key in ("score", "answers", "metadata", "example_id", "task", "target_tokens"):
         out.pop(key, None)
     return out

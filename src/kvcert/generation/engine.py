@@ -1,4 +1,4 @@
-"""Question-aware and streaming generation over a compressed cache, one record at a time.
+"""Question-aware and streaming generation over a compressed cache: one spec's prefill and record.
 
 Conditions (docs/design.md §2):
 
@@ -12,7 +12,8 @@ Conditions (docs/design.md §2):
   ``chunk_tokens`` the context arrives in chunks and each token is decided once, when
   it leaves the recent window, its π fixed from then on (the multi-turn setting).
 
-Decoding is greedy; decode-time tokens enter the cache with π = 1. The record keeps the
+Decoding is greedy (:func:`kvcert.generation.forked.generate`, the one generation path, decodes
+every run); decode-time tokens enter the cache with π = 1. The record keeps the
 raw decoded answer (special tokens skipped, nothing stripped) and its task score, which
 applies the benchmark's own post-processing only (:func:`kvcert.tasks.score_record`). Every
 forward's certificates are folded into a :class:`~kvcert.generation.signals.CertificateTrace`:
@@ -28,21 +29,17 @@ folder) before anything is recorded: broken weights never become empty "answers"
 from __future__ import annotations
 
 import hashlib
-import time
 from contextlib import contextmanager
-from datetime import datetime, timezone
 
 import torch
 
 from ..cache import CertifiedCache
-from ..certificate import unit_roundoff
 from ..checks import NonFiniteError
 from ..press import EvictionPress
 from ..scorers import get_scorer
 from ..tasks import score_record
-from ..tasks.prompting import build_prompt_ids
 from .record import PROVENANCE_FIELDS, GenerationRecord
-from .signals import CertificateTrace, StepSignals, attention_entropy, confidence, evicted_mass, next_token_signals
+from .signals import CertificateTrace, StepSignals, confidence
 from .spec import GenerationSpec
 
 
@@ -141,7 +138,9 @@ def certificate_status(method, certificate, kept_fraction) -> str | None:
 
 
 class Engine:
-    """Runs one :class:`GenerationSpec` over task records with a loaded model."""
+    """One :class:`GenerationSpec` with a loaded model: its press, its prefill of a prompt under the spec's
+    condition, and the record of a finished run. The runs themselves go through the one generation path,
+    :func:`kvcert.generation.forked.generate` (one engine alone is its one-row case)."""
 
     def __init__(self, model, tokenizer, spec: GenerationSpec, provenance: dict | None = None):
         self.model = model
@@ -164,7 +163,8 @@ class Engine:
             rounding=m.rounding,
         )
 
-    def _forward(self, ids: list[int], cache: CertifiedCache) -> torch.Tensor:
+    def forward(self, ids: list[int], cache: CertifiedCache) -> torch.Tensor:
+        """One forward of ``ids`` over ``cache``; the logits [V] of the next token (non-finite ones refused)."""
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         with refusing_non_finite(self.model_path):
             out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
@@ -172,78 +172,36 @@ class Engine:
         check_logits(logits, self.model_path)
         return logits
 
-    def _prefill(self, spec: GenerationSpec, ids: list[int], question_start: int, cache: CertifiedCache, press):
-        """Feed the prompt according to the condition; returns the logits of the first answer token."""
-        cond = spec.condition
+    def prefill(self, ids: list[int], question_start: int, cache: CertifiedCache, press) -> torch.Tensor:
+        """Feed the prompt to ``cache`` as the spec's condition does (the module docstring), ``press`` armed where
+        it compresses; returns the logits [V] of the first answer token. Used for a run that shares no prefill
+        (:func:`kvcert.generation.forked.generate` decodes it with the others)."""
+        cond, chunk = self.spec.condition, self.spec.chunk_tokens
         if cond == "full":
-            return self._forward(ids, cache)
+            return self.forward(ids, cache)
         if cond == "aware":
             cache.arm(press)
-            self._forward(ids[:-1], cache)
+            self.forward(ids[:-1], cache)
             cache.pop_steps()
-            return self._forward(ids[-1:], cache)
+            return self.forward(ids[-1:], cache)
         context, question = ids[:question_start], ids[question_start:]
         if not question:
             raise ValueError("streaming: the prompt has no question part to feed after compression")
-        chunk = spec.chunk_tokens
         if chunk is None:
             cache.arm(press)
-            self._forward(context, cache)
+            self.forward(context, cache)
         else:
             for start in range(0, len(context), chunk):
                 cache.schedule.arm_chunk(press)
-                self._forward(context[start : start + chunk], cache)
+                self.forward(context[start : start + chunk], cache)
         cache.pop_steps()
-        return self._forward(question, cache)
-
-    # --- one record ------------------------------------------------------------------
-    @torch.inference_mode()
-    def run(self, record) -> dict:
-        """Generate an answer for ``record`` and return its JSON-ready generation record."""
-        spec = self.spec
-        started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        ids, question_start = build_prompt_ids(self.tokenizer, record)
-        limit = int(record.metadata.get("max_new_tokens") or spec.max_new_tokens)
-        cache = CertifiedCache(record_certificates=spec.method.randomized, record_entropy=not spec.method.is_full)
-        press = self.press(record.id, spec.budget)
-        trace = CertificateTrace(spec.certificate.delta, spec.certificate.aggregations, self.num_layers,
-                                 unit_roundoff(next(self.model.parameters()).dtype))
-
-        sync_device(self.device)
-        t0 = time.perf_counter()
-        logits = self._prefill(spec, ids, question_start, cache, press)
-        sync_device(self.device)
-        t1 = time.perf_counter()
-        kept_fraction = cache.kept_fraction()
-        mass = evicted_mass(cache.layers, spec.certificate.aggregations)
-        tokens: list[int] = []
-        logprobs: list[float] = []
-        signals = StepSignals(attention=not spec.method.is_full)
-        stops, first_forbidden = stop_rules(self.tokenizer, record, self.eos)
-        for step in range(limit):
-            for s in cache.pop_steps():
-                trace.add(s)
-                signals.add_attention(attention_entropy(s))
-            lp = torch.log_softmax(logits.float(), dim=-1)
-            tok = int(greedy(lp, first_forbidden if step == 0 else set()))
-            tokens.append(tok)
-            logprobs.append(float(lp[tok]))
-            signals.add_next_token(next_token_signals(lp))
-            if tok in stops or step == limit - 1:
-                break
-            logits = self._forward([tok], cache)
-        sync_device(self.device)
-        t2 = time.perf_counter()
-
-        return self.record(record, spec, ids, question_start, tokens, logprobs, trace, kept_fraction, signals, mass,
-                           prefill_seconds=t1 - t0, decode_seconds=t2 - t1, kv_bytes_peak=cache.peak_nbytes,
-                           kv_bytes_final=cache.nbytes(), sketch_bytes=cache.sketch_nbytes(), started=started)
+        return self.forward(question, cache)
 
     def record(self, record, spec: GenerationSpec, ids: list[int], question_start: int, tokens: list[int],
                logprobs: list[float], trace: CertificateTrace, kept_fraction: list[float], signals: StepSignals,
                evicted: dict | None, *, prefill_seconds: float, decode_seconds: float, kv_bytes_peak: int,
                kv_bytes_final: int, sketch_bytes: int, started: str) -> dict:
-        """The JSON-ready generation record of one run (shared by the batch-1 and the forked path)."""
+        """The JSON-ready generation record of one run (every run of :func:`kvcert.generation.forked.generate`)."""
         answer_tokens = [t for t in tokens if t not in self.eos]
         # the raw decoded answer, as LongBench's pred.py writes it: the benchmarks' own
         # post-processing (first line, ...) happens in their scorers, and nothing else

@@ -1,9 +1,10 @@
-"""One prefill per example, every eviction variant forked from it and decoded together.
+"""The one generation path: the runs of one example, their prefills (shared where they can be) and one
+greedy decode loop over batches of rows.
 
 The runs of one example under several :class:`~kvcert.generation.spec.GenerationSpec`
 (the full cache and {aware, streaming} × budgets × methods) share their prefill: eviction
 happens after each layer's attention, so the prefill's hidden states do not depend on
-the budget or the method (:mod:`kvcert.fork`). :func:`run_forked`
+the budget or the method (:mod:`kvcert.fork`). :func:`generate`
 
 1. prefills the prompt minus its last token once over the full cache (only the context,
    when every run is streaming); after each layer's attention every variant compacts its
@@ -19,35 +20,64 @@ the budget or the method (:mod:`kvcert.fork`). :func:`run_forked`
    full cache among caches compressed to 12.5 %, at long contexts), the rows decode in a
    few batches of similar width instead (:func:`kvcert.fork.width_buckets`).
 
-Each row's record is what :meth:`Engine.run <kvcert.generation.engine.Engine.run>` would
-write: the same fields and meaning, its certificates folded from its own batch row and
-only over the layers where it has a sampled tail, ``kv_bytes_*`` and ``sketch_bytes`` of
-its own row as a batch-1 cache would hold it. Timings are the row's share of the shared
-work: ``prefill_seconds`` = shared prefill / variants + its group's forward / group size,
-``decode_seconds`` = Σ over the decode forwards it took part in of forward time / rows, so
-a shard's timings still add up to its wall time. Chunked streaming (the multi-turn
-cell: each chunk is decided as it leaves the window) keeps the batch-1 path
-(:func:`forkable`). The greedy tokens agree with the batch-1 path up to floating-point
-ties (batched matmuls may round differently in the last bit).
+A run that shares no prefill — chunked streaming (the multi-turn cell: each chunk is decided as
+it leaves the window, :func:`forkable`), or a forkable run alone — is prefilled on its own
+cache (:meth:`Engine.prefill <kvcert.generation.engine.Engine.prefill>`) and decoded in the same
+loop as a batch of one row: one run alone is the one-row case of this path. Each row's record
+is what a batch-1 run of its spec writes (:meth:`Engine.record
+<kvcert.generation.engine.Engine.record>`): the same fields and meaning, its certificates folded
+from its own batch row and only over the layers where it has a sampled tail, ``kv_bytes_*`` and
+``sketch_bytes`` of its own row as a batch-1 cache would hold it. Timings are the row's share
+of the shared work: ``prefill_seconds`` = shared prefill / variants + its group's forward /
+group size, ``decode_seconds`` = Σ over the decode forwards it took part in of forward time /
+rows, so a shard's timings still add up to its wall time. A forked row's greedy tokens agree
+with the same run alone up to floating-point ties (batched matmuls may round differently in
+the last bit); the test oracle, ``tests/batch1_oracle.py``, runs each spec alone with its own
+loop, and the tests compare every path with it.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import torch
 
+from ..cache import CertifiedCache
 from ..certificate import unit_roundoff
-from ..fork import (Branch, ForkingCache, join_view_caches, row_nbytes, row_view_cache, stacked_cache,
-                    take_cache_rows, width_buckets)
+from ..fork import (
+    Branch,
+    ForkingCache,
+    join_view_caches,
+    row_nbytes,
+    row_view_cache,
+    stacked_cache,
+    take_cache_rows,
+    width_buckets,
+)
 from ..tasks.prompting import build_prompt_ids
-from .engine import Engine, sync_device, check_logits, greedy, refusing_non_finite, stop_rules
-from .signals import CertificateTrace, StepSignals, add_rows, attention_entropy, evicted_mass, next_token_signals
+from .engine import (
+    Engine,
+    check_logits,
+    greedy,
+    refusing_non_finite,
+    stop_rules,
+    sync_device,
+)
+from .signals import (
+    CertificateTrace,
+    StepSignals,
+    add_rows,
+    attention_entropy,
+    evicted_mass,
+    next_token_signals,
+)
 
 
 def forkable(engine: Engine) -> bool:
-    """Whether a run can be forked from the shared prefill (chunked streaming cannot)."""
+    """Whether a run can be forked from a shared prefill (chunked streaming cannot: from its second chunk on,
+    each variant's hidden states depend on what it kept)."""
     return engine.spec.chunk_tokens is None
 
 
@@ -57,7 +87,7 @@ def _limit(record, spec) -> int:
 
 def _fold(traces, signals, cache, steps, positions) -> None:
     """Fold a forward's certificates and attention entropies into the traces and step signals of the
-    rows at ``positions`` (a trace None: no certificate)."""
+    rows at ``positions`` of a stacked cache (a trace None: no certificate)."""
     for step in steps:
         entropy = attention_entropy(step)
         for pos, sig in zip(positions, signals):
@@ -71,90 +101,159 @@ def _fold(traces, signals, cache, steps, positions) -> None:
                  [{i for i in step.variance if tails[i][pos]} for pos, _ in rows])
 
 
+def _fold_alone(trace, signals, steps) -> None:
+    """Fold a forward's certificates into the trace of a run decoded on its own cache (every layer that
+    recorded one certifies it)."""
+    for step in steps:
+        if trace is not None:
+            trace.add(step)
+        signals.add_attention(attention_entropy(step))
+
+
 def _forward_rows(model, cache, tokens: list[int], rows: int, device) -> torch.Tensor:
     x = torch.tensor([tokens] * rows, dtype=torch.long, device=device)
     return model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
 
 
+@dataclass
+class _Batch:
+    """Rows decoded together: a stacked cache of forked rows, or one run's own cache (``alone``)."""
+
+    cache: CertifiedCache
+    rows: list[int]  # batch row -> run index
+    logits: torch.Tensor  # [rows, V]: the next token's
+    alone: bool = False
+
+
 @torch.inference_mode()
-def run_forked(engines: list[Engine], record) -> list[dict]:
-    """The records of ``record`` under every engine's spec (same model), in the engines' order; NaN or
+def generate(engines: list[Engine], record) -> list[dict]:
+    """The records of ``record`` under every engine's spec (same model), in the engines' order: the runs that
+    can share a prefill fork from one, the others are prefilled alone, and all decode in one loop; NaN or
     ±inf in a forward or its logits is refused in one line naming the model folder."""
     if not engines:
         return []
     with refusing_non_finite(engines[0].model_path):
-        return _run_forked(engines, record)
+        return _generate(engines, record)
 
 
-def _run_forked(engines: list[Engine], record) -> list[dict]:
-    if any(not forkable(e) for e in engines):
-        raise ValueError("run_forked: chunked streaming runs keep the batch-1 path (Engine.run)")
+def _generate(engines: list[Engine], record) -> list[dict]:
     e0 = engines[0]
     model, device = e0.model, e0.device
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     ids, question_start = build_prompt_ids(e0.tokenizer, record)
     specs = [e.spec for e in engines]
     conds = [s.condition for s in specs]
-    question = ids[question_start:]
-    if "streaming" in conds and not question:
+    if "streaming" in conds and not ids[question_start:]:
         raise ValueError("streaming: the prompt has no question part to feed after compression")
     roundoff = unit_roundoff(next(model.parameters()).dtype)
     traces = [CertificateTrace(s.certificate.delta, s.certificate.aggregations, e.num_layers, roundoff)
               if s.method.randomized else None for e, s in zip(engines, specs)]
+    signals = [StepSignals(attention=not s.method.is_full) for s in specs]
+    forks = [i for i, e in enumerate(engines) if forkable(e)]
+    forks = forks if len(forks) > 1 else []  # one run alone shares nothing
+    done = _Prefilled()
+    batches = _prefill_forks(engines, forks, record, ids, question_start, traces, signals, done) if forks else []
+    for i in range(len(engines)):
+        if i not in forks:
+            batches.append(_prefill_alone(engines[i], i, record, ids, question_start, traces[i], signals[i], done))
+    return _decode(engines, record, ids, question_start, batches, traces, signals, done, roundoff, started)
 
+
+@dataclass
+class _Prefilled:
+    """Per run: its share of the prefill's time, its kept fraction per layer, its evicted mass and its peak
+    cache bytes during the prefill."""
+
+    seconds: dict = field(default_factory=dict)
+    kept_fraction: dict = field(default_factory=dict)
+    mass: dict = field(default_factory=dict)
+    peak: dict = field(default_factory=dict)
+
+
+def _prefill_alone(engine: Engine, i: int, record, ids, question_start, trace, signals, done: _Prefilled) -> _Batch:
+    """One run prefilled on its own cache, as its condition feeds the prompt (:meth:`Engine.prefill`)."""
+    spec = engine.spec
+    cache = CertifiedCache(record_certificates=spec.method.randomized, record_entropy=not spec.method.is_full)
+    sync_device(engine.device)
+    t0 = time.perf_counter()
+    logits = engine.prefill(ids, question_start, cache, engine.press(record.id, spec.budget))
+    sync_device(engine.device)
+    done.seconds[i] = time.perf_counter() - t0
+    done.kept_fraction[i] = cache.kept_fraction()
+    done.mass[i] = evicted_mass(cache.layers, spec.certificate.aggregations)
+    _fold_alone(trace, signals, cache.pop_steps())
+    return _Batch(cache, [i], logits.unsqueeze(0), alone=True)
+
+
+def _prefill_forks(engines, forks, record, ids, question_start, traces, signals, done: _Prefilled) -> list[_Batch]:
+    """The runs ``forks`` forked from one shared prefill (:mod:`kvcert.fork`), fed their question or last
+    prompt token in stacked caches of similar width: the batches their decoding starts from."""
+    e0 = engines[forks[0]]
+    model, device = e0.model, e0.device
+    specs = {i: engines[i].spec for i in forks}
+    conds = {i: specs[i].condition for i in forks}
+    question = ids[question_start:]
     sync_device(device)
     t0 = time.perf_counter()
     branches: dict[int, Branch] = {}
-    for i, (e, s) in enumerate(zip(engines, specs)):
-        if s.condition != "full":
-            end = question_start if s.condition == "streaming" else len(ids) - 1
-            branches[i] = Branch(e.press(record.id, s.budget), end)
-    prefix = ids[:-1] if any(c != "streaming" for c in conds) else ids[:question_start]
+    for i in forks:
+        if conds[i] != "full":
+            end = question_start if conds[i] == "streaming" else len(ids) - 1
+            branches[i] = Branch(engines[i].press(record.id, specs[i].budget), end)
+    prefix = ids[:-1] if any(conds[i] != "streaming" for i in forks) else ids[:question_start]
     shared = ForkingCache(list(branches.values()))
     model(input_ids=torch.tensor([prefix], dtype=torch.long, device=device), cache=shared, use_cache=True,
           logits_to_keep=1)
     sync_device(device)
     t_shared = time.perf_counter() - t0
 
-    record_certs = any(t is not None for t in traces)
-    sources = {i: branches[i].layers if i in branches else shared.layers for i in range(len(engines))}
-    mass = {i: evicted_mass(sources[i], s.certificate.aggregations) for i, s in enumerate(specs)}
-    signals = [StepSignals(attention=not s.method.is_full) for s in specs]
-    peak = {i: b.peak_nbytes for i, b in branches.items()}
+    record_certs = any(traces[i] is not None for i in forks)
+    sources = {i: branches[i].layers if i in branches else shared.layers for i in forks}
+    for i in forks:
+        done.mass[i] = evicted_mass(sources[i], specs[i].certificate.aggregations)
+        done.peak[i] = branches[i].peak_nbytes if i in branches else 0
     del shared, branches  # the forks live on in the stacks
     # decode batches: every row in one, unless padding short rows to a long one (the full cache)
     # costs more than a further forward (kvcert.fork.width_buckets)
-    widths = [sum(layer.length for layer in sources[i]) for i in range(len(engines))]
-    batches, prefill_seconds, kept_fraction = [], {}, {}
+    widths = [sum(layer.length for layer in sources[i]) for i in forks]
+    batches = []
     for bucket in width_buckets(widths):
-        stream = [i for i in bucket if conds[i] == "streaming"]
-        rest = [i for i in bucket if conds[i] != "streaming"]
+        members = [forks[b] for b in bucket]
+        stream = [i for i in members if conds[i] == "streaming"]
+        rest = [i for i in members if conds[i] != "streaming"]
         order = stream + rest  # batch row -> run index
         # one stack for the bucket, with room for the feeds; each group's forward runs on a view of its rows
         batch = stacked_cache([sources[i] for i in order], record_certs, room=max(len(question), 1),
                               record_entropy=any(not specs[i].method.is_full for i in order))
         views, logits, start = [], [], 0
-        for members, feed in ((stream, question), (rest, ids[-1:])):
-            if not members:
+        for group, feed in ((stream, question), (rest, ids[-1:])):
+            if not group:
                 continue
             t = time.perf_counter()
-            view = row_view_cache(batch, start, start + len(members))
-            out = _forward_rows(model, view, feed, len(members), device)
+            view = row_view_cache(batch, start, start + len(group))
+            out = _forward_rows(model, view, feed, len(group), device)
             check_logits(out, e0.model_path)
             sync_device(device)
             dt = time.perf_counter() - t
-            _fold([traces[i] for i in members], [signals[i] for i in members], view, view.pop_steps(),
-                  range(len(members)))
-            for pos, i in enumerate(members):
-                prefill_seconds[i] = t_shared / len(engines) + dt / len(members)
-                kept_fraction[i] = [float(layer.kept[pos].float().mean()) / layer.seen for layer in view.layers]
+            _fold([traces[i] for i in group], [signals[i] for i in group], view, view.pop_steps(), range(len(group)))
+            for pos, i in enumerate(group):
+                done.seconds[i] = t_shared / len(forks) + dt / len(group)
+                done.kept_fraction[i] = [float(layer.kept[pos].float().mean()) / layer.seen for layer in view.layers]
             views.append(view)
             logits.append(out)
-            start += len(members)
+            start += len(group)
         join_view_caches(batch, views)
-        batches.append([batch, order, torch.cat(logits, 0)])
-    del sources
+        batches.append(_Batch(batch, order, torch.cat(logits, 0)))
+    return batches
 
+
+def _decode(engines, record, ids, question_start, batches: list[_Batch], traces, signals, done: _Prefilled,
+            roundoff: float, started: str) -> list[dict]:
+    """Greedy decoding of every batch, a step of each at a time: a row that emits a stop token or reaches its
+    limit is recorded and leaves its batch (a stacked one is repacked without it)."""
+    e0 = engines[0]
+    model, device = e0.model, e0.device
+    specs = [e.spec for e in engines]
     stops, first_forbidden = stop_rules(e0.tokenizer, record, e0.eos)
     limits = [_limit(record, s) for s in specs]
     tokens: list[list[int]] = [[] for _ in engines]
@@ -162,48 +261,53 @@ def _run_forked(engines: list[Engine], record) -> list[dict]:
     decode_seconds = [0.0] * len(engines)
     records: dict[int, dict] = {}
     while batches:
-        for entry in list(batches):
-            cache, active, step_logits = entry
+        for batch in list(batches):
             t = time.perf_counter()
-            lp = torch.log_softmax(step_logits.float(), dim=-1)
-            best = greedy(lp, first_forbidden if not tokens[active[0]] else set())  # rows of a batch step together
+            lp = torch.log_softmax(batch.logits.float(), dim=-1)
+            best = greedy(lp, first_forbidden if not tokens[batch.rows[0]] else set())  # rows of a batch step together
             picked = lp.gather(-1, best.unsqueeze(-1)).squeeze(-1)
             best, picked = best.tolist(), picked.tolist()
             step_signals = next_token_signals(lp)
             finished = []
-            for pos, i in enumerate(active):
+            for pos, i in enumerate(batch.rows):
                 tokens[i].append(best[pos])
                 logprobs[i].append(picked[pos])
                 signals[i].add_next_token(step_signals, pos)
                 if best[pos] in stops or len(tokens[i]) == limits[i]:
                     finished.append(pos)
             for pos in finished:
-                i = active[pos]
-                final = sum(row_nbytes(layer, pos) for layer in cache.layers)
-                sketch = sum(layer.row_sketch_bytes[pos] for layer in cache.layers)
+                i = batch.rows[pos]
+                if batch.alone:  # its own cache: what a batch-1 run's cache reports
+                    peak, final, sketch = batch.cache.peak_nbytes, batch.cache.nbytes(), batch.cache.sketch_nbytes()
+                else:
+                    final = sum(row_nbytes(layer, pos) for layer in batch.cache.layers)
+                    sketch = sum(layer.row_sketch_bytes[pos] for layer in batch.cache.layers)
+                    peak = max(done.peak.get(i, 0), final)
                 records[i] = engines[i].record(
                     record, specs[i], ids, question_start, tokens[i], logprobs[i],
                     traces[i] or CertificateTrace(specs[i].certificate.delta, specs[i].certificate.aggregations,
                                                   engines[i].num_layers, roundoff),
-                    kept_fraction[i], signals[i], mass[i], prefill_seconds=prefill_seconds[i],
-                    decode_seconds=decode_seconds[i],
-                    kv_bytes_peak=max(peak.get(i, 0), final), kv_bytes_final=final, sketch_bytes=sketch,
+                    done.kept_fraction[i], signals[i], done.mass[i], prefill_seconds=done.seconds[i],
+                    decode_seconds=decode_seconds[i], kv_bytes_peak=peak, kv_bytes_final=final, sketch_bytes=sketch,
                     started=started,
                 )
             if finished:
-                keep = [pos for pos in range(len(active)) if pos not in finished]
+                keep = [pos for pos in range(len(batch.rows)) if pos not in finished]
                 if not keep:
-                    batches.remove(entry)
+                    batches.remove(batch)
                     continue
-                cache = entry[0] = take_cache_rows(cache, keep)
-                active = entry[1] = [active[pos] for pos in keep]
-            x = torch.tensor([tokens[i][-1] for i in active], dtype=torch.long, device=device).unsqueeze(-1)
-            entry[2] = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-            check_logits(entry[2], e0.model_path)
-            _fold([traces[i] for i in active], [signals[i] for i in active], cache, cache.pop_steps(),
-                  range(len(active)))
+                batch.cache = take_cache_rows(batch.cache, keep)
+                batch.rows = [batch.rows[pos] for pos in keep]
+            x = torch.tensor([tokens[i][-1] for i in batch.rows], dtype=torch.long, device=device).unsqueeze(-1)
+            batch.logits = model(input_ids=x, cache=batch.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            check_logits(batch.logits, e0.model_path)
+            if batch.alone:
+                _fold_alone(traces[batch.rows[0]], signals[batch.rows[0]], batch.cache.pop_steps())
+            else:
+                _fold([traces[i] for i in batch.rows], [signals[i] for i in batch.rows], batch.cache,
+                      batch.cache.pop_steps(), range(len(batch.rows)))
             sync_device(device)
             dt = time.perf_counter() - t
-            for i in active:
-                decode_seconds[i] += dt / len(active)
+            for i in batch.rows:
+                decode_seconds[i] += dt / len(batch.rows)
     return [records[i] for i in range(len(engines))]

@@ -1,8 +1,8 @@
 """The generation record: one frozen type, defined once.
 
 :class:`GenerationRecord` is what one generation leaves behind. The engine builds it
-(:meth:`Engine.record <kvcert.generation.engine.Engine.record>`, shared by the batch-1
-and the forked path), the shards serialise it (:meth:`GenerationRecord.to_dict`, one
+(:meth:`Engine.record <kvcert.generation.engine.Engine.record>`, for every run of the one
+generation path), the shards serialise it (:meth:`GenerationRecord.to_dict`, one
 JSON object per line), the analysis validates it (:meth:`GenerationRecord.from_dict`:
 every field present, no unknown field) and the test fixtures construct it
 (:mod:`kvcert.testing`). A new field goes here and nowhere else.

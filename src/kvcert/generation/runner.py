@@ -3,12 +3,13 @@
 Everything that can be wrong with the inputs — the configs, the model path, the
 records file — is checked before the first generation, each in one line. A shard may
 hold several runs (the full cache and the compressed settings of the same examples);
-they share one loaded model. By default the runs of one example are *forked* from one
-prefill and decoded together when there are two or more (:mod:`kvcert.generation.forked`); chunked streaming runs,
-and every run with ``forked=False``, take the batch-1 path. An example interrupted half
-written is recomputed whole (every forkable run of it, so the batch — hence every
-record's rounding — is the one an uninterrupted run has) and only its missing records
-are written: no duplicate, no gap, the same records.
+they share one loaded model. Every example goes through the one generation path
+(:func:`kvcert.generation.forked.generate`): its runs that can share a prefill are forked from
+one and decoded together; chunked streaming runs are prefilled alone and decoded in the same
+loop; with ``forked=False`` every run goes alone (the one-row case; ``kvcert shard --batch-1``).
+An example interrupted half written is recomputed whole (every forkable run of it, so the
+batch — hence every record's rounding — is the one an uninterrupted run has) and only its
+missing records are written: no duplicate, no gap, the same records.
 """
 
 from __future__ import annotations
@@ -16,13 +17,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-
 from ..models import load_model, resolve_model_path
 from ..progress import progress as progress_display
+from ..provenance import config_hash, provenance
 from ..tasks.records import read_jsonl
 from .engine import Engine
-from ..provenance import config_hash, provenance
-from .forked import forkable, run_forked
+from .forked import forkable, generate
 from .shards import ShardWriter, read_records, record_key
 from .spec import GenerationSpec
 
@@ -98,11 +98,15 @@ def run_specs(
                 missing = [e for e in engines if not writer.is_done(expected_key(record.id, e.spec))]
                 if not missing:
                     continue
-                batch = [e for e in engines if forkable(e)] if forked else []
-                batch = batch if len(batch) > 1 else []  # one run alone shares nothing
-                results = dict(zip(map(id, batch), run_forked(batch, record))) if any(e in batch for e in missing) else {}
+                forks = [e for e in engines if forkable(e)] if forked else []
+                forks = forks if len(forks) > 1 and any(e in forks for e in missing) else []  # the whole batch again
+                runs = [e for e in engines if e in forks or e in missing]
+                if forked:
+                    results = dict(zip(map(id, runs), generate(runs, record)))
+                else:  # every run alone: the one-row case of the same path
+                    results = {id(e): generate([e], record)[0] for e in missing}
                 for e in missing:
-                    writer.write(results[id(e)] if id(e) in results else e.run(record))
+                    writer.write(results[id(e)])
                     bar.update(1)
             bar.close()
     finally:

@@ -132,6 +132,7 @@ def evaluate_compressed(
     the measurement and back afterwards.
     """
     from kvcert.generation.engine import Engine
+    from kvcert.generation.forked import generate
     from kvcert.generation.spec import GenerationSpec, MethodSpec
     from kvcert.integration import enable_certified_attention
     from kvcert.models import ModelSpec
@@ -152,7 +153,7 @@ def evaluate_compressed(
         for task, length, records in record_sets(tokenizer, tasks, lengths, n_examples, seed):
             correct = 0
             for record in records:
-                out = engine.run(record)
+                out = generate([engine], record)[0]
                 correct += is_correct(task, out["answer"], record.answers)
                 bar.update(1)
             result.setdefault(task, {})[str(length)] = correct / max(1, len(records))
@@ -193,6 +194,7 @@ def evaluate_regime(
     chosen with it.
     """
     from kvcert.generation.engine import Engine
+    from kvcert.generation.forked import generate
     from kvcert.generation.spec import GenerationSpec, MethodSpec
     from kvcert.integration import enable_certified_attention
     from kvcert.models import ModelSpec
@@ -220,14 +222,14 @@ def evaluate_regime(
         for task, length, records in record_sets(tokenizer, tasks, lengths, n_examples, seed):
             correct = 0
             for record in records:
-                ok = is_correct(task, engines["full"].run(record)["answer"], record.answers)
+                ok = is_correct(task, generate([engines["full"]], record)[0]["answer"], record.answers)
                 correct += ok
                 bar.update(1)
                 for condition, budget in cells:
                     name = f"{condition}@{budget:g}"
                     for sampler in samplers:
                         if ok:
-                            out = engines[(condition, budget, sampler)].run(record)
+                            out = generate([engines[(condition, budget, sampler)]], record)[0]
                             counts = tally.setdefault((name, task), [0, 0])
                             counts[0] += not is_correct(task, out["answer"], record.answers)
                             counts[1] += 1
