@@ -190,6 +190,7 @@ def test_records_of_the_generation_engine_load(prereg, tmp_path):
 
     from kvcert import enable_certified_attention
     from kvcert.generation.engine import Engine
+    from kvcert.generation.forked import generate as generate_runs
     from kvcert.provenance import provenance
     from kvcert.generation.spec import GenerationSpec
     from kvcert.tasks import generate
@@ -210,7 +211,7 @@ def test_records_of_the_generation_engine_load(prereg, tmp_path):
         spec = GenerationSpec.from_dict({"model": {"name": "tiny", "path": "unused"}, "method": method,
                                          "condition": condition, "budget": 1.0 if sampler is None else 0.25,
                                          "max_new_tokens": 3})
-        out.append(Engine(model, tok, spec, provenance(spec.to_dict(), fr.prereg_hash)).run(task))
+        out.append(generate_runs([Engine(model, tok, spec, provenance(spec.to_dict(), fr.prereg_hash))], task)[0])
     df, _ = score_shards([write_shard(out, tmp_path / "engine.jsonl")], folder)
     assert df["condition"].tolist() == ["full", "aware", "streaming"]
     assert np.isfinite(df.loc[1, "cert_signal"]) and df.loc[1, "cert_signal"] > 0
