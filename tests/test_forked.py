@@ -24,7 +24,8 @@ import torch
 
 from kvcert.attention import hajek_attention
 from kvcert.cache import CompactLayer
-from kvcert.fork import row_nbytes, stack_layers, take_rows, width_buckets
+from kvcert.batched import BatchedLayer
+from kvcert.fork import width_buckets
 from kvcert.generation.engine import Engine
 from kvcert.generation.forked import generate
 from kvcert.generation.runner import run_specs
@@ -146,14 +147,14 @@ def test_stacked_rows_attend_as_alone_and_survive_dropping_a_row():
     long = CompactLayer(reserve=4)
     long.update(torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8))
     short.seen = long.seen = 9  # the same prompt, fewer tokens kept
-    stacked = stack_layers([long, short])
+    stacked = BatchedLayer.stack([long, short])
     assert stacked.length == 9 and stacked.has_padding and not stacked.has_tail
-    assert row_nbytes(stacked, 1) == short.nbytes() and row_nbytes(stacked, 0) == long.nbytes()
+    assert stacked.row_nbytes(1) == short.nbytes() and stacked.row_nbytes(0) == long.nbytes()
     q = torch.randn(2, 4, 1, 8)
     out = hajek_attention(q, stacked.keys, stacked.values, stacked.log_pi, 0.3).output
     alone = hajek_attention(q[1:], short.keys, short.values, None, 0.3).output
     torch.testing.assert_close(out[1:], alone)
-    kept = take_rows(stacked, [1])
+    kept = stacked.take([1])
     assert kept.length == 5 and not kept.has_padding  # the long row's width went with it
     torch.testing.assert_close(hajek_attention(q[1:], kept.keys, kept.values, kept.log_pi, 0.3).output, alone)
 

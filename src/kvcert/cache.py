@@ -110,6 +110,22 @@ class CompactLayer(CacheLayerMixin):
         self._om = torch.zeros(b, h, capacity, dtype=torch.float32, device=self.device)
         self._dev = torch.zeros(b, h, capacity, dtype=torch.float32, device=self.device)
 
+    def fork(self, end: int) -> "CompactLayer":
+        """A batch-1 layer holding the first ``end`` slots of this uncompressed layer (a fork of a shared
+        prefill, :mod:`kvcert.fork`). Its storage views this layer's (capacity exactly ``end``): compaction
+        gathers into new storage and any append reallocates, so this layer is never written."""
+        if self.compactions or self.length < end:
+            raise ValueError("fork: forks start from an uncompressed layer holding the prefix")
+        out = CompactLayer(reserve=self.reserve, growth=self.growth)
+        out.device = self.device
+        out._k, out._v = self._k[:, :, :end], self._v[:, :, :end]
+        out._lp, out._om, out._dev = self._lp[:, :, :end], self._om[:, :, :end], self._dev[:, :, :end]
+        out.length = out.seen = out.undecided = end
+        out.kept = torch.full_like(self.kept, end)
+        out.is_initialized = True
+        out._refresh_views()
+        return out
+
     @property
     def capacity(self) -> int:
         return 0 if self._k is None else self._k.shape[2]

@@ -46,33 +46,10 @@ import torch
 
 from ..cache import CertifiedCache
 from ..certificate import unit_roundoff
-from ..fork import (
-    Branch,
-    ForkingCache,
-    join_view_caches,
-    row_nbytes,
-    row_view_cache,
-    stacked_cache,
-    take_cache_rows,
-    width_buckets,
-)
+from ..fork import Branch, ForkingCache, join_view_caches, row_view_cache, stacked_cache, take_cache_rows, width_buckets
 from ..tasks.prompting import build_prompt_ids
-from .engine import (
-    Engine,
-    check_logits,
-    greedy,
-    refusing_non_finite,
-    stop_rules,
-    sync_device,
-)
-from .signals import (
-    CertificateTrace,
-    StepSignals,
-    add_rows,
-    attention_entropy,
-    evicted_mass,
-    next_token_signals,
-)
+from .engine import Engine, check_logits, greedy, refusing_non_finite, stop_rules, sync_device
+from .signals import CertificateTrace, StepSignals, add_rows, attention_entropy, evicted_mass, next_token_signals
 
 
 def forkable(engine: Engine) -> bool:
@@ -280,7 +257,7 @@ def _decode(engines, record, ids, question_start, batches: list[_Batch], traces,
                 if batch.alone:  # its own cache: what a batch-1 run's cache reports
                     peak, final, sketch = batch.cache.peak_nbytes, batch.cache.nbytes(), batch.cache.sketch_nbytes()
                 else:
-                    final = sum(row_nbytes(layer, pos) for layer in batch.cache.layers)
+                    final = sum(layer.row_nbytes(pos) for layer in batch.cache.layers)
                     sketch = sum(layer.row_sketch_bytes[pos] for layer in batch.cache.layers)
                     peak = max(done.peak.get(i, 0), final)
                 records[i] = engines[i].record(
