@@ -29,6 +29,21 @@ def tiny_model(arch: str, seed: int = 0, layers: int = 2, dtype=torch.float32):
     return model
 
 
+def config_for(tokenizer, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
+               positions: int = 4096) -> LlamaConfig:
+    """A small Llama config (grouped-query attention) sized to ``tokenizer``: its vocabulary and special tokens."""
+    return LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                       max_position_embeddings=positions, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+
+
+def model_for(tokenizer, seed: int = 0, **config) -> LlamaForCausalLM:
+    """A random-init Llama sized to ``tokenizer`` (:func:`config_for`), in eval mode."""
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config_for(tokenizer, **config)).eval()
+
+
 @pytest.fixture(params=sorted(ARCHITECTURES))
 def arch(request):
     return request.param
@@ -40,13 +55,7 @@ def word_model_dir(tmp_path_factory):
     from kvcert.training.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-    )
     path = tmp_path_factory.mktemp("model")
-    LlamaForCausalLM(config).save_pretrained(path)
+    model_for(tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -13,6 +13,8 @@ from kvcert.analysis.load import RecordRefused, load_shards, score_shards, score
 from kvcert.testing import certificate_block, frozen_copy, make_record, write_shard
 from kvcert.generation.shards import CorruptShardError
 
+from conftest import model_for
+
 PREREG = Path(__file__).resolve().parents[1] / "preregistration"
 
 
@@ -185,8 +187,6 @@ def test_certificate_block_is_constant():
 
 def test_records_of_the_generation_engine_load(prereg, tmp_path):
     """Records written by the real engine (random-init model) carry every field the analysis needs."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from kvcert import enable_certified_attention
     from kvcert.generation.engine import Engine
@@ -198,11 +198,7 @@ def test_records_of_the_generation_engine_load(prereg, tmp_path):
 
     folder, fr = prereg
     tok = build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model = enable_certified_attention(LlamaForCausalLM(config).eval())
+    model = enable_certified_attention(model_for(tok))
     task = generate("needle", tok, n_examples=1, target_tokens=300, seed=1)[0]
     out = []
     for condition, sampler in (("full", None), ("aware", "poisson"), ("streaming", "topk")):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from kvcert import certified_attention, enable_certified_attention
 from kvcert.generation.replay import (
@@ -29,17 +29,15 @@ from kvcert.scorers import SnapKVScorer
 from kvcert.tasks import build_prompt_ids, generate
 from kvcert.training.tokenizer import build_tokenizer
 
+from conftest import model_for
+
 BUDGETS, DRAWS, LATER, DELTA, SEED = [0.25, 0.5], 12, 2, 0.1, 5
 
 
 @pytest.fixture(scope="module")
 def setup():
     tok = build_tokenizer()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model = enable_certified_attention(LlamaForCausalLM(config).eval())
+    model = enable_certified_attention(model_for(tok))
     records = generate("needle", tok, n_examples=2, target_tokens=300, seed=123, answer_tokens=0)  # a 300-token prompt
     df = replay_model(model, tok, records, BUDGETS, DRAWS, LATER, DELTA, seed=SEED, model_name="tiny")
     return model, tok, records, df

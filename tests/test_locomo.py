@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from locomo_official import official_context
 
@@ -23,6 +23,8 @@ from kvcert.tasks.locomo import (
     resolve_adversarial_choice, score_locomo, score_locomo_record,
 )
 from kvcert.tasks.prompting import build_prompt_ids
+
+from conftest import model_for
 
 
 def _sample() -> dict:
@@ -281,12 +283,7 @@ def test_records_are_seeded_and_filterable(tok):
 
 def test_generate_and_score_with_a_random_init_model(tok):
     record = locomo_records([_sample()], tok, categories=[4])[0]
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model = LlamaForCausalLM(config).eval()
+    model = model_for(tok, layers=1, hidden=32, heads=2, kv_heads=1, positions=1024)
     ids, _ = build_prompt_ids(tok, record)
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), do_sample=False,

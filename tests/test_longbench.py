@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from kvcert.tasks import longbench, longbench_metrics
 from kvcert.tasks.longbench import (
@@ -29,6 +29,8 @@ from kvcert.tasks.longbench_metrics import (
     retrieval_score, rouge_score, score_sample, score_task,
 )
 from kvcert.tasks.prompting import build_prompt_ids
+
+from conftest import model_for
 
 # Re-encoding the two decoded halves of a truncated prompt gives the kept tokens
 # back except where the halves meet (the junction may fall inside a word): we allow
@@ -421,12 +423,7 @@ def test_records_reject_a_row_without_answers(tok):
 def test_generate_and_score_with_a_random_init_model(tok):
     rows = [_row(i, words=300) for i in range(2)]
     records = longbench_records(rows, "hotpotqa", tok, max_length=256)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    model = LlamaForCausalLM(config).eval()
+    model = model_for(tok, layers=1, hidden=32, heads=2, kv_heads=1, positions=1024)
     predictions = []
     for record in records:
         ids, _ = build_prompt_ids(tok, record)
