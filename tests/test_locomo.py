@@ -25,6 +25,7 @@ from kvcert.tasks.locomo import (
 from kvcert.tasks.prompting import build_prompt_ids
 
 from conftest import model_for
+from kvcert.training.tokenizer import CHAT_TEMPLATE  # the embedded model's: one template for every test tokenizer
 
 
 def _sample() -> dict:
@@ -68,11 +69,6 @@ def _sample() -> dict:
 
 
 SPECIALS = ["<s>", "<|end|>", "<pad>", "<unk>", "<|user|>", "<|assistant|>"]
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n"
-    "{{ message['content'] }}<|end|>\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n"
-    "{% endif %}"
-)
 
 
 @pytest.fixture(scope="module")

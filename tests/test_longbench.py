@@ -31,6 +31,7 @@ from kvcert.tasks.longbench_metrics import (
 from kvcert.tasks.prompting import build_prompt_ids
 
 from conftest import model_for
+from kvcert.training.tokenizer import CHAT_TEMPLATE  # the embedded model's: one template for every test tokenizer
 
 # Re-encoding the two decoded halves of a truncated prompt gives the kept tokens
 # back except where the halves meet (the junction may fall inside a word): we allow
@@ -298,11 +299,6 @@ def test_hub_id_goes_through_datasets_lazily(monkeypatch):
 WORDS = ("river stone lamp garden window orange quiet silver harbor candle forest meadow "
          "north bridge copper field").split()
 SPECIALS = ["<s>", "<|end|>", "<pad>", "<|user|>", "<|assistant|>"]
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n"
-    "{{ message['content'] }}<|end|>\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n"
-    "{% endif %}"
-)
 
 
 @pytest.fixture(scope="module")
