@@ -66,7 +66,9 @@ def _legend_below(fig, axes, ncol: int = 3) -> None:
     if seen:
         fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=ncol, frameon=False,
                    bbox_to_anchor=(0.5, 0.0))
-        fig.tight_layout(rect=(0, 0.06 + 0.035 * int(np.ceil(len(seen) / ncol)), 1, 1))
+        # the legend's own height (rows of entries at ~0.25 in, plus a margin), not a share of a tall figure
+        inches = 0.15 + 0.25 * int(np.ceil(len(seen) / ncol))
+        fig.tight_layout(rect=(0, inches / fig.get_size_inches()[1], 1, 1))
 
 
 def _save(fig, path: Path, layout: bool = True) -> Path:
@@ -202,7 +204,11 @@ def coverage_figure(cells: pd.DataFrame, path: Path, delta: float, kill: float |
     2nd percentile), cells below it counted in its first bin and said in the title."""
     if cells.empty:
         return None
-    fig, axes = _grid(3, 3.1, sharey=True)
+    # two per-step panels side by side, the anytime panel under them across the width (no empty quadrant)
+    fig = plt.figure(figsize=(WIDTH, 3.1 * 2))
+    grid = fig.add_gridspec(2, 2)
+    top = fig.add_subplot(grid[0, 0])
+    axes = [top, fig.add_subplot(grid[0, 1], sharey=top), fig.add_subplot(grid[1, :])]
     cols = ["coverage", "coverage_robust", "coverage_anytime", "coverage_anytime_robust"]
     values = pd.concat([cells[c] for c in cols]).dropna()
     low = max(0.0, min(1 - delta - 0.1, (kill or 1.0) - 0.05, float(values.quantile(0.02)) - 0.02))

@@ -29,8 +29,9 @@ def pooled_interval(rows: pd.DataFrame, plan: BootstrapPlan) -> tuple[float, flo
 def accuracy_table(scores: pd.DataFrame, tasks: list[str] | None = None,
                    analysis_plan: Mapping | None = None) -> pd.DataFrame:
     """One row per setting (the full cache first): ``runs``, accuracy per task and
-    ``pooled`` (over every run of the setting) with its bootstrap interval over examples
-    (``pooled_low``, ``pooled_high``: ``analysis_plan.bootstrap``), and ``compression_ratio``."""
+    ``pooled`` (over every run of the setting), each with its bootstrap interval over examples
+    (``<task>_low`` / ``<task>_high``, ``pooled_low`` / ``pooled_high``: ``analysis_plan.bootstrap``),
+    and ``compression_ratio``."""
     rows = scores if tasks is None else scores[scores["task"].isin(tasks)]
     if rows.empty:
         return pd.DataFrame(columns=[*SETTING, "compression_ratio", "runs", "pooled", "pooled_low", "pooled_high"])
@@ -48,5 +49,10 @@ def accuracy_table(scores: pd.DataFrame, tasks: list[str] | None = None,
     bounds = {key: pooled_interval(part, plan) for key, part in correct.groupby(SETTING)}
     table["pooled_low"] = [bounds[tuple(k)][0] for k in table[SETTING].itertuples(index=False)]
     table["pooled_high"] = [bounds[tuple(k)][1] for k in table[SETTING].itertuples(index=False)]
-    return table[[*SETTING, "compression_ratio", "runs", *task_cols, "pooled", "pooled_low",
-                  "pooled_high"]].reset_index(drop=True)
+    per = {(*key[:-1], key[-1]): pooled_interval(part, plan) for key, part in correct.groupby([*SETTING, "task"])}
+    for task in task_cols:
+        for end, name in ((0, "low"), (1, "high")):
+            table[f"{task}_{name}"] = [per.get((*k, task), (float("nan"), float("nan")))[end]
+                                       for k in table[SETTING].itertuples(index=False)]
+    return table[[*SETTING, "compression_ratio", "runs", *task_cols, "pooled", "pooled_low", "pooled_high",
+                  *(f"{t}_{e}" for t in task_cols for e in ("low", "high"))]].reset_index(drop=True)

@@ -61,21 +61,26 @@ def stability_text(c: Mapping) -> str:
 
 
 def claim_rows(claims: list[Mapping], stand_ins: bool = False) -> list[list[str]]:
-    """The claims table: one row per claim (its tests are in :func:`test_rows`); ``stand_ins`` (a rehearsal):
-    no agreement with the paper is claimed."""
+    """The claims table: one row per claim (its tests are in :func:`test_rows`); the paper's verdict and value
+    in one column, whether ours is the same beside it (``stand_ins``, a rehearsal: no agreement is claimed)."""
     rows = []
     for c in claims:
         paper = c.get("paper") or {}
         statement = c["statement"] + (" (this project's claim, beyond the paper)" if c.get("beyond_paper") else "")
-        agree = "– (stand-ins)" if stand_ins else agreement(c["verdict"], paper.get("verdict"))
-        rows.append([c["id"], statement, f"**{c['verdict']}**", placebo_text(c), stability_text(c),
-                     str(paper.get("value") or "–"), str(paper.get("verdict") or "–"),
-                     agree, "; ".join(c.get("reasons") or [])])
+        verdict = paper.get("verdict")
+        if not verdict:
+            theirs = str(paper.get("value") or "–")
+        elif stand_ins:
+            theirs = f"{verdict}: {paper.get('value') or '–'}"
+        else:
+            theirs = f"{verdict}: {paper.get('value') or '–'} ({agreement(c['verdict'], verdict)})"
+        rows.append([c["id"], statement, f"**{c['verdict']}**", theirs, placebo_text(c), stability_text(c),
+                     "; ".join(c.get("reasons") or [])])
     return rows
 
 
-CLAIM_HEADER = ["claim", "statement", "our verdict", "placebo (same tests)", "verdict stable over bootstrap seeds",
-                "paper", "paper's verdict", "agreement", "notes"]
+CLAIM_HEADER = ["claim", "statement", "our verdict", "paper's verdict: value (ours same?)", "placebo (same tests)",
+                "stable over seeds", "notes"]
 
 
 def pooled_counterpart(statistic: str) -> str | None:
@@ -276,14 +281,15 @@ def build_report(
     board = accuracy_table(scores_ok, tasks, plan) if scores_ok is not None else pd.DataFrame()
     if len(board):
         task_cols = [c for c in board.columns if c not in ("condition", "method", "budget", "compression_ratio",
-                                                             "runs", "pooled", "pooled_low", "pooled_high")]
+                                                             "runs", "pooled", "pooled_low", "pooled_high")
+                     and not c.endswith(("_low", "_high"))]
         doc.paragraph("Share of correct answers (score ≥ the task's pass mark) of every setting of the main grid, "
-                      f"per task and pooled over tasks and lengths, with the pooled share's {pct} bootstrap interval "
-                      "over examples. `budget` is the fraction of the cache kept; `compression_ratio` (kvpress's "
+                      f"per task and pooled over tasks and lengths, each with its {pct} bootstrap interval over "
+                      "examples. `budget` is the fraction of the cache kept; `compression_ratio` (kvpress's "
                       "convention) the fraction removed.")
-        doc.table(["condition", "method", "budget", "compression_ratio", "runs", *task_cols, f"pooled [{pct} CI]"],
+        doc.table(["condition", "method", "budget", "compression_ratio", "runs", *task_cols, "pooled"],
                   [[r["condition"], r["method"], f"{r['budget']:g}", f"{r['compression_ratio']:g}", r["runs"],
-                    *[fmt(r[t]) for t in task_cols],
+                    *[f"{fmt(r[t])} [{fmt(r[t + '_low'])}, {fmt(r[t + '_high'])}]" for t in task_cols],
                     f"{fmt(r['pooled'])} [{fmt(r['pooled_low'])}, {fmt(r['pooled_high'])}]"]
                    for _, r in board.iterrows()])
         doc.figure(figures.accuracy_figure(board, task_cols, fig_dir / "accuracy.png"),
