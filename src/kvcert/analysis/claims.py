@@ -124,6 +124,7 @@ class ClaimResult:
 
     placebo: dict = field(default_factory=dict)
     seed_stability: dict = field(default_factory=dict)
+    cells: dict = field(default_factory=dict)  # the registered cells (claims.yaml) the claim's rows come from
 
     def to_dict(self) -> dict:
         p = self.primary
@@ -133,7 +134,8 @@ class ClaimResult:
             "ci": p.estimate.to_dict()["ci"], "ci_level": p.estimate.level, "op": p.op, "threshold": p.threshold,
             "verdict": self.verdict, "reasons": self.reasons, "tests": [t.to_dict() for t in self.tests],
             "placebo": self.placebo, "seed_stability": self.seed_stability,
-            "cell": self.cell, "paper": self.paper, "details": self.details, "beyond_paper": self.beyond_paper,
+            "cell": self.cell, "cells": self.cells, "paper": self.paper, "details": self.details,
+            "beyond_paper": self.beyond_paper,
         }
 
 
@@ -855,7 +857,7 @@ def evaluate_claim(
         kill=str(spec.get("kill", "")), tests=main.tests, verdict=verdict, reasons=reasons,
         cell={**prep.counts, "minimum": {k: minimum.get(k) for k in kind.minimum}},
         paper=dict(spec.get("paper") or {}), details=details, beyond_paper=bool(spec.get("beyond_paper", False)),
-        placebo=placebo, seed_stability=seed_stability,
+        placebo=placebo, seed_stability=seed_stability, cells=dict(cells),
     )
 
 

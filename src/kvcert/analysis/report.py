@@ -423,12 +423,17 @@ def build_report(
                           f"{fmt((det.get('within_cell_q25_q75') or [None, None])[1])}); within a head "
                           f"{fmt(det.get('within_head_median'))}. The registered test is the within-cell median; "
                           "the pooled figure, which mixes cells of very different scale, is reported beside it.")
+        kinds = (c.get("cells") or {}).get("query_kinds") if isinstance(c.get("cells"), Mapping) else None
         if det.get("later_coverage_by_budget_layer"):
-            doc.paragraph("Later-query coverage per budget × layer cell: " + ", ".join(
+            text = "Later-query coverage per budget × layer cell: " + ", ".join(
                 f"{k} {fmt(v)}" for k, v in det["later_coverage_by_budget_layer"].items())
-                + f"; sample-dependent rows {det.get('sample_dependent_rows')}, of which diverged "
-                f"{det.get('diverged_rows')} ({det.get('diverged_decodes')} compressed decodes left the full "
-                "run's tokens).")
+            if kinds is None or "sample_dependent" in kinds:  # only where the claim's cells hold those rows
+                text += (f"; sample-dependent rows {det.get('sample_dependent_rows')}, of which diverged "
+                         f"{det.get('diverged_rows')} ({det.get('diverged_decodes')} compressed decodes left the full "
+                         "run's tokens)")
+            if kinds:
+                text += f". The claim's cells hold the {' and '.join(kinds)} queries; its figures pool those"
+            doc.paragraph(text + ".")
         if isinstance(det.get("strata"), Mapping):
             st = det["strata"]
             doc.paragraph(f"Strata: {st['strata_used']} hold both classes, {st['strata_dropped']} lack one and add no "
@@ -441,7 +446,8 @@ def build_report(
         if det.get("paths"):
             doc.paragraph(f"Anytime coverage = the share of {det['paths']} paths (a draw's setting query and the decode "
                           "steps of one run) whose every step is covered; coverage_anytime_step is the per-step mean.")
-        stats = det.get("statistics", {})
+        # statistics without data in this claim's cells (every resample skipped) are left out
+        stats = {n: s for n, s in det.get("statistics", {}).items() if s["skipped"] < s["resamples"]}
         if stats:
             doc.table(["statistic", "estimate [90 % CI]", "resamples", "skipped"],
                       [[n, fmt_ci(s, 4), s["resamples"], s["skipped"]] for n, s in stats.items()])
