@@ -124,7 +124,8 @@ def plain_log_pi(module: torch.nn.Module, n_q: int, length: int, device) -> torc
     return torch.cat([stored, stored.new_zeros(b, h, length - m)], -1).to(device)
 
 
-def _find_cache(kwargs: dict):
+def find_cache(kwargs: dict):
+    """The cache a decoder call was given (``cache=``, transformers 5.24; ``past_key_values=``, 5.2), or None."""
     for name in ("cache", "past_key_values"):
         if kwargs.get(name) is not None:
             return kwargs[name]
@@ -132,7 +133,7 @@ def _find_cache(kwargs: dict):
 
 
 def _pre_hook(module, args, kwargs):
-    cache = _find_cache(kwargs)
+    cache = find_cache(kwargs)
     if module._kvcert_cache_name != "cache" and kwargs.get("cache") is not None:
         # a transformers release whose decoders take the cache as ``past_key_values``
         kwargs[module._kvcert_cache_name] = kwargs.pop("cache")
@@ -175,7 +176,8 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
             and any(hasattr(m, name) for name in ("q_proj", "qkv_proj"))]
 
 
-def _decoder(model: torch.nn.Module) -> torch.nn.Module:
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack of a causal LM (its ``get_decoder()``, else the model itself)."""
     for getter in ("get_decoder",):
         fn = getattr(model, getter, None)
         if callable(fn):
@@ -199,7 +201,7 @@ def enable_certified_attention(model: torch.nn.Module) -> torch.nn.Module:
     """Switch ``model`` to kvcert attention (idempotent); returns the model."""
     AttentionInterface.register(ATTENTION_NAME, kvcert_attention_forward)
     model.set_attn_implementation(ATTENTION_NAME)
-    decoder = _decoder(model)
+    decoder = decoder_of(model)
     if not getattr(decoder, "_kvcert_hooked", False):
         decoder._kvcert_tokens = []
         decoder._kvcert_cache_name = cache_argument(decoder)

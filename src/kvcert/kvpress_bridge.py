@@ -69,17 +69,17 @@ def pressing(press, model: torch.nn.Module) -> Iterator[None]:
     from functools import partial
 
     from .cache import CertifiedCache
-    from .integration import _find_cache, _decoder, attention_modules, enable_certified_attention
+    from .integration import find_cache, decoder_of, attention_modules, enable_certified_attention
 
     enable_certified_attention(model)
 
     def arm(module, args, kwargs):
-        cache = _find_cache(kwargs)
+        cache = find_cache(kwargs)
         if isinstance(cache, CertifiedCache) and cache.get_seq_length() == 0 and not cache.armed:
             cache.arm(press)
 
     modules = attention_modules(model)
-    hook = _decoder(model).register_forward_pre_hook(arm, with_kwargs=True)
+    hook = decoder_of(model).register_forward_pre_hook(arm, with_kwargs=True)
     try:
         for module in modules:
             module.kvcert_compress = partial(compress_plain_layer, press)
