@@ -111,8 +111,9 @@ def complete_lines(path: Path) -> list[bytes]:
     return [line + b"\n" for line in data.split(b"\n")[:-1]]
 
 
-def wait_for_lines(path: Path, count: int, proc: subprocess.Popen | None = None, timeout: float = 300) -> list[bytes]:
-    """Poll ``path`` until it holds ``count`` complete lines (or fail, naming what happened)."""
+def wait_for_lines(path: Path, count: int, proc: subprocess.Popen | None = None, timeout: float = 900) -> list[bytes]:
+    """Poll ``path`` until it holds ``count`` complete lines (or fail, naming what happened); ``timeout`` is a
+    hang guard, not a speed bound."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         lines = complete_lines(path)

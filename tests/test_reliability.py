@@ -631,3 +631,32 @@ def test_task_max_new_tokens_zero_is_refused_not_replaced():
     assert answer_tokens({"max_new_tokens": None}) == 32 and answer_tokens({"max_new_tokens": 16}) == 16
     with pytest.raises(ValueError, match=r"task\.max_new_tokens=0: must be an integer >= 1"):
         answer_tokens({"max_new_tokens": 0})
+
+
+def test_the_preflight_names_finished_shards_made_under_another_config(prereg, tmp_path):
+    """Results copied into a fresh clone (no Snakemake metadata) after a config change: the pre-flight, which every
+    Snakemake run does first, names each finished shard whose records carry another config hash than its job's
+    configs give now, with both hashes and the remedy; unchanged configs pass."""
+    from kvcert.pipeline.check import check_finished_shards
+    from kvcert.pipeline.jobs import planned_records
+    from kvcert.pipeline.plan import build_plan, load_grid
+    from kvcert.tasks.records import TaskRecord, write_jsonl
+
+    folder, fr = prereg
+    configs = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", configs)
+    plan = build_plan("smoke", load_grid(folder, "grids/smoke.yaml"))
+    shard = plan.shards[0]
+    results = tmp_path / "results"
+    manifest = results / "smoke" / shard.manifest
+    write_jsonl([TaskRecord(id=f"{shard.task}-{i}", task=shard.task, context="c", question="q", answers=["x"],
+                            metadata={"target_tokens": shard.length}) for i in range(shard.stop)], manifest)
+    key, digest = next(iter(planned_records("smoke", shard, manifest, configs, folder).items()))
+    reseal(results / "smoke" / shard.path, [make_record(key[3], model=key[0], task=key[1], target_tokens=key[2],
+                                                        prereg_hash=fr.prereg_hash, config_hash=digest)])
+    assert check_finished_shards("smoke", plan, folder, configs, results) == []
+    model = configs / "model" / "embedded.yaml"
+    model.write_text(model.read_text().replace("dtype: float32", "dtype: bfloat16"))
+    [problem] = check_finished_shards("smoke", plan, folder, configs, results)
+    assert problem.startswith(f"{results / 'smoke' / shard.path}: made under config {digest}, but its job composes ")
+    assert "delete the shard and its seal to regenerate it, or restore the configs" in problem
