@@ -24,5 +24,9 @@ __all__ = ["certified_decode", "decode_bytes", "default_num_splits", "interpreti
 
 def __getattr__(name: str):
     if name in __all__:
-        return getattr(importlib.import_module(".certified_decode", __name__), name)
+        module = importlib.import_module(".certified_decode", __name__)
+        # importing the submodule binds its name on the package to the module: bind the functions over it,
+        # as ``from .certified_decode import certified_decode`` would
+        globals().update({n: getattr(module, n) for n in __all__})
+        return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
