@@ -11,22 +11,20 @@ kernel`` (:mod:`kvcert.bench.kernel_timing`, GPU timing with ``triton.testing.do
 
 See ``kernels/NOTES.md`` for the design and what has been verified where.
 
-Importing the package imports nothing else: its names load :mod:`.certified_decode` (and Triton)
-on first use. So a process whose working directory is the checkout — where this folder is
-importable as ``kernels``, the name under which transformers probes for the Hugging Face
-``kernels`` package — imports it cleanly without Triton installed.
+Without Triton (the CPU install: Triton is the ``gpu`` extra) the package still imports — a
+process whose working directory is the checkout finds this folder as ``kernels``, the name under
+which transformers probes for the Hugging Face ``kernels`` package — and its functions say how to
+get Triton when called.
 """
-
-import importlib
 
 __all__ = ["certified_decode", "decode_bytes", "default_num_splits", "interpreting"]
 
+try:
+    from .certified_decode import certified_decode, decode_bytes, default_num_splits, interpreting
+except ImportError as _missing:  # no Triton here
+    _reason = f"kvcert_kernels needs Triton ({_missing}): pip install 'kvcert[gpu]' (or pip install triton)"
 
-def __getattr__(name: str):
-    if name in __all__:
-        module = importlib.import_module(".certified_decode", __name__)
-        # importing the submodule binds its name on the package to the module: bind the functions over it,
-        # as ``from .certified_decode import certified_decode`` would
-        globals().update({n: getattr(module, n) for n in __all__})
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    def _unavailable(*args, **kwargs):
+        raise ImportError(_reason)
+
+    certified_decode = decode_bytes = default_num_splits = interpreting = _unavailable
