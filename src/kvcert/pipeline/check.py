@@ -276,8 +276,6 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
     models = sorted({m.model for m in plan.manifests + plan.replays})
     tasks = sorted({m.task for m in plan.manifests + plan.replays})
     task_cfgs = {task: config_file(configs, "task", task) for task in tasks}
-    for task, cfg in task_cfgs.items():
-        problems += check_task(cfg)
     for model in models:
         cfg = config_file(configs, "model", model)
         cells = [(m.task, m.length) for m in plan.manifests + plan.replays if m.model == model]
@@ -288,6 +286,8 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
         problems += found
         if forward and not found:
             problems += check_forward(model, cfg)
+    for task, cfg in task_cfgs.items():
+        problems += check_task(cfg)
     if profile is not None:
         problems += check_profile(profile)
     if results is not None:
