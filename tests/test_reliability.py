@@ -633,7 +633,7 @@ def test_task_max_new_tokens_zero_is_refused_not_replaced():
         answer_tokens({"max_new_tokens": 0})
 
 
-def test_the_preflight_names_finished_shards_made_under_another_config(prereg, tmp_path):
+def test_the_preflight_names_finished_shards_made_under_another_config(prereg, tmp_path, monkeypatch):
     """Results copied into a fresh clone (no Snakemake metadata) after a config change: the pre-flight, which every
     Snakemake run does first, names each finished shard whose records carry another config hash than its job's
     configs give now, with both hashes and the remedy; unchanged configs pass."""
@@ -660,3 +660,11 @@ def test_the_preflight_names_finished_shards_made_under_another_config(prereg, t
     [problem] = check_finished_shards("smoke", plan, folder, configs, results)
     assert problem.startswith(f"{results / 'smoke' / shard.path}: made under config {digest}, but its job composes ")
     assert "delete the shard and its seal to regenerate it, or restore the configs" in problem
+    # where Snakemake's metadata knows the shard, it reruns the job itself (its params changed): no problem
+    from base64 import urlsafe_b64encode
+
+    record = tmp_path / ".snakemake" / "metadata" / urlsafe_b64encode(f"{results}/smoke/{shard.path}".encode()).decode()
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    monkeypatch.chdir(tmp_path)  # Snakemake's working directory
+    assert check_finished_shards("smoke", plan, folder, configs, results) == []

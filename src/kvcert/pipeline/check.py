@@ -133,12 +133,25 @@ def check_results(results: str | Path) -> list[str]:
     return []
 
 
+def snakemake_knows(output: str, metadata: Path = Path(".snakemake") / "metadata") -> bool:
+    """Whether Snakemake's metadata (in the working directory's ``.snakemake``) holds a record of ``output`` (the
+    path as the Snakefile names it): then it reruns the job itself when the job's params change. The record's name
+    is Snakemake's: the path's URL-safe base64, cut into parts of at most 254 characters, all but the last
+    prefixed with ``@``."""
+    from base64 import urlsafe_b64encode
+
+    b64 = urlsafe_b64encode(output.encode()).decode()
+    parts = [b64[i:i + 254] for i in range(0, len(b64), 254)]
+    return metadata.joinpath(*["@" + s for s in parts[:-1]], parts[-1]).is_file()
+
+
 def check_finished_shards(experiment: str, plan, prereg: str | Path, configs: Path, results: str | Path,
                           model_paths: dict | None = None) -> list[str]:
     """Finished shards (``<results>/<experiment>/generations/...``) whose records were made under another config
-    than their job composes now: one line per shard naming both hashes and the remedy. Snakemake reruns such a job
-    itself when its metadata knows the shard; this catches results copied into a fresh clone or shared with
-    ``--config results=…``, which it would otherwise leave standing."""
+    than their job composes now, where Snakemake has no record of them (results copied into a fresh clone, or
+    shared with ``--config results=…``), so that it would leave them standing: one line per shard naming both
+    hashes and the remedy. Where its metadata knows a shard, Snakemake reruns the job itself (its params, the
+    config hash, changed)."""
     import json
 
     from ..provenance import config_hash
@@ -147,7 +160,7 @@ def check_finished_shards(experiment: str, plan, prereg: str | Path, configs: Pa
     problems, cache = [], {}
     for shard in plan.shards:
         path = Path(results) / experiment / shard.path
-        if not path.is_file():
+        if not path.is_file() or snakemake_knows(f"{results}/{experiment}/{shard.path}"):
             continue
         with open(path, encoding="utf-8") as fh:
             first = fh.readline()
@@ -160,7 +173,8 @@ def check_finished_shards(experiment: str, plan, prereg: str | Path, configs: Pa
         if made is not None and made not in planned:
             problems.append(f"{path}: made under config {made}, but its job composes {planned[0]}"
                             f"{' (and others)' if len(planned) > 1 else ''} now (a model, task or method config "
-                            "changed since): delete the shard and its seal to regenerate it, or restore the configs")
+                            "changed since), and Snakemake has no record of it to rerun it by: delete the shard and "
+                            "its seal to regenerate it, or restore the configs")
     return problems
 
 
