@@ -132,11 +132,11 @@ def test_kvcert_run_with_a_kvpress_scorer_certifies(tmp_path):
 #: (QFilterPress, KVzapPress, ExpectedAttentionStatsPress: they load them in their model setup), a press
 #: that wraps another (CriticalKVPress), attention weights (ObservedAttentionPress: eager attention)
 NOT_BY_NAME = {"QFilterPress", "KVzapPress", "ExpectedAttentionStatsPress", "CriticalKVPress", "ObservedAttentionPress"}
-SCORER_PRESSES = sorted(n for n in dir(kvpress) if isinstance(getattr(kvpress, n), type)
+ALL_SCORER_PRESSES = sorted(n for n in dir(kvpress) if isinstance(getattr(kvpress, n), type)
                         and issubclass(getattr(kvpress, n), kvpress.ScorerPress) and n != "ScorerPress")
 
 
-@pytest.mark.parametrize("name", [n for n in SCORER_PRESSES if n not in NOT_BY_NAME])
+@pytest.mark.parametrize("name", [n for n in ALL_SCORER_PRESSES if n not in NOT_BY_NAME])
 def test_every_scorer_press_by_name_is_a_certified_kvcert_scorer(model, name):  # noqa: F811
     """Every kvpress ScorerPress but NOT_BY_NAME scores a kvcert cache after the model setup kvpress's
     ``with press(model):`` does (the rotary embedding on each attention module, the press's model fields),
