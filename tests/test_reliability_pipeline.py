@@ -37,7 +37,7 @@ conditions: [aware]
 budgets: [0.25]
 methods: [snapkv-poisson]
 seeds: [0]
-generations_per_shard: 1000
+generations_per_shard: 2000
 """
 OUT = "results/smoke"
 SHARD = f"{OUT}/generations/embedded/main/needle/512/shard000.jsonl"
