@@ -308,7 +308,7 @@ def test_adding_a_model_to_the_paper_grid(paper_env, tmp_path):
 
 
 def test_profile_check_asks_for_a_qos_where_the_account_has_no_default(tmp_path, monkeypatch):
-    """A site whose association sets no default QoS refuses jobs without --qos: the pre-flight says so in one
+    """A site where Slurm picks no QoS for a job without --qos refuses it: the pre-flight says so in one
     line, naming the allowed ones; with a default QoS, or with qos set in the profile, it says nothing."""
     import yaml
 
@@ -316,7 +316,7 @@ def test_profile_check_asks_for_a_qos_where_the_account_has_no_default(tmp_path,
 
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     profile["default-resources"]["slurm_account"] = "lab"
-    answers = {"out": "normal,long|\n"}
+    answers = {"out": "gpu,long|\n"}
 
     class Done:
         def __init__(self, stdout):
@@ -327,10 +327,12 @@ def test_profile_check_asks_for_a_qos_where_the_account_has_no_default(tmp_path,
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(profile))
     lines = [p for p in check.check_profile(path) if "QoS" in p]
-    assert len(lines) == 1 and "long, normal" in lines[0] and "default-resources" in lines[0]
-    answers["out"] = "normal,long|normal\n"
-    assert not [p for p in check.check_profile(path) if "QoS" in p]
-    answers["out"] = "normal,long|\n"
-    profile["default-resources"]["qos"] = "normal"
+    assert len(lines) == 1 and "gpu, long" in lines[0] and "default-resources" in lines[0]
+    # Slurm picks a QoS itself: the association's default, its only one, or "normal" where allowed
+    for picks in ("gpu,long|gpu\n", "gpu|\n", "normal,long|\n"):
+        answers["out"] = picks
+        assert not [p for p in check.check_profile(path) if "QoS" in p], picks
+    answers["out"] = "gpu,long|\n"
+    profile["default-resources"]["qos"] = "gpu"
     path.write_text(yaml.safe_dump(profile))
     assert not [p for p in check.check_profile(path) if "QoS" in p]

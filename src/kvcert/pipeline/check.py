@@ -236,21 +236,31 @@ def check_profile(profile: str | Path, experiment_rules: tuple[str, ...] = ("gen
 
 
 def qos_required(account: str) -> list[str] | None:
-    """The QoS names ``account`` may use when its association sets no default QoS (a site that then
-    refuses jobs without ``--qos``); None where that cannot be asked (no sacctmgr) or a default exists."""
+    """The QoS names ``account`` may use where Slurm would refuse its jobs without ``--qos``; None where
+    that cannot be asked (no sacctmgr) or Slurm picks one itself. A job without ``--qos`` gets, in
+    slurmctld's order: the association's default QoS, else its only allowed QoS, else the root
+    association's default, else ``normal`` where it is allowed; only past all four is ``--qos`` needed."""
+
+    def rows(*query: str) -> list[list[str]]:
+        try:
+            out = subprocess.run(["sacctmgr", "-nP", "show", "assoc", *query], capture_output=True, text=True,
+                                 timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return []
+        return [line.split("|") for line in out.splitlines() if line.strip()]
+
     if shutil.which("sacctmgr") is None:
         return None
-    try:
-        out = subprocess.run(["sacctmgr", "-nP", "show", "assoc", f"account={account}", "format=qos,defaultqos"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
     allowed, defaults = set(), set()
-    for line in out.splitlines():
-        qos, _, default = line.partition("|")
+    for qos, default, *_ in (row + [""] for row in rows(f"account={account}", "format=qos,defaultqos")):
         allowed |= {q for q in qos.split(",") if q}
         defaults |= {default} if default else set()
-    return sorted(allowed) if allowed and not defaults else None
+    if not allowed or defaults or len(allowed) == 1 or "normal" in allowed:
+        return None
+    if any(user == "" and default for user, default, *_ in (row + ["", ""] for row in
+                                                           rows("account=root", "format=user,defaultqos"))):
+        return None
+    return sorted(allowed)
 
 
 def cluster_gpu_types() -> set[str] | None:
