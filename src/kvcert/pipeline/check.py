@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from ..sources import SourceError, hub_id
+from ..sources import hub_id
 
 PLACEHOLDER = re.compile(r"REPLACE_WITH_[A-Z_]+")
 WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
@@ -241,24 +241,23 @@ def qos_required(account: str) -> list[str] | None:
     slurmctld's order: the association's default QoS, else its only allowed QoS, else the root
     association's default, else ``normal`` where it is allowed; only past all four is ``--qos`` needed."""
 
-    def rows(*query: str) -> list[list[str]]:
+    def rows(*fields: str, account: str) -> list[tuple[str, str]]:
         try:
-            out = subprocess.run(["sacctmgr", "-nP", "show", "assoc", *query], capture_output=True, text=True,
-                                 timeout=10).stdout
+            out = subprocess.run(["sacctmgr", "-nP", "show", "assoc", f"account={account}",
+                                  "format=" + ",".join(fields)], capture_output=True, text=True, timeout=10).stdout
         except (OSError, subprocess.SubprocessError):
             return []
-        return [line.split("|") for line in out.splitlines() if line.strip()]
+        return [tuple((line.split("|") + [""])[:2]) for line in out.splitlines() if line.strip()]
 
     if shutil.which("sacctmgr") is None:
         return None
     allowed, defaults = set(), set()
-    for qos, default, *_ in (row + [""] for row in rows(f"account={account}", "format=qos,defaultqos")):
+    for qos, default in rows("qos", "defaultqos", account=account):
         allowed |= {q for q in qos.split(",") if q}
         defaults |= {default} if default else set()
     if not allowed or defaults or len(allowed) == 1 or "normal" in allowed:
         return None
-    if any(user == "" and default for user, default, *_ in (row + ["", ""] for row in
-                                                           rows("account=root", "format=user,defaultqos"))):
+    if any(user == "" and default for user, default in rows("user", "defaultqos", account="root")):
         return None
     return sorted(allowed)
 
@@ -287,8 +286,8 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
     against the configs now, :func:`check_finished_shards`; ``model_paths`` {model: path} as the jobs are
     given them, a retrained embedded model)."""
     from ..prereg import PreregError, verify
-    from .jobs import config_file, task_answer_tokens
     from .config import experiment_grid
+    from .jobs import config_file, task_answer_tokens
     from .plan import build_plan
 
     problems: list[str] = []
@@ -310,7 +309,7 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
         problems += found
         if forward and not found:
             problems += check_forward(model, cfg)
-    for task, cfg in task_cfgs.items():
+    for cfg in task_cfgs.values():
         problems += check_task(cfg)
     if profile is not None:
         problems += check_profile(profile)
