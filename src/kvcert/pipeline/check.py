@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from ..sources import hub_id
+from ..sources import fetched_name, hub_id
 
 PLACEHOLDER = re.compile(r"REPLACE_WITH_[A-Z_]+")
 WEIGHTS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
@@ -49,6 +49,22 @@ def check_model(name: str, cfg: dict, chat: bool = False, longest: tuple[int, st
     if dtype not in DTYPES:
         problems.append(f"model {name}: dtype {dtype!r} is not one of {', '.join(sorted(DTYPES))} "
                         f"(configs/model/{name}.yaml)")
+    fetched = fetched_name(path)
+    if fetched is not None:  # a model the pipeline's fetch_model rule makes (kvcert model fetch)
+        from ..model_store import FetchError, fetchable, fetched_folder, folder_problem
+        from .digest import DigestCache
+
+        try:
+            fetchable(fetched)
+        except FetchError as exc:
+            return problems + [f"model {name}: {path}: {exc} (configs/model/{name}.yaml)"]
+        if not fetched_folder(fetched).is_dir():
+            return problems  # not fetched yet: the fetch_model rule fetches it before any job loads it
+        digests = DigestCache(Path(".snakemake") / "kvcert" / "file-digests.json")
+        problem = folder_problem(fetched, full=True, sha256=digests.sha256)
+        digests.save()
+        if problem is not None:
+            return problems + [f"model {name}: {problem}"]
     try:
         resolved = resolve_model_path(path)
     except FileNotFoundError as exc:
@@ -80,6 +96,16 @@ def check_model(name: str, cfg: dict, chat: bool = False, longest: tuple[int, st
         problems.append(f"model {name}: {longest[1]} needs {longest[0]} positions, the model has {positions} "
                         "(max_position_embeddings): shorten the grid's lengths for it")
     return problems
+
+
+def unfetched(path: str) -> bool:
+    """Whether ``path`` names a model ``kvcert model fetch`` has not fetched yet (the fetch_model rule will)."""
+    name = fetched_name(path)
+    if name is None:
+        return False
+    from ..model_store import FETCHABLE, fetched_folder
+
+    return name in FETCHABLE and not fetched_folder(name).is_dir()
 
 
 def check_forward(name: str, cfg: dict) -> list[str]:
@@ -307,7 +333,7 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
                  for t, length in cells if length]
         found = check_model(model, cfg, chat=chat, longest=max(needs) if needs else None)
         problems += found
-        if forward and not found:
+        if forward and not found and not unfetched(str(cfg["path"])):
             problems += check_forward(model, cfg)
     for cfg in task_cfgs.values():
         problems += check_task(cfg)

@@ -88,13 +88,30 @@ def model_folder(path: str) -> Path | None:
         return embedded_model_path()
     if hub_id(path) is not None:
         return None
+    from ..sources import fetched_name
+
+    if fetched_name(path) is not None:
+        from ..model_store import FETCHABLE, fetched_folder
+
+        name = fetched_name(path)
+        folder = fetched_folder(name) if name in FETCHABLE else None
+        return folder if folder is not None and folder.is_dir() else None
     folder = Path(path).expanduser()
     return folder if folder.is_dir() else None
 
 
 def model_digest(path: str, cache: DigestCache | None = None) -> str:
     """SHA-256 (16 hex digits) of a model folder's content: every file (hidden ones aside) by
-    relative name, size and SHA-256; a Hub id or a missing folder by its name alone."""
+    relative name, size and SHA-256; a Hub id or a missing folder by its name alone. A model that
+    ``kvcert model fetch`` makes (``fetch:NAME``) by its pinned source (the same before and after the
+    fetch rule has run); the pre-flight compares its folder with the fetch's receipt instead."""
+    from ..sources import fetched_name
+
+    name = fetched_name(path)
+    if name is not None:
+        from ..model_store import FETCHABLE
+
+        return FETCHABLE[name].identity if name in FETCHABLE else f"unknown:{path}"
     folder = model_folder(path)
     if folder is None:
         return hashlib.sha256(f"unresolved:{path}".encode()).hexdigest()[:16]
