@@ -88,6 +88,8 @@ IMPOSSIBILITY = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.impossibility.json
 
 
 JOB_CACHE = {}
+# the grid's registered subset of replayed layers (evenly spaced, first and last included); every layer without it
+REPLAY_LAYERS = f"--max-layers {int(PLAN.grid['replay']['layers'])}" if (PLAN.grid.get("replay") or {}).get("layers") else ""
 
 
 def configs_of(wildcards):
@@ -290,13 +292,14 @@ rule replay:
         model_path=model_path_flag,
         configs=replay_of,
         model=model_of,
+        layers=REPLAY_LAYERS,
     threads: EXP_CFG["threads_per_job"]
     resources:
         gpu=gpus,
     conda:
         "environment.yml"
     shell:
-        "kvcert replay {params.common} --model {wildcards.model} {params.model_path} "
+        "kvcert replay {params.common} --model {wildcards.model} {params.model_path} {params.layers} "
         "--records {input.manifest} --threads {threads} --out {output.draws} "
         "--impossibility-out {output.impossibility} 2>&1 | tee {log}"
 
@@ -379,8 +382,18 @@ rule report:
         f"{OUT}/logs/report.log",
     params:
         out_dir=lambda wildcards, output: Path(output.md).parent,
+        # what each model is: its configs/model/<name>.yaml (a retrained embedded model: its folder)
+        models=f"--configs {here(CONFIGS)}" + (f" --model-path embedded={TRAINED}" if RETRAIN else ""),
+        # the miniature's verdicts beside a non-smoke run's; not an input (that would run smoke): the report
+        # says "not run" while results/smoke/claims.json is absent. Its content hash at DAG-build time is a
+        # param, so the report is redone once smoke's claims appear or change, and not otherwise.
+        beside="" if EXP == "smoke" else f"--beside miniature={config['results']}/smoke/claims.json",
+        beside_content="" if EXP == "smoke" else (
+            DIGEST_CACHE.sha256(Path(config["results"], "smoke", "claims.json"))
+            if Path(config["results"], "smoke", "claims.json").is_file() else "not run"),
     conda:
         "environment.yml"
     shell:
         "kvcert report --verified {input.verified} --claims {input.claims} --scores {input.scores} "
-        "--replay {input.replay} --impossibility {input.impossibility} --out-dir {params.out_dir} 2>&1 | tee {log}"
+        "--replay {input.replay} --impossibility {input.impossibility} {params.models} {params.beside} "
+        "--out-dir {params.out_dir} 2>&1 | tee {log}"

@@ -2,7 +2,7 @@
 
     python analysis/report.py --claims claims.json --scores scores.parquet \
         [--replay replay.parquet ...] [--impossibility impossibility.json ...] \
-        [--verified verified.json] --out-dir results/smoke
+        [--verified verified.json] [--beside miniature=results/smoke/claims.json ...] --out-dir results/real
 
 The same as ``kvcert report …`` (:mod:`kvcert.analysis.cli`); logic: :func:`kvcert.analysis.steps.report_step`.
 """

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 from unittest.mock import patch
@@ -132,11 +133,13 @@ def test_report_html_reads_in_a_browser(run):
     """Tables scroll inside their own box instead of overflowing the page, statistic names are code that
     does not wrap (each named once per row), italics and code render, headings have anchors."""
     page = run["paths"]["html"].read_text()
-    assert page.count('<div class="scroll"><table>') == page.count("<table>")
+    assert len(re.findall(r'<div class="scroll"><table[ >]', page)) == len(re.findall(r"<table[ >]", page)) > 1
     assert "<code>auc_certificate_stratified</code>" in page and "td code{white-space:nowrap}" in page
     assert "<em>Error Certificates for KV-Cache Eviction via Randomized Design</em>" in page
     assert '<h2 id="claims">Claims</h2>' in page and '<a href="#claims">Claims</a>' in page
     assert '<div class="note"><strong>A miniature' in page
+    # the claims table fits 800 px: its notes break long identifiers instead of widening it
+    assert '<table class="claims">' in page and "table.claims td:last-child{overflow-wrap:anywhere" in page
 
 
 def test_auc_panel_without_an_estimate_says_why(tmp_path):
@@ -197,3 +200,172 @@ def test_the_run_ends_with_every_verdict_its_caveat_and_the_report(tmp_path):
     assert lines[3] == "kvcert: a rehearsal on stand-in models with random weights: its verdicts mean nothing"
     assert lines[4] == f"kvcert: report {(tmp_path / 'report.html').resolve()}"
     assert caveat("smoke", {"models": ["embedded"]}).startswith("a miniature") and caveat("paper", {"models": ["x"]}) is None
+
+
+# --- what each model is; other runs' verdicts beside this run's ---------------------------------
+#: the converted SmolLM2-135M-Instruct folder's config.json (the numbers the report reads)
+SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+           "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+           "vocab_size": 49152, "tie_word_embeddings": True}
+REAL_CAVEAT = ("smollm2-135m-instruct: a real pretrained model (135 M parameters), not the paper's 1.5–8 B models: its "
+               "verdicts are evidence about the method on real attention at this scale, not about the paper's models")
+
+
+def relabelled(run, folder: Path, experiment: str, models: list[str], prereg_hash: str | None = None,
+               c1: tuple[str, float] | None = None) -> Path:
+    """The fixture's claims.json as another experiment's (its grid's models; another pre-registration hash;
+    C1's verdict and value)."""
+    doc = json.loads((run["tmp"] / "claims.json").read_text())
+    doc["experiment"], doc["grid"]["models"] = experiment, models
+    if prereg_hash:
+        doc["provenance"]["prereg_hash"] = prereg_hash
+    if c1:
+        doc["claims"][0]["verdict"], doc["claims"][0]["value"] = c1
+    path = folder / experiment / "claims.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.fixture
+def fetched(tmp_path, monkeypatch):
+    """A configs folder whose smollm2-135m-instruct is fetched (``path: fetch:NAME``), and the converted folder's
+    config.json in the model cache ($KVCERT_MODEL_DIR)."""
+    configs = tmp_path / "configs"
+    (configs / "model").mkdir(parents=True)
+    (configs / "model" / "smollm2-135m-instruct.yaml").write_text(
+        "name: smollm2-135m-instruct\npath: fetch:smollm2-135m-instruct\ndtype: float32\ndevice: auto\n")
+    (configs / "model" / "embedded.yaml").write_text((ROOT / "configs" / "model" / "embedded.yaml").read_text())
+    cache = tmp_path / "models"
+    (cache / "smollm2-135m-instruct").mkdir(parents=True)
+    (cache / "smollm2-135m-instruct" / "config.json").write_text(json.dumps(SMOLLM2))
+    monkeypatch.setenv("KVCERT_MODEL_DIR", str(cache))
+    return configs
+
+
+def test_the_embedded_report_says_what_its_model_is_and_why_c1_under_covers(run):
+    md = run["paths"]["markdown"].read_text()
+    first = md[: md.index("Contents:")]  # the first screen: banner, the model table
+    assert "### Model\n" in first
+    assert ("| embedded | the project's miniature: a 2-layer model trained on synthetic tasks | 0.54 M | 2 | 4 / 2 | 64 |"
+            in first)
+    c1 = md[md.index("### C1 — "): md.index("### C2 — ")]  # under claim C1 only, numbers marked as another check's
+    assert "*Why the plug-in certificate under-covers on the embedded miniature* (numbers measured by an independent " \
+           "check" in c1
+    assert "0.976" in c1 and "0.20 of the truth" in c1 and "50–76 %" in c1 and "covers 0.96–0.99 per step" in c1
+    assert md.count("Why the plug-in certificate under-covers") == 1
+    summary = json.loads(run["paths"]["summary"].read_text())
+    assert summary["caveat"].startswith("a miniature (the embedded 2-layer model)")
+    assert summary["models"] == [{"name": "embedded", "kind": "embedded", "what": summary["models"][0]["what"],
+                                  "parameters": 541696, "layers": 2, "query_heads": 4, "kv_heads": 2, "head_dim": 64,
+                                  "numbers_from": "the shipped model's config.json"}]
+    assert summary["beside"] == {} and summary["claims"]["C1"]["beside"] == {}
+
+
+def test_a_fetched_model_is_a_real_pretrained_model_on_the_first_screen(run, tmp_path, fetched):
+    from kvcert.pipeline.console import verdict_lines
+
+    claims = relabelled(run, tmp_path, "real", ["smollm2-135m-instruct"])
+    paths = report_step(claims, None, [], [], tmp_path / "report", configs=fetched)
+    md = paths["markdown"].read_text()
+    first = md[: md.index("Contents:")]
+    assert ("> **A real pretrained model, not the paper's models.** This run uses smollm2-135m-instruct, a real "
+            "pretrained model (135 M parameters), not the paper's 1.5–8 B models: its verdicts are evidence about the "
+            "method on real attention at this scale, not about the paper's models.") in first
+    assert "| smollm2-135m-instruct | a real pretrained model: " in first and "| 135 M | 30 | 9 / 3 | 64 |" in first
+    assert "A miniature" not in md and "under-covers" not in md  # the miniature's texts stay the miniature's
+    assert "model smollm2-135m-instruct: fetched; architecture from " in md
+    summary = json.loads(paths["summary"].read_text())
+    assert summary["caveat"] == REAL_CAVEAT
+    model = summary["models"][0]
+    assert (model["name"], model["kind"], model["parameters"], model["layers"], model["query_heads"],
+            model["kv_heads"], model["head_dim"]) == ("smollm2-135m-instruct", "fetched", 134515008, 30, 9, 3, 64)
+    assert verdict_lines(tmp_path / "report")[-3] == f"kvcert: {REAL_CAVEAT}"
+
+
+def test_a_model_not_fetched_here_is_still_named_and_the_caveats_keep_their_texts(tmp_path, fetched, monkeypatch):
+    from kvcert.analysis.model_info import run_models
+    from kvcert.analysis.report import EMBEDDED_CAVEAT, caveat
+
+    monkeypatch.setenv("KVCERT_MODEL_DIR", str(tmp_path / "empty"))
+    models = run_models(["smollm2-135m-instruct", "embedded", "qwen2.5-7b-instruct"], fetched, "real")
+    assert [m.kind for m in models] == ["fetched", "embedded", "unknown"]
+    assert models[0].row()[2:] == ["–"] * 4 and "`kvcert model fetch smollm2-135m-instruct`" in models[0].numbers_from
+    assert models[2].row()[2:] == ["7.62 B", "28", "28 / 4", "128"]  # no config here: the official numbers
+    assert caveat("real", {"models": ["smollm2-135m-instruct"]}, models[:1]) == (
+        "smollm2-135m-instruct: a real pretrained model, not the paper's 1.5–8 B models: its verdicts are evidence "
+        "about the method on real attention at this scale, not about the paper's models")
+    assert caveat("smoke", {"models": ["embedded"]}, models[1:2]) == EMBEDDED_CAVEAT
+    assert caveat("rehearsal", {"models": ["qwen2.5-7b-instruct"]}, models).startswith("a rehearsal on stand-in")
+    assert caveat("paper", {"models": ["qwen2.5-7b-instruct"]}, run_models(["qwen2.5-7b-instruct"], ROOT / "configs",
+                                                                             "paper")) is None
+
+
+def test_the_miniature_verdicts_beside_a_real_run(run, tmp_path, fetched):
+    """``kvcert report --beside miniature=…/smoke/claims.json``: each claim's verdict and value there under the
+    paper's (the table keeps seven columns); its pre-registration (another one here) in the provenance;
+    summary.json and the console carry it."""
+    from kvcert.cli import main
+    from kvcert.pipeline.console import verdict_lines
+
+    other = relabelled(run, tmp_path / "results", "smoke", ["embedded"], prereg_hash="e" * 64, c1=("killed", 0.7))
+    claims = relabelled(run, tmp_path / "results", "real", ["smollm2-135m-instruct"])
+    out = tmp_path / "report"
+    assert main(["report", "--claims", str(claims), "--out-dir", str(out), "--configs", str(fetched),
+                 "--beside", f"miniature={other}"]) == 0
+    md = (out / "report.md").read_text()
+    assert ("| claim | statement | our verdict | paper's verdict: value (ours same?), then miniature's | placebo (same "
+            "tests) | stable over seeds | notes |") in md
+    c1 = next(line for line in md.splitlines() if line.startswith("| C1 |"))
+    assert c1.count(" | ") == 6 and "<br>*miniature* — killed: 0.700 |" in c1
+    assert "**miniature**: experiment smoke (models embedded; another pre-registration, see Provenance)" in md
+    assert (f"beside miniature: {other.as_posix()} — experiment smoke, pre-registration hash {'e' * 64} (another "
+            "pre-registration)") in md
+    assert "<br><em>miniature</em> — killed: 0.700</td>" in (out / "report.html").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["beside"] == {"miniature": {"path": other.as_posix(), "run": True, "experiment": "smoke",
+                                               "prereg_hash": "e" * 64, "same_preregistration": False,
+                                               "command": "snakemake --cores all"}}
+    assert summary["claims"]["C1"]["beside"] == {"miniature": {"verdict": "killed", "value": 0.7}}
+    assert "; paper: holds; miniature: killed" in verdict_lines(out)[1]
+
+
+def test_a_beside_run_not_made_yet_says_so(run, tmp_path, fetched):
+    from kvcert.pipeline.console import verdict_lines
+
+    claims = relabelled(run, tmp_path / "results", "real", ["smollm2-135m-instruct"])
+    absent = tmp_path / "results" / "smoke" / "claims.json"
+    paths = report_step(claims, None, [], [], tmp_path / "report", beside=[("miniature", absent)], configs=fetched)
+    md = paths["markdown"].read_text()
+    assert f"**miniature** — not run (`snakemake --cores all`): {absent.as_posix()} is absent" in md
+    table = md[md.index("| claim | statement |"): md.index("### Tests")]
+    rows = [line for line in table.splitlines() if line.startswith("| C")]
+    assert len(rows) == 8 and all("<br>*miniature* — not run |" in r for r in rows)
+    assert f"beside miniature: {absent.as_posix()} — not run" in md
+    summary = json.loads(paths["summary"].read_text())
+    assert summary["beside"]["miniature"]["run"] is False and summary["claims"]["C1"]["beside"] == {"miniature": None}
+    assert "; miniature: not run" in verdict_lines(tmp_path / "report")[1]
+    with pytest.raises(ValueError, match="each label once"):
+        report_step(claims, None, [], [], tmp_path / "r2", beside=[("m", absent), ("m", absent)])
+    broken = tmp_path / "broken.json"
+    broken.write_text("{}")
+    with pytest.raises(RecordRefused, match="not a claims.json"):
+        report_step(claims, None, [], [], tmp_path / "r3", beside=[("m", broken)])
+
+
+def test_the_report_option_beside_takes_label_equals_path():
+    from kvcert.cli import build_parser
+
+    args = build_parser().parse_args(["report", "--claims", "c.json", "--out-dir", "o", "--beside",
+                                      "miniature=results/smoke/claims.json", "--beside", "other=x.json"])
+    assert args.beside == [("miniature", "results/smoke/claims.json"), ("other", "x.json")]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["report", "--claims", "c.json", "--out-dir", "o", "--beside", "miniature"])
+
+
+def test_model_descriptions_load_no_torch():
+    code = ("import sys; from kvcert.analysis.model_info import run_models; from kvcert.paths import configs_dir; "
+            "ms = run_models(['embedded', 'smollm2-135m-instruct', 'qwen2.5-7b-instruct'], configs_dir()); "
+            "print([m.kind for m in ms], sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "['embedded', 'fetched', 'paper'] []"

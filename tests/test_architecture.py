@@ -16,6 +16,7 @@ STAGES = [
     ("kvcert.prereg", 1), ("kvcert.pipeline.config", 1), ("kvcert.pipeline.compose", 1),
     ("kvcert.pipeline.plan", 1), ("kvcert.pipeline.digest", 1), ("kvcert.pipeline.console", 1),
     ("kvcert.paths", 1), ("kvcert.methods", 1), ("kvcert.sources", 1), ("kvcert.embedded", 1),  # where configs, models and data come from; method names
+    ("kvcert.model_store", 1),  # the models `kvcert model fetch` takes from PyPI (the embedded model's counterpart)
     ("kvcert.tasks", 2),
     ("kvcert.pipeline.roofline", 3),  # the plan's cost model reads model architectures and the sketch's size
     ("kvcert.generation", 4), ("kvcert.textgen", 4),  # generate_answer: one generation, in one call

@@ -540,7 +540,7 @@ def test_a_report_killed_half_way_leaves_no_summary_that_disagrees(tmp_path, mon
     write_json({"claims": "of the previous run"}, out / "summary.json")
     claims = write_json({"provenance": {"prereg_hash": "h"}, "claims": []}, tmp_path / "claims.json")
 
-    def killed(doc, df, prov, rp, rows, out_dir, replay_prov):
+    def killed(doc, df, prov, rp, rows, out_dir, replay_prov, **what_and_beside):
         (Path(out_dir) / "report.md").write_text("the new report")
         raise KeyboardInterrupt
 

@@ -56,9 +56,11 @@ def _claims(a) -> int:
 
 
 def _report(a) -> int:
+    _folders(a)
     from .steps import report_step
 
-    paths = report_step(a.claims, a.scores, a.replay, a.impossibility, a.out_dir, a.verified)
+    paths = report_step(a.claims, a.scores, a.replay, a.impossibility, a.out_dir, a.verified, a.beside, a.configs,
+                        dict(a.model_path))
     for key in ("markdown", "html", "summary"):
         print(paths[key])
     return 0
@@ -71,6 +73,16 @@ def _model_path(text: str) -> tuple[str, str]:
     if not sep or not model or not path:
         raise argparse.ArgumentTypeError(f"{text!r}: give MODEL=PATH (e.g. embedded=results/smoke/model/embedded)")
     return model, path
+
+
+def _beside(text: str) -> tuple[str, str]:
+    import argparse
+
+    label, sep, path = text.partition("=")
+    if not sep or not label or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: give LABEL=PATH, PATH another run's claims.json "
+                                         "(e.g. miniature=results/smoke/claims.json)")
+    return label, path
 
 
 def register(subparsers) -> None:
@@ -138,4 +150,11 @@ def register(subparsers) -> None:
     p.add_argument("--impossibility", nargs="*", default=[], help="impossibility JSON files (one per model)")
     p.add_argument("--verified", default=None, help="`kvcert prereg verify --out` JSON; must match the claims")
     p.add_argument("--out-dir", required=True, help="report folder")
+    p.add_argument("--beside", action="append", default=[], type=_beside, metavar="LABEL=PATH",
+                   help="another run's claims.json whose verdicts the claims table shows beside this run's, in a "
+                   "column LABEL (an absent file: 'not run'); repeatable")
+    p.add_argument("--configs", default=None, help="configs folder whose model/<name>.yaml say what each model is "
+                   "(default: $KVCERT_CONFIGS, else ./configs)")
+    p.add_argument("--model-path", action="append", default=[], type=_model_path, metavar="MODEL=PATH",
+                   help="a model's path as its generate jobs were given it (kvcert shard --model-path); repeatable")
     p.set_defaults(func=_report)

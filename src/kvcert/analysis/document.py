@@ -14,6 +14,8 @@ from typing import Mapping, Sequence
 
 #: verdict words the HTML colours
 VERDICT_WORDS = ("holds", "killed", "inconclusive", "uninformative")
+#: a line break inside a table cell (Markdown and HTML: ``<br>``; any other newline in a cell is a space)
+BR = "\u2028"
 
 
 # --- a tiny document model --------------------------------------------------------------------
@@ -25,6 +27,7 @@ class Block:
     header: list[str] = field(default_factory=list)
     rows: list[list[str]] = field(default_factory=list)
     path: Path | None = None
+    css_class: str = ""  # a table's class in the HTML (its layout rules in CSS)
 
 
 class Document:
@@ -47,8 +50,9 @@ class Document:
     def paragraph(self, text: str) -> None:
         self.blocks.append(Block("paragraph", text))
 
-    def table(self, header: Sequence[str], rows: Sequence[Sequence]) -> None:
-        self.blocks.append(Block("table", header=[str(h) for h in header], rows=[[str(c) for c in r] for r in rows]))
+    def table(self, header: Sequence[str], rows: Sequence[Sequence], css_class: str = "") -> None:
+        self.blocks.append(Block("table", header=[str(h) for h in header], rows=[[str(c) for c in r] for r in rows],
+                                 css_class=css_class))
 
     def figure(self, path: Path | None, caption: str) -> None:
         if path is None:
@@ -71,7 +75,7 @@ class Document:
             elif b.kind == "paragraph":
                 out.append(b.text + "\n")
             elif b.kind == "table":
-                cell = lambda s: s.replace("|", "\\|").replace("\n", " ")  # noqa: E731
+                cell = lambda s: s.replace("|", "\\|").replace("\n", " ").replace(BR, "<br>")  # noqa: E731
                 out.append("| " + " | ".join(cell(h) for h in b.header) + " |")
                 out.append("|" + "---|" * len(b.header))
                 out.extend("| " + " | ".join(cell(c) for c in r) + " |" for r in b.rows)
@@ -95,8 +99,10 @@ class Document:
                 body.append(f"<p>{_inline(b.text)}</p>")
             elif b.kind == "table":
                 head = "".join(f"<th>{html.escape(h)}</th>" for h in b.header)
-                rows = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in b.rows)
-                body.append(f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>'
+                rows = "".join("<tr>" + "".join(f"<td>{_inline(c).replace(BR, '<br>')}</td>" for c in r) + "</tr>"
+                               for r in b.rows)
+                cls = f' class="{html.escape(b.css_class)}"' if b.css_class else ""
+                body.append(f'<div class="scroll"><table{cls}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>'
                             "</table></div>")
             elif b.kind == "figure":
                 data = base64.b64encode(b.path.read_bytes()).decode()
@@ -127,6 +133,8 @@ CSS = (
     "figcaption{font-style:italic;font-size:0.9em;max-width:880px}"
     "pre{background:#f6f6f6;padding:0.6em;font-size:0.85em;white-space:pre-wrap;overflow-wrap:anywhere}"
     "td code{white-space:nowrap}"
+    # the claims table at 800 px: its last column (notes) breaks long identifiers anywhere rather than widen it
+    "table.claims td:last-child{overflow-wrap:anywhere;min-width:9em}"
     "strong.holds{color:#1a7f37}strong.killed{color:#b42318}strong.inconclusive{color:#9a6700}"
     "strong.uninformative{color:#6e40c9}"
 )

@@ -1,16 +1,22 @@
 """The claim report: ``report.md``, a self-contained ``report.html`` and ``figures/*.png``.
 
-Order: a banner on runs that are not the paper's models (the embedded miniature; the
-rehearsal's random-weight stand-ins), the contents, the claims — our verdict beside the
-paper's, each claim's placebo and the verdict's stability over bootstrap seeds — and its
-tests (the registered statistics, with the paper's pooled statistic reported beside them),
-the plain accuracy table (condition × method × budget, with intervals), then the figures
-(accuracy by budget, induced failures by budget × condition, prediction vs attribution AUC,
-replay coverage and tightness of the plug-in and the robust certificate, recompute-gain
-curves, multi-turn recall), the replay, impossibility, multi-turn and failure-label tables,
-the comparison signals (:mod:`kvcert.analysis.report_signals`), the per-claim details, and
-the provenance block (pre-registration hash and freeze time, git commits, config hashes,
-generations started before the freeze — listed, and excluded from scoring).
+Order: a banner on runs that are not the paper's models (the embedded miniature; a real
+pretrained model kvcert fetches, ``path: fetch:NAME``; the rehearsal's random-weight
+stand-ins), the "Model" table (what each model is, its parameters, layers, heads and head
+size: :mod:`kvcert.analysis.model_info`), the contents, the claims — our verdict beside the
+paper's and other runs' under it (``kvcert report --beside LABEL=claims.json``: a line each
+in the paper's column, so the table keeps seven columns at 800 px; "not run" while that file
+is absent; their pre-registration hashes in the provenance), each claim's placebo and the
+verdict's stability over bootstrap seeds — and its tests (the registered statistics, with
+the paper's pooled statistic reported beside them), the plain accuracy table (condition ×
+method × budget, with intervals), then the figures (accuracy by budget, induced failures by
+budget × condition, prediction vs attribution AUC, replay coverage and tightness of the
+plug-in and the robust certificate, recompute-gain curves, multi-turn recall), the replay,
+impossibility, multi-turn and failure-label tables, the comparison signals
+(:mod:`kvcert.analysis.report_signals`), the per-claim details (an embedded run's C1: why its
+plug-in certificate under-covers), and the provenance block (pre-registration hash and
+freeze time, git commits, config hashes, the models' config.json, the beside runs'
+pre-registrations, generations started before the freeze — listed, and excluded from scoring).
 ``failure_labels.csv``, ``replay_cells.csv`` and ``generations_per_cell.csv`` hold the full
 tables. The document model (:mod:`kvcert.analysis.document`) renders it twice.
 """
@@ -24,10 +30,11 @@ import pandas as pd
 
 from ..atomic import atomic_path, write_text
 from . import figures
-from .document import Document, fmt, fmt_ci
+from .document import BR, Document, fmt, fmt_ci
 from .labels import failure_label_table, induced_failure_rates
 from .leaderboard import accuracy_table
 from .load import scored
+from .model_info import MODEL_HEADER, ModelInfo, fetched_caveat, fetched_phrase
 from .multiturn_recall import PAPER as MULTITURN_PAPER
 from .multiturn_recall import multiturn_table
 from .replay_stats import replay_cells, summarize_replay
@@ -60,9 +67,23 @@ def stability_text(c: Mapping) -> str:
     return f"{100 * st['agree']:.0f} % of {st['seeds']} seeds"
 
 
-def claim_rows(claims: list[Mapping], stand_ins: bool = False) -> list[list[str]]:
+def beside_line(run: Mapping, claim_id: str) -> str:
+    """A beside run's verdict and value for one claim, under the paper's in the claims table; what it is when
+    that run is absent (the command that makes it is in the paragraph above the table) or lacks the claim."""
+    label = f"*{run['label']}* — "
+    if not run.get("run"):
+        return label + "not run"
+    theirs = (run.get("claims") or {}).get(claim_id)
+    if not theirs:
+        return label + "no such claim"
+    return label + f"{theirs['verdict']}: {fmt(theirs.get('value'))}"
+
+
+def claim_rows(claims: list[Mapping], stand_ins: bool = False, beside: Sequence[Mapping] = ()) -> list[list[str]]:
     """The claims table: one row per claim (its tests are in :func:`test_rows`); the paper's verdict and value
-    in one column, whether ours is the same beside it (``stand_ins``, a rehearsal: no agreement is claimed)."""
+    in one column, whether ours is the same beside it (``stand_ins``, a rehearsal: no agreement is claimed),
+    and under it, a line per beside run (``kvcert report --beside``: its verdict and value) — folded into the
+    paper's column, so that the table keeps its seven columns at 800 px."""
     rows = []
     for c in claims:
         paper = c.get("paper") or {}
@@ -74,6 +95,7 @@ def claim_rows(claims: list[Mapping], stand_ins: bool = False) -> list[list[str]
             theirs = f"{verdict}: {paper.get('value') or '–'}"
         else:
             theirs = f"{verdict}: {paper.get('value') or '–'} ({agreement(c['verdict'], verdict)})"
+        theirs += "".join(BR + beside_line(b, c["id"]) for b in beside)
         rows.append([c["id"], statement, f"**{c['verdict']}**", theirs, placebo_text(c), stability_text(c),
                      "; ".join(c.get("reasons") or [])])
     return rows
@@ -81,6 +103,14 @@ def claim_rows(claims: list[Mapping], stand_ins: bool = False) -> list[list[str]
 
 CLAIM_HEADER = ["claim", "statement", "our verdict", "paper's verdict: value (ours same?)", "placebo (same tests)",
                 "stable over seeds", "notes"]
+
+
+def claim_header(beside: Sequence[Mapping] = ()) -> list[str]:
+    """:data:`CLAIM_HEADER`; with beside runs, the paper's column names them too (a line each under the paper's)."""
+    if not beside:
+        return list(CLAIM_HEADER)
+    return [*CLAIM_HEADER[:3], CLAIM_HEADER[3] + ", then " + ", ".join(f"{b['label']}'s" for b in beside),
+            *CLAIM_HEADER[4:]]
 
 
 def pooled_counterpart(statistic: str) -> str | None:
@@ -151,7 +181,8 @@ def generations_per_cell(scores: pd.DataFrame) -> list[list[str]]:
 
 
 def provenance_section(doc: Document, claims_doc: Mapping, scores: pd.DataFrame | None, scores_prov: Mapping,
-                       replay_prov: Sequence[Mapping], out_dir: Path | None = None) -> None:
+                       replay_prov: Sequence[Mapping], out_dir: Path | None = None,
+                       models: Sequence[ModelInfo] = (), beside: Sequence[Mapping] = ()) -> None:
     doc.heading("Provenance")
     prov = claims_doc.get("provenance", {})
     lines = [
@@ -174,6 +205,18 @@ def provenance_section(doc: Document, claims_doc: Mapping, scores: pd.DataFrame 
             lines.append(f"uncertified randomized runs: {n} (tokens evicted with no random tail, e.g. sinks + window "
                          "above a short prompt's budget: no certificate, signals missing, never zero)")
         lines.append(f"records: {len(scores)}; only records made after the freeze are scored")
+    for m in models:
+        lines.append(f"model {m.name}: {m.kind}; architecture from {m.numbers_from or '–'}")
+    own_hash = scores_prov.get("prereg_hash") or prov.get("prereg_hash")
+    for b in beside:
+        if not b.get("run"):
+            lines.append(f"beside {b['label']}: {b['path']} — not run")
+            continue
+        bp = b.get("provenance") or {}
+        same = "the same as this run's" if b.get("prereg_hash") == own_hash else "another pre-registration"
+        lines.append(f"beside {b['label']}: {b['path']} — experiment {b.get('experiment')}, pre-registration hash "
+                     f"{b.get('prereg_hash')} ({same}), frozen (UTC) {bp.get('frozen_utc', '–')}, analysis commit "
+                     f"{bp.get('analysis_git_commit', '–')}")
     for rp in replay_prov:
         lines.append(f"replay: model {rp.get('model')}, {rp.get('examples')} examples, budgets {rp.get('budgets')}, "
                      f"{rp.get('draws')} draws, {rp.get('later_queries')} later queries, layers {rp.get('layers')}, "
@@ -202,17 +245,25 @@ def provenance_section(doc: Document, claims_doc: Mapping, scores: pd.DataFrame 
               [[r.condition, r.method, f"{r.budget:g}", r.n] for r in settings.itertuples()])
 
 
-def caveat(experiment: str | None, grid: Mapping) -> str | None:
+EMBEDDED_CAVEAT = "a miniature (the embedded 2-layer model), not the paper's models: not evidence about them"
+
+
+def caveat(experiment: str | None, grid: Mapping, models: Sequence[ModelInfo] = ()) -> str | None:
     """One line for a run that is not evidence about the paper's models (the banner's lead, ``summary.json``'s
-    ``caveat``, the console's last words); None for the paper profile."""
+    ``caveat``, the console's last words); None for the paper profile. ``models`` (:func:`run_models`) tells a
+    real pretrained model kvcert fetched (``path: fetch:NAME``) by its config."""
     if experiment == "rehearsal":
         return "a rehearsal on stand-in models with random weights: its verdicts mean nothing"
+    parts = []
     if "embedded" in (grid.get("models") or []):
-        return "a miniature (the embedded 2-layer model), not the paper's models: not evidence about them"
-    return None
+        parts.append(EMBEDDED_CAVEAT)
+    fetched = fetched_caveat(models)
+    if fetched:
+        parts.append(fetched)
+    return "; ".join(parts) or None
 
 
-def banner(doc: Document, experiment: str | None, grid: Mapping) -> None:
+def banner(doc: Document, experiment: str | None, grid: Mapping, models: Sequence[ModelInfo] = ()) -> None:
     """What a run that is not the paper's says on its first screen."""
     if experiment == "rehearsal":
         doc.note("**A rehearsal on stand-in models with random weights: its verdicts mean nothing.** This run "
@@ -220,7 +271,8 @@ def banner(doc: Document, experiment: str | None, grid: Mapping) -> None:
                  "jobs — on small checkpoints with random weights and generated data (`kvcert make-rehearsal`), so "
                  "that a cluster run fails here first if it would fail at all. The answers are noise; no claim is "
                  "tested. The paper profile is `snakemake --profile profiles/slurm --config experiment=paper`.")
-    elif "embedded" in (grid.get("models") or []):
+        return
+    if "embedded" in (grid.get("models") or []):
         doc.note("**A miniature, not the paper's models.** This run uses the embedded model: a 2-layer model this "
                  "project trained on synthetic tasks, built to sit in the paper's regime (question-aware eviction "
                  "nearly free, streaming eviction harmful, inherent failures present) so that every claim can be "
@@ -228,13 +280,59 @@ def banner(doc: Document, experiment: str | None, grid: Mapping) -> None:
                  "about the paper's 1.5–8B models — a verdict that \"differs\" from the paper's is not a failed "
                  "reproduction (docs/embedded.md, what the embedded world was designed to show). The paper profile "
                  "is `snakemake --profile profiles/slurm --config experiment=paper`.")
+    fetched = fetched_phrase(models)
+    if fetched:
+        names = ", ".join(m.name for m in models if m.kind == "fetched")
+        doc.note(f"**A real pretrained model, not the paper's models.** This run uses {names}, {fetched}. It runs "
+                 "through the same attention path, certificates and claims as the paper profile; a verdict that "
+                 "\"differs\" from the paper's is a finding at this scale, not a failed reproduction. The paper "
+                 "profile is `snakemake --profile profiles/slurm --config experiment=paper`.")
+
+
+def model_section(doc: Document, models: Sequence[ModelInfo]) -> None:
+    """The run's models in a few lines, on the first screen: what each is and its architecture's numbers."""
+    if not models:
+        return
+    doc.heading("Model" if len(models) == 1 else "Models", 3)
+    doc.table(MODEL_HEADER, [m.row() for m in models])
+
+
+#: why the embedded miniature's plug-in certificate under-covers (claim C1); the numbers come from an
+#: independent check of the replay, not from this run's statistics (docs/embedded.md, the same text)
+EMBEDDED_C1 = (
+    "*Why the plug-in certificate under-covers on the embedded miniature* (numbers measured by an independent "
+    "check of the replay, not by this run's statistics; docs/embedded.md): its coverage was 0.70 (0.75 on the "
+    "query that set π). The radius computed with the *true* design variance covers 0.976, and the variance "
+    "estimator is unbiased on average, but in a typical draw it is 0.20 of the truth: π comes from SnapKV's score "
+    "pooled over the observation window and the query heads of a group, not from each query's own attention, so "
+    "one tail token with π 0.03–0.3 carries 50–76 % of the variance, and in most draws it is not sampled — the "
+    "estimate cannot count what it never sees. On a real model, SmolLM2-135M-Instruct, the same replay code "
+    "covers 0.96–0.99 per step.")
+
+
+def beside_paragraph(beside: Sequence[Mapping], prereg_hash: str | None) -> str:
+    """The beside runs in one sentence: which experiment each line under the paper's verdict is, and whether it
+    ran (the command that makes it where it did not)."""
+    parts = []
+    for b in beside:
+        if not b.get("run"):
+            parts.append(f"**{b['label']}** — not run (`{b['command']}`): {b['path']} is absent")
+            continue
+        models = ", ".join((b.get("grid") or {}).get("models") or []) or "–"
+        same = ("the same pre-registration" if b.get("prereg_hash") == prereg_hash
+                else "another pre-registration, see Provenance")
+        parts.append(f"**{b['label']}**: experiment {b.get('experiment')} (models {models}; {same})")
+    return "Under the paper's verdict, each claim's verdict: value in another run — " + "; ".join(parts) + "."
 
 
 def build_report(
     claims_doc: Mapping, scores: pd.DataFrame | None, scores_provenance: Mapping | None, replay: pd.DataFrame | None,
     impossibility: Sequence[Mapping], out_dir: str | Path, replay_provenance: Sequence[Mapping] = (),
+    models: Sequence[ModelInfo] = (), beside: Sequence[Mapping] = (),
 ) -> dict[str, Path]:
-    """Write report.md, report.html, failure_labels.csv and figures/*.png under ``out_dir``."""
+    """Write report.md, report.html, failure_labels.csv and figures/*.png under ``out_dir``. ``models``: what
+    each model of the run is (:func:`kvcert.analysis.model_info.run_models`); ``beside``: other runs' verdicts
+    shown beside this run's (:func:`kvcert.analysis.steps.beside_run`)."""
     out = Path(out_dir)
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -252,7 +350,8 @@ def build_report(
     doc = Document()
     title = f"kvcert claim report — {claims_doc.get('experiment', 'experiment')}"
     doc.heading(title, 1)
-    banner(doc, claims_doc.get("experiment"), grid)
+    banner(doc, claims_doc.get("experiment"), grid, models)
+    model_section(doc, models)
     verdicts = pd.Series([c["verdict"] for c in claims]).value_counts().to_dict()
     n_gen = 0 if scores_ok is None else len(scores_ok)
     doc.paragraph(
@@ -273,7 +372,10 @@ def build_report(
         "a claim whose tests pass while a placebo's pass too is **uninformative**, not held. Every verdict, "
         f"placebos included, is redone under {((claims[0].get('seed_stability') or {}).get('seeds') if claims else 0) or 'no'} "
         "other bootstrap seeds; the share that agrees is shown.")
-    doc.table(CLAIM_HEADER, claim_rows(claims, stand_ins=claims_doc.get("experiment") == "rehearsal"))
+    if beside:
+        doc.paragraph(beside_paragraph(beside, (claims_doc.get("provenance") or {}).get("prereg_hash")))
+    doc.table(claim_header(beside), claim_rows(claims, stand_ins=claims_doc.get("experiment") == "rehearsal",
+                                               beside=beside), css_class="claims")
     doc.heading("Tests", 3)
     doc.table([h.replace("90 %", pct) for h in TEST_HEADER], test_rows(claims))
 
@@ -410,6 +512,8 @@ def build_report(
         doc.heading(f"{c['id']} — {c['statement']}", 3)
         doc.paragraph(f"Metric: {c['metric']} Kill: {c['kill']}. Verdict: **{c['verdict']}**"
                       + (f" ({'; '.join(c['reasons'])})" if c.get("reasons") else "") + ".")
+        if c["id"] == "C1" and "embedded" in (grid.get("models") or []):
+            doc.paragraph(EMBEDDED_C1)
         cell = c.get("cell", {})
         names = {"generations": "replay cells" if c.get("source") == "replay" else "generations"}
         doc.paragraph("Cell: " + ", ".join(f"{names.get(k, k)} {v}" for k, v in cell.items() if k != "minimum")
@@ -458,7 +562,7 @@ def build_report(
                       [[b["model"], b["target_tokens"], *[fmt(b.get(k)) if isinstance(b.get(k), float) else b.get(k, "–")
                                                          for k in keys]] for b in breakdown])
 
-    provenance_section(doc, claims_doc, scores, scores_provenance or {}, replay_provenance, out)
+    provenance_section(doc, claims_doc, scores, scores_provenance or {}, replay_provenance, out, models, beside)
 
     md = out / "report.md"
     write_text(md, doc.markdown(out))

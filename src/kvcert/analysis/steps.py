@@ -32,7 +32,7 @@ from ..atomic import write_text
 from ..paths import resolve_configs
 from ..pipeline.config import experiment_grid
 from ..provenance import check_prereg_hash, git_commit
-from ..prereg import load_claims, verify
+from ..prereg import load_claims, read_verified, verify
 from .claims import evaluate_claims, main_tasks
 from .load import PlannedShard, RecordRefused, read_table, score_shards, verified_freeze, write_table
 from .replay_stats import empty_replay, summarize_replay
@@ -291,13 +291,56 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
 
 
 # --- report ---------------------------------------------------------------------------------------
+def run_command(experiment: str | None) -> str:
+    """The command that makes an experiment's results (a beside run's hint when it has not run)."""
+    if experiment == "smoke":
+        return "snakemake --cores all"
+    if experiment == "paper":
+        return "snakemake --profile profiles/slurm --config experiment=paper"
+    return f"snakemake --cores all --config experiment={experiment}"
+
+
+def beside_run(label: str, path: str | Path) -> dict:
+    """Another run's verdicts to show beside this one's (``kvcert report --beside LABEL=PATH``, PATH its
+    ``claims.json``): its experiment, pre-registration hash (another one is fine: it is another run; the
+    report's provenance shows it) and each claim's verdict and value. An absent file is a run not made yet
+    (``run`` false, ``command`` the one that makes it, from the experiment folder holding PATH)."""
+    path = Path(path)
+    out: dict[str, Any] = {"label": label, "path": path.as_posix()}
+    if not path.exists():
+        print(f"{path}: absent; the report says {label!r} was not run")
+        return {**out, "run": False, "command": run_command(path.parent.name)}
+    try:
+        doc = json.loads(path.read_text())
+        claims = {c["id"]: {"verdict": c["verdict"], "value": c.get("value"), "statistic": c.get("statistic")}
+                  for c in doc["claims"]}
+        prereg_hash = doc["provenance"]["prereg_hash"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RecordRefused(f"{path} (--beside {label}): not a claims.json of kvcert claims ({exc!r}); give the "
+                            "claims.json of another experiment's run") from None
+    prov = doc.get("provenance") or {}
+    return {**out, "run": True, "command": run_command(doc.get("experiment")), "experiment": doc.get("experiment"),
+            "prereg_hash": prereg_hash, "grid": {"models": (doc.get("grid") or {}).get("models") or []},
+            "provenance": {k: prov.get(k) for k in ("frozen_utc", "freeze_record", "analysis_git_commit")},
+            "claims": claims}
+
+
 def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[str | Path],
                 impossibility: Sequence[str | Path], out_dir: str | Path,
-                verified_json: str | Path | None = None) -> dict[str, Path]:
-    """Write the report; ``summary.json`` beside it holds the verdicts in a few lines."""
-    from ..prereg import read_verified
+                verified_json: str | Path | None = None, beside: Sequence[tuple[str, str | Path]] = (),
+                configs: str | Path | None = None, model_paths: Mapping[str, str] | None = None,
+                ) -> dict[str, Path]:
+    """Write the report; ``summary.json`` beside it holds the verdicts in a few lines. ``beside``: (label,
+    claims.json) of other runs whose verdicts the claims table shows beside this run's; ``configs``: the
+    configs folder whose model configs say what each model is (default: as every command finds it; none
+    found: the models are named only); ``model_paths`` {model: path} as the generate jobs were given them."""
+    from ..paths import configs_dir
+    from .model_info import run_models
     from .report import build_report
 
+    labels = [label for label, _ in beside]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"--beside: each label once (given {', '.join(labels)})")
     remove_stale(Path(out_dir), DOWNSTREAM[1:], "rebuilt now from these claims")
     doc = json.loads(Path(claims).read_text())
     prereg_hash = doc["provenance"]["prereg_hash"]
@@ -313,8 +356,16 @@ def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[
         check_prereg_hash(f"{p} (impossibility)", data.get("prereg_hash"), prereg_hash, "rerun the replay step",
                           RecordRefused)
         rows.extend(data.get("rows", []))
-    paths = build_report(doc, df, scores_prov, rp, rows, out_dir, replay_prov)
-    paths["summary"] = write_json(summary(doc, df), Path(out_dir) / "summary.json")
+    others = [beside_run(label, path) for label, path in beside]
+    if configs is None:
+        try:
+            configs = configs_dir()
+        except FileNotFoundError:
+            configs = None
+    grid_models = (doc.get("grid") or {}).get("models") or (sorted(df["model"].unique()) if df is not None else [])
+    models = run_models(grid_models, configs, doc.get("experiment"), model_paths)
+    paths = build_report(doc, df, scores_prov, rp, rows, out_dir, replay_prov, models=models, beside=others)
+    paths["summary"] = write_json(summary(doc, df, models, others), Path(out_dir) / "summary.json")
     return paths
 
 
@@ -339,20 +390,34 @@ def run_summary(df) -> dict:
     }
 
 
-def summary(doc: Mapping, df=None) -> dict:
+def summary(doc: Mapping, df=None, models: Sequence = (), beside: Sequence[Mapping] = ()) -> dict:
     """The verdicts beside the paper's, in a few lines (machine-readable), with the run's counts, and each
-    comparison signal's prediction and attribution AUC pooled over the main grid (``signal_auc``)."""
+    comparison signal's prediction and attribution AUC pooled over the main grid (``signal_auc``). ``models``
+    (:class:`kvcert.analysis.model_info.ModelInfo`): what each model is; ``beside``: other runs'
+    (:func:`beside_run`) — ``beside`` {label: that run}, and each claim's ``beside`` {label: its verdict and
+    value, None where that run was not made}."""
     from .report import caveat
+
+    def theirs(b: Mapping, cid: str):
+        c = (b.get("claims") or {}).get(cid) if b.get("run") else None
+        return {"verdict": c["verdict"], "value": c.get("value")} if c else None
 
     return {
         "experiment": doc.get("experiment"), "prereg_hash": doc["provenance"]["prereg_hash"],
         "frozen_utc": doc["provenance"].get("frozen_utc"),
-        "caveat": caveat(doc.get("experiment"), doc.get("grid") or {}),
+        "caveat": caveat(doc.get("experiment"), doc.get("grid") or {}, models),
+        "models": [m.to_dict() for m in models],
+        "beside": {b["label"]: {"path": b["path"], "run": b["run"], "experiment": b.get("experiment"),
+                                "prereg_hash": b.get("prereg_hash"),
+                                "same_preregistration": (b.get("prereg_hash") == doc["provenance"]["prereg_hash"]
+                                                         if b["run"] else None),
+                                "command": b["command"]} for b in beside},
         **run_summary(df),
         "claims": {c["id"]: {"verdict": c["verdict"], "statistic": c["statistic"], "value": c["value"], "ci": c["ci"],
                              "paper_value": c["paper"].get("value"), "paper_verdict": c["paper"].get("verdict"),
                              "placebo_passes": (c.get("placebo") or {}).get("passes"),
-                             "seed_stability": (c.get("seed_stability") or {}).get("agree")}
+                             "seed_stability": (c.get("seed_stability") or {}).get("agree"),
+                             "beside": {b["label"]: theirs(b, c["id"]) for b in beside}}
                    for c in doc["claims"]},
         "signal_auc": headline(doc.get("comparison_signals")),
     }
