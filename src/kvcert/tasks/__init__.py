@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from kvcert.tasks import locomo, longbench, lookalike, metrics, multikey, multiturn, needle
+from kvcert.tasks import locomo, longbench, lookalike, metrics, multikey, multiturn, multiturn_chat, needle
 from kvcert.tasks.metrics import AnswerMetric
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import RecordError, TaskRecord, read_jsonl, write_jsonl
@@ -164,6 +164,7 @@ def score_record(record: TaskRecord, prediction: str) -> float:
 for _name, _generate, _metric in (("needle", needle.generate, metrics.string_match_all),
                                   ("multikey", multikey.generate, metrics.recall),
                                   ("multiturn", multiturn.generate, metrics.recall),
+                                  ("multiturn_chat", multiturn_chat.generate, metrics.recall),
                                   ("lookalike", lookalike.generate, metrics.string_match_all)):
     register_task(_name, _generate, _metric)
 register_task(Task("longbench", "longbench", default_length=6144, loader=longbench.build_records,
@@ -174,7 +175,8 @@ register_task(Task("locomo", "locomo", default_length=0, loader=locomo.build_rec
                    scorer=locomo.score_locomo_record, check=locomo.check_config))
 register_task(Task("unscored", "free", metric=metrics.unscored))  # generate_answer's free question about a context
 
-#: the synthetic tasks (generated, no data needed) — the embedded default runs these.
+#: the synthetic tasks (generated, no data needed) — the embedded default runs these (not
+#: ``multiturn_chat``: ``multiturn``'s records on the model's chat template, a task for chat models).
 SYNTHETIC_TASKS: tuple[str, ...] = ("needle", "multikey", "multiturn", "lookalike")
 
 __all__ = [

@@ -5,7 +5,8 @@ longer prompt); :func:`fit_filler` finds the largest ``n`` whose complete prompt
 (chat template included) has at most ``target_tokens`` tokens. It guesses ``n`` from
 the tokens per filler unit, then gallops and bisects around the guess, so a record
 costs a handful of tokenizations. The result is shorter than the target by less than
-one filler unit.
+one filler unit. A task whose earlier turns are chat messages (``multiturn_chat``) has
+``make_context`` return those messages and measures them with its own ``measure``.
 """
 
 from __future__ import annotations
@@ -25,17 +26,24 @@ def fit_filler(
     max_units: int = 1 << 20,
     separator: str = PROMPT_SEPARATOR,
     answer_prefix: str = "",
-) -> tuple[str, int, int]:
+    measure: Callable[[Any], int] | None = None,
+) -> tuple[Any, int, int]:
     """Return ``(context, n, length)`` with the largest ``n`` such that the prompt fits.
 
     ``make_context(n)`` must grow (weakly) in length with ``n``; ``separator`` and
-    ``answer_prefix`` are the record's (see :mod:`kvcert.tasks.prompting`).
+    ``answer_prefix`` are the record's (see :mod:`kvcert.tasks.prompting`). ``measure(context)``
+    is the complete prompt's length in tokens of what ``make_context`` returns; by default the
+    single user message of context and question
+    (:func:`~kvcert.tasks.prompting.prompt_length`).
     """
     cache: dict[int, int] = {}
+    if measure is None:
+        def measure(context: str) -> int:
+            return prompt_length(tokenizer, context, question, separator, answer_prefix)
 
     def length_of(n: int) -> int:
         if n not in cache:
-            cache[n] = prompt_length(tokenizer, make_context(n), question, separator, answer_prefix)
+            cache[n] = measure(make_context(n))
         return cache[n]
 
     base = length_of(0)

@@ -7,10 +7,14 @@ turns that state no fact are small talk, padded with further assistant sentences
 the prompt reaches the target length. ``num_turns`` defaults to one turn per ~68 tokens
 (4 to 30 turns); the queried fact's ``turn_distance`` (question turn minus fact turn)
 covers 1..``num_turns`` in balanced blocks unless fixed. Scored by recall of the value.
+
+The drawn conversation (:func:`conversation`) is shared with ``multiturn_chat``
+(:mod:`kvcert.tasks.multiturn_chat`), which renders the same turns as chat messages.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvcert.tasks.lengths import fit_filler
@@ -86,16 +90,67 @@ def _small_talk(rng: Any) -> tuple[str, str]:
     return user.format(**slots), assistant.format(**slots)
 
 
-def make_record(
-    tokenizer: Any,
+@dataclass
+class Conversation:
+    """One record's drawn conversation before padding: ``turns`` (user, assistant) in order,
+    numbered from 1, and the ``facts`` stated in them (the queried one first, in turn
+    ``fact_turn``, ``turn_distance`` turns before the question).
+
+    :meth:`padded` appends ``n`` padding sentences to the small-talk replies, round robin
+    over ``padded_turns`` and drawn in order from the record's own padding stream, so a
+    given ``n`` gives the same turns whatever was asked before. The ``multiturn`` record
+    writes the padded turns as a transcript; ``multiturn_chat`` as chat messages."""
+
+    num_turns: int
+    num_facts: int
+    fact_turn: int
+    turn_distance: int
+    facts: list[dict[str, Any]]
+    turns: list[tuple[str, str]]
+    padded_turns: list[int]
+    padding_rng: Any
+    padding: list[str] = field(default_factory=list)
+
+    @property
+    def question(self) -> str:
+        return QUESTION.format(item=self.facts[0]["item"])
+
+    @property
+    def answers(self) -> list[str]:
+        return [self.facts[0]["value"]]
+
+    def metadata(self, target_tokens: int) -> dict[str, Any]:
+        """The record's metadata (see :class:`~kvcert.tasks.records.TaskRecord`)."""
+        return {
+            "target_tokens": target_tokens,
+            "num_turns": self.num_turns,
+            "fact_turn": self.fact_turn,
+            "turn_distance": self.turn_distance,
+            "num_facts": self.num_facts,
+            "facts": self.facts,
+        }
+
+    def padded(self, n: int) -> list[tuple[str, str]]:
+        """The turns with ``n`` padding sentences added to the small-talk replies."""
+        while len(self.padding) < n:
+            self.padding.append(self.padding_rng.choice(PADDING))
+        extra: dict[int, list[str]] = {}
+        for j in range(n):
+            extra.setdefault(self.padded_turns[j % len(self.padded_turns)], []).append(self.padding[j])
+        return [(user, " ".join([assistant, *extra.get(turn, [])]))
+                for turn, (user, assistant) in enumerate(self.turns, start=1)]
+
+
+def conversation(
     target_tokens: int,
     seed: int,
     index: int,
     num_turns: int | None = None,
     num_facts: int | None = None,
     turn_distance: int | None = None,
-) -> TaskRecord:
-    """One multi-turn recall record of about ``target_tokens`` prompt tokens.
+) -> Conversation:
+    """The conversation of example ``index`` (seeded by ``seed`` under this task's name, so
+    ``multiturn`` and ``multiturn_chat`` draw the same one).
 
     Turns are numbered 1..``num_turns``; the question is turn ``num_turns + 1`` and
     the queried fact sits in turn ``num_turns + 1 - turn_distance``; ``num_facts``
@@ -138,37 +193,42 @@ def make_record(
             turns.append(_small_talk(rng))
     padded_turns = [t for t in range(1, num_turns + 1) if t not in by_turn]
     rng.shuffle(padded_turns)
-    padding_rng = example_rng(seed, TASK, index, stream="padding")
-    padding: list[str] = []
+    return Conversation(num_turns, num_facts, fact_turn, turn_distance, facts, turns, padded_turns,
+                        example_rng(seed, TASK, index, stream="padding"))
+
+
+def record_id(task: str, seed: int, target_tokens: int, num_turns: int, index: int) -> str:
+    return f"{task}-s{seed}-t{target_tokens}-n{num_turns}-{index}"
+
+
+def make_record(
+    tokenizer: Any,
+    target_tokens: int,
+    seed: int,
+    index: int,
+    num_turns: int | None = None,
+    num_facts: int | None = None,
+    turn_distance: int | None = None,
+) -> TaskRecord:
+    """One multi-turn recall record of about ``target_tokens`` prompt tokens: the
+    conversation (:func:`conversation`) as a transcript after :data:`HEADER`, in the
+    context of one user message."""
+    talk = conversation(target_tokens, seed, index, num_turns, num_facts, turn_distance)
 
     def make_context(n: int) -> str:
-        while len(padding) < n:
-            padding.append(padding_rng.choice(PADDING))
-        extra: dict[int, list[str]] = {}
-        for j in range(n):
-            extra.setdefault(padded_turns[j % len(padded_turns)], []).append(padding[j])
         lines = [HEADER, ""]
-        for turn, (user, assistant) in enumerate(turns, start=1):
-            reply = " ".join([assistant, *extra.get(turn, [])])
+        for user, reply in talk.padded(n):
             lines.append(TURN_TEMPLATE.format(user=user, assistant=reply))
         return "\n".join(lines)
 
-    question = QUESTION.format(item=facts[0]["item"])
-    context, _, _ = fit_filler(tokenizer, make_context, question, target_tokens)
+    context, _, _ = fit_filler(tokenizer, make_context, talk.question, target_tokens)
     record = TaskRecord(
-        id=f"{TASK}-s{seed}-t{target_tokens}-n{num_turns}-{index}",
+        id=record_id(TASK, seed, target_tokens, talk.num_turns, index),
         task=TASK,
         context=context,
-        question=question,
-        answers=[facts[0]["value"]],
-        metadata={
-            "target_tokens": target_tokens,
-            "num_turns": num_turns,
-            "fact_turn": fact_turn,
-            "turn_distance": turn_distance,
-            "num_facts": num_facts,
-            "facts": facts,
-        },
+        question=talk.question,
+        answers=talk.answers,
+        metadata=talk.metadata(target_tokens),
     )
     record.length = len(build_prompt_ids(tokenizer, record)[0])
     return record

@@ -21,6 +21,14 @@ between the two parts, and checked: either tokenizing the two rendered pieces
 separately gives exactly the ids of the whole prompt, or (fast tokenizers) the whole
 prompt's character offsets have a token boundary exactly where the question begins.
 If neither holds, a :class:`ValueError` says so.
+
+A record with ``metadata["messages"]`` (``multiturn_chat``) is a conversation on the model's
+own chat template: those messages (``{"role", "content"}``, user and assistant turns in
+order) are the earlier turns, the question is the last user message, and the generation
+prompt and the answer prefix follow it (:func:`render_turns`). ``question_start`` is then
+the first token of that final user turn — its role header included — so every earlier
+turn is the context part. The record's ``context`` is the messages' plain transcript
+(:func:`transcript`), checked against them; the separator is unused.
 """
 
 from __future__ import annotations
@@ -76,8 +84,40 @@ def prompt_length(tokenizer: Any, context: str, question: str, separator: str = 
     return len(encode_rendered(tokenizer, text))
 
 
+def transcript(messages: list[dict[str, str]]) -> str:
+    """Chat messages as plain text, one ``Role: content`` line each (``User: ...``, ``Assistant: ...``):
+    the ``context`` of a record whose earlier turns are chat messages."""
+    return "\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in messages)
+
+
+def render_turns(tokenizer: Any, messages: list[dict[str, str]], question: str,
+                 answer_prefix: str = "") -> tuple[str, int]:
+    """The prompt text of the earlier turns ``messages`` followed by ``question`` as the last user
+    message (chat template applied, generation prompt added, then the answer prefix), and the
+    character index where that final user turn begins: the end of the earlier turns rendered alone."""
+    text = _turns_text(tokenizer, messages, question, answer_prefix)
+    history = render_chat(tokenizer, messages, add_generation_prompt=False) if messages else ""
+    if not text.startswith(history):
+        raise ValueError("the chat template renders the earlier turns differently once a user turn follows "
+                         "them; cannot locate where the final user turn begins")
+    return text, len(history)
+
+
+def turns_prompt_length(tokenizer: Any, messages: list[dict[str, str]], question: str,
+                        answer_prefix: str = "") -> int:
+    """Number of tokens of the complete prompt of earlier turns ``messages`` and ``question``."""
+    return len(encode_rendered(tokenizer, _turns_text(tokenizer, messages, question, answer_prefix)))
+
+
+def _turns_text(tokenizer: Any, messages: list[dict[str, str]], question: str, answer_prefix: str) -> str:
+    return render_chat(tokenizer, [*messages, {"role": "user", "content": question}]) + answer_prefix
+
+
 def build_prompt_ids(tokenizer: Any, record: Any) -> tuple[list[int], int]:
     """Return ``(input_ids, question_start)`` for ``record`` (see the module docstring)."""
+    messages = getattr(record, "metadata", {}).get("messages")
+    if messages is not None:
+        return _build_turns_ids(tokenizer, record, messages)
     context, question = record.context, record.question
     separator = getattr(record, "separator", PROMPT_SEPARATOR)
     prefix = getattr(record, "answer_prefix", "")
@@ -97,6 +137,22 @@ def build_prompt_ids(tokenizer: Any, record: Any) -> tuple[list[int], int]:
             "the chat template renders differently when the question changes; "
             "cannot split context from question"
         )
+    return _split_ids(tokenizer, text, split, chat)
+
+
+def _build_turns_ids(tokenizer: Any, record: Any, messages: list[dict[str, str]]) -> tuple[list[int], int]:
+    """``build_prompt_ids`` of a record whose earlier turns are chat messages (``metadata["messages"]``,
+    their form checked by :func:`kvcert.tasks.records.validate_record`)."""
+    if record.context != transcript(messages):
+        raise ValueError(f"record {getattr(record, 'id', '?')}: its context is not the transcript of its "
+                         "metadata 'messages' (the prompt is built from the messages; edit both or neither)")
+    text, split = render_turns(tokenizer, messages, record.question, getattr(record, "answer_prefix", ""))
+    return _split_ids(tokenizer, text, split, True)
+
+
+def _split_ids(tokenizer: Any, text: str, split: int, chat: bool) -> tuple[list[int], int]:
+    """The ids of the rendered prompt ``text`` and the index of its first token at or after character
+    ``split`` (checked: see the module docstring)."""
     ids = encode_rendered(tokenizer, text, chat)
 
     # 1) the two rendered pieces tokenize independently to exactly the whole prompt

@@ -81,7 +81,9 @@ class TaskRecord:
     the number of tokens of that complete prompt under the tokenizer the record was
     generated for. ``metadata`` always holds ``target_tokens``; the needle task adds
     ``depth`` (percent) and ``num_needles``, the multi-turn task ``turn_distance``,
-    ``fact_turn`` and ``num_turns``.
+    ``fact_turn`` and ``num_turns``; ``multiturn_chat`` adds ``messages``, its earlier
+    turns as chat messages (``{"role", "content"}``), from which its prompt is built
+    (``context`` is their transcript; :mod:`kvcert.tasks.prompting`).
 
     ``separator`` joins context and question in the user message (LongBench's blank
     line by default; RULER's needle template uses one newline). ``answer_prefix`` is
@@ -141,6 +143,14 @@ def validate_record(data: dict[str, Any], where: str = "record") -> None:
         raise RecordError(f"{where}: field 'answers' is empty")
     if "target_tokens" not in data["metadata"]:
         raise RecordError(f"{where}: field 'metadata' lacks 'target_tokens'")
+    messages = data["metadata"].get("messages")
+    if messages is not None:  # a chat record's earlier turns (multiturn_chat)
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and set(m) == {"role", "content"}
+                                                     for m in messages):
+            raise RecordError(f"{where}: metadata 'messages' must be a list of {{'role', 'content'}} objects")
+        for m in messages:
+            check_text(m["role"], "metadata.messages.role", where)
+            check_text(m["content"], "metadata.messages.content", where)
 
 
 def write_jsonl(records: Iterable[TaskRecord], path: str | Path) -> int:
