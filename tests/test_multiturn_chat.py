@@ -1,6 +1,7 @@
 """Tests of ``multiturn_chat``: ``multiturn``'s records on the model's own chat template (every earlier
-turn a user and an assistant message, the question the last user message), and that every other task's
-prompts stayed byte for byte what they were before it."""
+turn a user and an assistant message, the question the last user message, the reply begun by the answer
+prefix "Your <item> code is"), and that every other task's prompts stayed byte for byte what they were
+before it."""
 
 from __future__ import annotations
 
@@ -71,8 +72,10 @@ def test_turns_are_separate_chat_messages(tok, target):
         assert ids.count(_marker(tok, "assistant")) == turns + 1
         whole = tok.apply_chat_template([*messages, {"role": "user", "content": record.question}], tokenize=False,
                                         add_generation_prompt=True)
-        assert ids == tok(whole, add_special_tokens=False)["input_ids"]
-        assert ids[-1] == _marker(tok, "assistant")
+        assert ids == tok(whole + record.answer_prefix, add_special_tokens=False)["input_ids"]
+        # the generation prompt, then the answer prefix: the reply continues "Your <item> code is"
+        prefix = tok(record.answer_prefix, add_special_tokens=False)["input_ids"]
+        assert prefix and ids[-len(prefix) - 1:] == [_marker(tok, "assistant"), *prefix]
     plain = multiturn.make_record(tok, target, SEED, 0)  # the transcript task: one user message
     assert build_prompt_ids(tok, plain)[0].count(_marker(tok, "user")) == 1
 
@@ -106,6 +109,9 @@ def test_same_conversation_answers_and_metadata_as_multiturn(tok, target):
     n = multiturn.default_num_turns(target)
     for chat, plain in zip(multiturn_chat.generate(tok, n, target, seed=SEED), multiturn.generate(tok, n, target, seed=SEED)):
         assert chat.answers == plain.answers and chat.question == plain.question
+        item = plain.metadata["facts"][0]["item"]
+        assert chat.answer_prefix == f"Your {item} code is" and plain.answer_prefix == ""
+        assert plain.answers[0] not in chat.answer_prefix  # names the item, not its code
         meta = dict(chat.metadata)
         messages = meta.pop("messages")
         assert meta == plain.metadata  # facts, turns, turn distance: the same draw
@@ -114,7 +120,12 @@ def test_same_conversation_answers_and_metadata_as_multiturn(tok, target):
         assert [m["content"] for m in messages if m["role"] == "user"] == users
         fact = meta["facts"][0]
         assert messages[2 * (meta["fact_turn"] - 1)]["content"] == multiturn.FACT_USER.format(**fact)
-        assert [q.answer for q in multiturn_chat.questions_for(chat)] == [q.answer for q in multiturn.questions_for(plain)]
+        chat_qas, plain_qas = multiturn_chat.questions_for(chat), multiturn.questions_for(plain)
+        assert [(q.question, q.answer, q.key, q.fact) for q in chat_qas] == [(q.question, q.answer, q.key, q.fact)
+                                                                            for q in plain_qas]
+        # the chat reference reply is multiturn's, split at the answer prefix
+        assert [q.answer_prefix + q.response for q in chat_qas] == [q.response for q in plain_qas]
+        assert chat_qas[0].answer_prefix == chat.answer_prefix
         for prediction in (plain.answers[0], "I do not know", plain.answers[0][:2]):
             assert score("multiturn_chat", prediction, chat.answers) == score("multiturn", prediction, plain.answers)
 

@@ -12,20 +12,35 @@ so a streaming run compresses every earlier turn before it sees the question. Pa
 the rendered prompt (template tokens and the template's own system message included) to
 the target length, as in ``multiturn``. A tokenizer without a chat template is refused.
 Scored by recall of the value.
+
+The prompt ends with an answer prefix (:data:`ANSWER_PREFIX`, "Your locker code is": the start of
+``multiturn``'s reference reply, :data:`kvcert.tasks.multiturn.RESPONSE`) after the generation prompt,
+so the model's reply continues it with the code; the prefix names the item, not its value, so the
+value must still come from the earlier turn. Without it, SmolLM2-135M-Instruct with the full cache
+answered 0/20 at 1024 tokens (training seed 1100010): it copied its own earlier assistant replies
+(the padding sentences, "Noted, I will remember that.") or refused. Chosen on training seeds only
+(full cache, 20 records at 1024 tokens, greedy): 12/20 on seed 1100010 and 12/20 on seed
+1100011, every miss another code stated in the conversation. Tried on seed 1100010 and not kept: the padding in the user turns instead of the
+assistant's (0/20), a fact-turn reply naming the item ("Noted: your locker code.", 1/20), a more
+directive question ("What is my locker code? Reply with the number only.", 1/20). With streaming
+SnapKV at budget 0.1 (64-token chunks) on seed 1100011 it fell to 1/20 (top-k and Poisson alike).
+:func:`questions_for` gives ``multiturn``'s questions with this answer prefix.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvcert.tasks.multiturn import conversation, questions_for, record_id  # noqa: F401 (questions_for: the same questions)
 from kvcert.tasks.lengths import fit_filler
+from kvcert.tasks.multiturn import FACT_USER, QUESTION, RESPONSE, conversation, record_id
 from kvcert.tasks.prompting import build_prompt_ids, transcript, turns_prompt_length
-from kvcert.tasks.records import TaskRecord
+from kvcert.tasks.records import QuestionAnswer, TaskRecord
 
 TASK = "multiturn_chat"
-
-#: the same questions, answers and reference replies as ``multiturn`` (the facts are the same)
+#: the text after the generation prompt: ``multiturn``'s reference reply up to the value
+ANSWER_PREFIX = RESPONSE.split("{value}")[0].rstrip()  # "Your {item} code is"
+#: what follows the answer prefix in the reference reply
+ANSWER_RESPONSE = " {value}"
 
 
 def messages_of(turns: list[tuple[str, str]]) -> list[dict[str, str]]:
@@ -51,14 +66,16 @@ def make_record(
                          "has no chat template, and this task's turns are messages of one; use an instruct checkpoint")
     talk = conversation(target_tokens, seed, index, num_turns, num_facts, turn_distance)
     question = talk.question
+    prefix = ANSWER_PREFIX.format(item=talk.facts[0]["item"])
     messages, _, _ = fit_filler(tokenizer, lambda n: messages_of(talk.padded(n)), question, target_tokens,
-                                measure=lambda m: turns_prompt_length(tokenizer, m, question))
+                                measure=lambda m: turns_prompt_length(tokenizer, m, question, prefix))
     record = TaskRecord(
         id=record_id(TASK, seed, target_tokens, talk.num_turns, index),
         task=TASK,
         context=transcript(messages),
         question=question,
         answers=talk.answers,
+        answer_prefix=prefix,
         metadata={**talk.metadata(target_tokens), "messages": messages},
     )
     record.length = len(build_prompt_ids(tokenizer, record)[0])
@@ -70,3 +87,12 @@ def generate(
 ) -> list[TaskRecord]:
     """``n_examples`` records (options: ``num_turns``, ``num_facts``, ``turn_distance``)."""
     return [make_record(tokenizer, target_tokens, seed, i, **options) for i in range(n_examples)]
+
+
+def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
+    """``multiturn``'s question and answer per stated code (the queried one first), with this task's
+    answer prefix; the reference response is what follows the prefix."""
+    return [QuestionAnswer(QUESTION.format(item=f["item"]), f["value"], ANSWER_RESPONSE.format(value=f["value"]),
+                           f["item"], ANSWER_PREFIX.format(item=f["item"]),
+                           FACT_USER.format(item=f["item"], value=f["value"]))
+            for f in record.metadata["facts"]]
