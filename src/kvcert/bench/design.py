@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..atomic import atomic_path, write_text
+
 BUDGETS = (0.125, 0.25, 0.5)
 CONDITIONS = ("aware", "streaming")
 #: training-range seeds (the training data start at 1,000,000): records of this study only
@@ -161,25 +163,21 @@ def run_generations(model: str, task: str, length: int, examples: int, work: Pat
 
     registered, _, _ = _registered(prereg)
     out = work / f"generations-{model}-{task}-{length}.jsonl"
-    done = set()
-    if out.exists():
-        done = {json.loads(line)["example_id"] for line in out.read_text().splitlines() if line.strip()}
+    lines = [line for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
+    done = {json.loads(line)["example_id"] for line in lines}
     loaded, tokenizer = _load(model, configs, threads)
     records = TASKS[task].generate(tokenizer, n_examples=examples, target_tokens=length,
                                    seed=task_seed(task, length, "generate"))
     labelled = variants(model, _model_path(model, configs), registered, task_answer_tokens(configs, task))
     engines = [Engine(loaded, tokenizer, spec) for _, spec in labelled]
     bar = progress(len(records), f"design {model} {task}-{length}", "examples", True)
-    work.mkdir(parents=True, exist_ok=True)
-    with open(out, "a") as fh:
-        for record in records:
-            if record.id not in done:
-                results = generate(engines, record)
-                line = {"example_id": record.id, "model": model, "task": task, "length": length,
-                        "scores": {label: r["score"] for (label, _), r in zip(labelled, results)}}
-                fh.write(json.dumps(line) + "\n")
-                fh.flush()
-            bar.update(1)
+    for record in records:
+        if record.id not in done:
+            results = generate(engines, record)
+            lines.append(json.dumps({"example_id": record.id, "model": model, "task": task, "length": length,
+                                     "scores": {label: r["score"] for (label, _), r in zip(labelled, results)}}))
+            write_text(out, "\n".join(lines) + "\n")  # after every example: an interruption loses one at most
+        bar.update(1)
     bar.close()
     return out
 
@@ -231,8 +229,6 @@ def run_replay(model: str, task: str, length: int, examples: int, draws: int, la
         }
         print(f"replay {model} {name}: later {found[name]['coverage_later']:.3f}, worst cell "
               f"{found[name]['coverage_worst_cell']:.3f} ({found[name]['worst_cell']})", file=sys.stderr)
-        from ..atomic import write_text
-
         write_text(out, json.dumps(found, indent=2, sort_keys=True) + "\n")
     return out
 
@@ -311,41 +307,48 @@ def choose(table, model: str = REAL_MODEL) -> dict:
             "scorer": setting_parts(pick["setting"], {})[2]}
 
 
-def pareto_figure(table, path: Path) -> Path:
+def pareto_figure(table, path: Path, chosen: str | None = None) -> Path:
     """Worst question-aware accuracy gap to top-k (x) against the plug-in's worst-cell coverage (y), one panel
-    per model; the non-dominated settings joined."""
+    per model; the non-dominated settings joined and named (the others are in the table), the registered
+    design in red, the rule's choice circled."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     models = [m for m in STUDY if m in set(table["model"])]
-    fig, axes = plt.subplots(1, len(models), figsize=(5.2 * len(models), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(5.4 * len(models), 4.4), squeeze=False)
     for ax, model in zip(axes[0], models):
         rows = table[(table["model"] == model) & table["coverage_worst_cell"].notna()]
         ax.axhline(ELIGIBLE_COVERAGE, color="0.6", lw=0.8, ls="--")
         ax.axvline(0.03, color="0.6", lw=0.8, ls=":")
-        for r in rows.itertuples():
-            reg = r.setting == "registered"
-            ax.scatter(r.gap_aware_max, r.coverage_worst_cell, s=40 if reg else 22,
-                       color="C3" if reg else "C0", zorder=3)
-            ax.annotate(r.setting, (r.gap_aware_max, r.coverage_worst_cell), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
         front = rows.sort_values(["gap_aware_max", "coverage_worst_cell"], ascending=[True, False])
-        best, xs, ys = -1.0, [], []
+        best, frontier = -1.0, []
         for r in front.itertuples():
             if r.coverage_worst_cell > best:
                 best = r.coverage_worst_cell
-                xs.append(r.gap_aware_max)
-                ys.append(r.coverage_worst_cell)
-        ax.plot(xs, ys, color="C2", lw=1, zorder=2, label="frontier")
-        ax.set_xlabel("worst question-aware accuracy gap to top-k (budgets 12.5-50 %)")
-        ax.set_ylabel("plug-in coverage, worst layer x budget cell (later queries)")
-        ax.set_title(f"{model} ({int(rows['examples'].iloc[0]) if len(rows) else 0} examples per budget)", fontsize=9)
+                frontier.append(r)
+        ax.plot([r.gap_aware_max for r in frontier], [r.coverage_worst_cell for r in frontier], color="C2", lw=1,
+                zorder=2, label="frontier (non-dominated settings)")
+        named = {r.setting for r in frontier} | {"registered"}
+        for r in rows.itertuples():
+            reg = r.setting == "registered"
+            ax.scatter(r.gap_aware_max, r.coverage_worst_cell, s=40 if reg else 18, zorder=3,
+                       color="C3" if reg else ("C0" if r.setting in named else "0.55"))
+            if model == REAL_MODEL and r.setting == chosen:
+                ax.scatter(r.gap_aware_max, r.coverage_worst_cell, s=160, facecolors="none", edgecolors="k", zorder=4,
+                           label=f"the rule's choice: {chosen}")
+            if r.setting in named:
+                ax.annotate(r.setting, (r.gap_aware_max, r.coverage_worst_cell), fontsize=7, xytext=(4, 4),
+                            textcoords="offset points")
+        ax.set_xlabel("worst question-aware accuracy gap to top-k\n(largest over budgets 12.5 / 25 / 50 %)")
+        ax.set_ylabel("plug-in coverage, worst layer x budget cell")
+        n = int(rows["examples"].iloc[0]) if len(rows) else 0
+        ax.set_title(f"{model}: {n} examples per budget, {len(rows)} settings (grey: dominated)", fontsize=9)
         ax.legend(loc="lower right", fontsize=7)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=130, format="png")
     plt.close(fig)
     return path
 
@@ -353,11 +356,12 @@ def pareto_figure(table, path: Path) -> Path:
 def write_table(work: Path, out: Path) -> dict:
     table = study_table(work)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "design.csv", index=False, float_format="%.4f")
-    if "coverage_worst_cell" in table:
-        pareto_figure(table, out / "design.png")
+    with atomic_path(out / "design.csv") as tmp:
+        table.to_csv(tmp, index=False, float_format="%.4f")
     decision = choose(table)
-    (out / "design-choice.json").write_text(json.dumps({"rule": RULE, **decision}, indent=2, sort_keys=True) + "\n")
+    if "coverage_worst_cell" in table:
+        pareto_figure(table, out / "design.png", decision.get("chosen"))
+    write_text(out / "design-choice.json", json.dumps({"rule": RULE, **decision}, indent=2, sort_keys=True) + "\n")
     cols = [c for c in ("model", "setting", "gap_aware_max", "gap_aware_mean", "gap_streaming_max",
                         "coverage_later", "coverage_worst_cell", "coverage_anytime_paths", "coverage_robust_later",
                         "tightness_median") if c in table]
