@@ -58,7 +58,7 @@ try:
 except (ValueError, FileNotFoundError) as exc:
     raise WorkflowError(str(exc)) from None
 PREREG = config["prereg"]
-PLAN = build_plan(EXP, GRID)
+PLAN = build_plan(EXP, GRID, CONFIGS)
 if workflow.is_main_process:  # not again inside each cluster job
     # pre-flight: what would fail on the cluster (missing models, data, placeholders,
     # an edited pre-registration) stops even a dry run, at once, one line per problem

@@ -369,3 +369,17 @@ def test_model_descriptions_load_no_torch():
             "print([m.kind for m in ms], sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "['embedded', 'fetched', 'paper'] []"
+
+
+def test_a_grid_registers_its_own_multiturn_gate_threshold(run, tmp_path):
+    """The grid's multi-turn cell may carry gate_threshold (a model's radii have their own scale): the report's
+    certificate-gated line and its caption follow it instead of analysis_plan.multiturn_gate.threshold."""
+    doc = json.loads((run["tmp"] / "claims.json").read_text())
+    md_default = run["paths"]["markdown"].read_text()
+    assert "relative radius above 0.1)" in md_default
+    doc["grid"]["multiturn"]["gate_threshold"] = 1e9  # never fires
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(doc))
+    paths = report_step(claims, run["tmp"] / "scores.parquet", [run["replay"]], [], tmp_path / "report")
+    md = paths["markdown"].read_text()
+    assert "relative radius above 1e+09) — the gate recomputed 0 % of the runs" in md

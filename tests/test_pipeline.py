@@ -64,7 +64,7 @@ def test_paper_plan_matches_dry_run(paper_env):
     assert float(fields["gpu_hours"]) > float(fields["gpu_hours_roofline"]) > 0  # the roofline bounds the estimate
 
 
-@pytest.mark.parametrize("experiment,examples,seed", [("smoke", 3, 4000), ("paper", 8, 0)])
+@pytest.mark.parametrize("experiment,examples,seed", [("smoke", 3, 4000), ("paper", 8, 0), ("real", 3, 9500)])
 def test_the_replay_has_its_own_manifest(experiment, examples, seed):
     """The replay runs the examples and seed its grid entry registers, from a manifest of its own — never the
     larger manifest a generation cell keeps for the same model, task and length."""
@@ -177,7 +177,7 @@ def test_a_job_config_takes_the_design_from_the_prereg():
         compose_config(["method=no-such-method"])
 
 
-@pytest.mark.parametrize("experiment", ["smoke", "rehearsal", "paper"])
+@pytest.mark.parametrize("experiment", ["smoke", "rehearsal", "paper", "real"])
 def test_the_typed_jobs_equal_hydras_composition_of_every_run(experiment):
     """The pipeline's jobs read the config files directly (kvcert.pipeline.jobs); hydra composes them for
     kvcert run. For a third of the runs (a different third each) of one shard per cell and model of each

@@ -429,12 +429,15 @@ def build_report(
                "every stratum recomputing the same share (the registered gate)")
     mt_cell = grid.get("multiturn") or {}
     gate = plan.get("multiturn_gate") or {}
-    table = (multiturn_table(scores_ok, mt_cell, float(gate.get("threshold", 0.1)))
+    # the grid's multi-turn cell may register its own gate threshold (a model's radii have their own scale)
+    threshold = float(mt_cell.get("gate_threshold", gate.get("threshold", 0.1)))
+    table = (multiturn_table(scores_ok, mt_cell, threshold)
              if scores_ok is not None and mt_cell else pd.DataFrame())
     budget_txt = ", ".join(f"{100 * float(b):g} %" for b in mt_cell.get("budgets", []))
     recomputed = float(table.loc[table["bin"] == "overall", "recomputed"].iloc[0]) if len(table) else float("nan")
     doc.figure(figures.multiturn_figure(table, fig_dir / "multiturn_recall.png", budget_txt) if len(table) else None,
-               "multi-turn recall by turn distance: full cache, top-k, Poisson and certificate-gated"
+               f"multi-turn recall by turn distance: full cache, top-k, Poisson and certificate-gated (gate: the "
+               f"largest step's relative radius above {threshold:g})"
                + (f" — the gate recomputed {100 * recomputed:.0f} % of the runs"
                   + (" (every run: the gated line is the full cache, not the certificate rescuing the compressed "
                      "run)" if recomputed >= 0.999 else "") if recomputed == recomputed else ""))

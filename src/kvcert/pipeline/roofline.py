@@ -77,6 +77,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "mistral-7b-instruct": Architecture(32, 32, 8, 128, 4096, 14336, 32768),  # v0.3: 7.25e9
     "qwen2.5-7b-instruct": Architecture(28, 28, 4, 128, 3584, 18944, 152064, qkv_bias=True),  # 7.62e9
     "qwen2.5-1.5b-instruct": Architecture(28, 12, 2, 128, 1536, 8960, 151936, tied=True, qkv_bias=True),  # 1.54e9
+    "smollm2-135m-instruct": Architecture(30, 9, 3, 64, 576, 1536, 49152, tied=True),  # 1.35e8 (kvcert model fetch)
 }
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -101,14 +102,11 @@ def architecture_from_config(cfg: dict, dtype: str | None = None) -> Architectur
 
 def model_architecture(name: str, path: str | None = None, dtype: str | None = None) -> Architecture | None:
     """``name``'s architecture: from ``path/config.json`` when the checkpoint is there (``path``
-    "embedded": the shipped model), else :data:`ARCHITECTURES`; None when neither knows it."""
-    folder = None
-    if path == "embedded":
-        from ..embedded import embedded_model_path
+    "embedded": the shipped model; "fetch:NAME": the model cache's folder), else :data:`ARCHITECTURES`;
+    None when neither knows it."""
+    from .digest import model_folder
 
-        folder = embedded_model_path()
-    elif path and not str(path).startswith("hf:"):
-        folder = Path(path)
+    folder = model_folder(str(path)) if path else None  # the shipped, a fetched (fetch:NAME) or a local folder
     if folder is not None and (folder / "config.json").is_file():
         return architecture_from_config(json.loads((folder / "config.json").read_text()), dtype)
     arch = ARCHITECTURES.get(name)
