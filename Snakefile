@@ -258,6 +258,7 @@ rule manifest:
 
 
 rule replay_manifest:
+    priority: 10
     input:
         VERIFIED,
         model_inputs,
@@ -293,6 +294,7 @@ rule replay:
         configs=replay_of,
         model=model_of,
         layers=REPLAY_LAYERS,
+    priority: 10  # the longest single job of a CPU run: started first, so the generation shards fill in around it
     threads: EXP_CFG["threads_per_job"]
     resources:
         gpu=gpus,

@@ -290,10 +290,13 @@ def test_a_model_not_fetched_here_is_still_named_and_the_caveats_keep_their_text
     monkeypatch.setenv("KVCERT_MODEL_DIR", str(tmp_path / "empty"))
     models = run_models(["smollm2-135m-instruct", "embedded", "qwen2.5-7b-instruct"], fetched, "real")
     assert [m.kind for m in models] == ["fetched", "embedded", "unknown"]
-    assert models[0].row()[2:] == ["–"] * 4 and "`kvcert model fetch smollm2-135m-instruct`" in models[0].numbers_from
+    # not fetched: the official numbers (kvcert.pipeline.roofline.ARCHITECTURES), and where to fetch it
+    assert models[0].row()[2:] == ["135 M", "30", "9 / 3", "64"]
+    assert "not fetched on this machine (`kvcert model fetch smollm2-135m-instruct`)" in models[0].numbers_from
     assert models[2].row()[2:] == ["7.62 B", "28", "28 / 4", "128"]  # no config here: the official numbers
     assert caveat("real", {"models": ["smollm2-135m-instruct"]}, models[:1]) == (
-        "smollm2-135m-instruct: a real pretrained model, not the paper's 1.5–8 B models: its verdicts are evidence "
+        "smollm2-135m-instruct: a real pretrained model (135 M parameters), not the paper's 1.5–8 B models: its "
+        "verdicts are evidence "
         "about the method on real attention at this scale, not about the paper's models")
     assert caveat("smoke", {"models": ["embedded"]}, models[1:2]) == EMBEDDED_CAVEAT
     assert caveat("rehearsal", {"models": ["qwen2.5-7b-instruct"]}, models).startswith("a rehearsal on stand-in")

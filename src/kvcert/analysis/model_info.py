@@ -102,13 +102,15 @@ def describe_model(name: str, config: Mapping | None, experiment: str | None = N
         from ..model_store import FetchError, fetched_folder
 
         try:
-            folder = str(fetched_folder(fetched))
+            folder = fetched_folder(fetched)
         except FetchError:
             folder = None
-        arch = model_architecture(name, folder, dtype) if folder else None
-        return ModelInfo(name, "fetched", _fetched_what(fetched), arch,
-                         f"{folder}/config.json" if arch else
-                         f"not fetched on this machine (`kvcert model fetch {fetched}`)")
+        here = folder is not None and (folder / "config.json").is_file()
+        arch = model_architecture(name, str(folder) if here else None, dtype)
+        source = (f"the config.json of {path} (the model cache)" if here else
+                  f"the official config; not fetched on this machine (`kvcert model fetch {fetched}`)" if arch else
+                  f"not fetched on this machine (`kvcert model fetch {fetched}`)")
+        return ModelInfo(name, "fetched", _fetched_what(fetched), arch, source)
     arch = model_architecture(name, path, dtype)
     on_disk = bool(path) and not path.startswith("hf:") and (Path(path) / "config.json").is_file()
     source = ("the shipped model's config.json" if path == "embedded" else f"{path}/config.json" if on_disk
