@@ -337,3 +337,14 @@ def test_profile_check_asks_for_a_qos_where_the_account_has_no_default(tmp_path,
     profile["default-resources"]["qos"] = "gpu"
     path.write_text(yaml.safe_dump(profile))
     assert not [p for p in check.check_profile(path) if "QoS" in p]
+
+
+def test_a_config_file_follows_the_environment_it_is_read_in(monkeypatch, tmp_path):
+    """A config's ${oc.env:...} is resolved at each read: a process whose KVCERT_MODEL_DIR changes (a test, a
+    notebook) never gets the path of an earlier read."""
+    from kvcert.pipeline.jobs import config_file
+
+    monkeypatch.setenv("KVCERT_MODEL_DIR", str(tmp_path / "a"))
+    assert config_file(REPO / "configs", "model", "qwen2.5-7b-instruct")["path"] == str(tmp_path / "a" / "qwen2.5-7b-instruct")
+    monkeypatch.setenv("KVCERT_MODEL_DIR", str(tmp_path / "b"))
+    assert config_file(REPO / "configs", "model", "qwen2.5-7b-instruct")["path"] == str(tmp_path / "b" / "qwen2.5-7b-instruct")

@@ -34,11 +34,19 @@ from .plan import Run, Shard
 
 
 @lru_cache(maxsize=None)
-def _load(path: str, stamp: int) -> dict:
-    """A config file's content with its interpolations (``${oc.env:...}``) resolved."""
+def _parsed(path: str, stamp: int):
+    """A config file parsed (once per version); its interpolations are resolved per read, by :func:`_load`."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    return OmegaConf.load(path)
+
+
+def _load(path: str, stamp: int) -> dict:
+    """A config file's content with its interpolations (``${oc.env:...}``) resolved now: an environment
+    variable set or changed since the file was first read (``KVCERT_MODEL_DIR``) is the one used."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(_parsed(path, stamp), resolve=True) or {}
 
 
 def config_file(config_dir: str | Path, group: str, name: str) -> dict:
