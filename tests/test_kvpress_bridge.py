@@ -69,6 +69,30 @@ def test_a_press_the_kvpress_way_over_a_dynamic_cache_equals_the_certified_cache
     assert fresh.layers[0].keys.shape[2] == CONTEXT
 
 
+def test_a_forward_without_a_cache_is_compressed_like_kvpress_and_builds_no_graph():
+    """``with press(model): model(ids, use_cache=True)`` with no cache passed: the cache the
+    forward makes is compressed (kvpress's KnormPress does so), to the same slots and logits as
+    an empty DynamicCache passed in; outside ``torch.no_grad()`` nothing warns; without
+    ``use_cache`` there is no cache and nothing to compress."""
+    import warnings
+
+    model = tiny_model("llama", layers=2)
+    context = ids(CONTEXT, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. "Converting a tensor with requires_grad=True to a scalar"
+        with poisson_press()(model):
+            made = model(context, use_cache=True).past_key_values
+    passed = DynamicCache()
+    with torch.no_grad(), poisson_press()(model):
+        model(context, cache=passed)
+    assert made is not None
+    for mine, theirs in zip(made.layers, passed.layers):
+        assert mine.keys.shape[2] == theirs.keys.shape[2] < CONTEXT
+        torch.testing.assert_close(mine.keys, theirs.keys)
+    with poisson_press()(model):
+        assert model(context, use_cache=False).past_key_values is None
+
+
 @torch.no_grad()
 def test_the_kvpress_crop_between_questions_restores_the_compressed_context():
     """kvpress's pipeline crops to the lengths ``get_seq_length`` gave before the question; the

@@ -65,21 +65,30 @@ def compress_plain_layer(press, module: torch.nn.Module, cache, query: torch.Ten
 @contextmanager
 def pressing(press, model: torch.nn.Module) -> Iterator[None]:
     """``with press(model):``: compress the cache of each forward that fills an empty cache
-    (see the module docstring); the hooks are removed on exit."""
+    (see the module docstring), including the ``DynamicCache`` a forward without one makes
+    (``model(ids, use_cache=True)``, as kvpress's presses do); the hooks are removed on exit."""
     from functools import partial
 
     from .cache import CertifiedCache
     from .integration import find_cache, decoder_of, attention_modules, enable_certified_attention
 
+    from transformers import DynamicCache
+
     enable_certified_attention(model)
+    decoder = decoder_of(model)
 
     def arm(module, args, kwargs):
         cache = find_cache(kwargs)
-        if isinstance(cache, CertifiedCache) and cache.get_seq_length() == 0 and not cache.armed:
+        if cache is None and _uses_cache(decoder, kwargs):
+            # kvpress's contract: the cache the forward makes by itself is compressed too (no silent no-op)
+            kwargs[decoder._kvcert_cache_name] = DynamicCache(config=decoder.config)
+        elif isinstance(cache, CertifiedCache) and cache.get_seq_length() == 0 and not cache.armed:
             cache.arm(press)
+        return args, kwargs
 
     modules = attention_modules(model)
-    hook = decoder_of(model).register_forward_pre_hook(arm, with_kwargs=True)
+    # before kvcert's own pre-hook (enable_certified_attention), which hands the forward's cache to the attention
+    hook = decoder.register_forward_pre_hook(arm, with_kwargs=True, prepend=True)
     try:
         for module in modules:
             module.kvcert_compress = partial(compress_plain_layer, press)
@@ -88,6 +97,14 @@ def pressing(press, model: torch.nn.Module) -> Iterator[None]:
         hook.remove()
         for module in modules:
             module.kvcert_compress = None
+
+
+def _uses_cache(decoder: torch.nn.Module, kwargs: dict) -> bool:
+    """Whether a decoder call without a cache makes one: ``use_cache`` of the call, else of the config."""
+    use_cache = kwargs.get("use_cache")
+    if use_cache is None:
+        use_cache = getattr(decoder.config, "use_cache", False)
+    return bool(use_cache)
 
 
 # --- a kvpress press, the kvcert way -------------------------------------------------------
