@@ -438,3 +438,28 @@ def test_c8_unexercised_without_diverged_decodes(env):
     t = stat_of("coverage_robust_diverged", r)
     assert t.outcome == "unexercised" and r.details["diverged_decodes"] == 0
     assert r.verdict == "inconclusive" and any("unexercised" in x for x in r.reasons)
+
+
+@pytest.mark.parametrize("name", ["random_score", "step_cell_permuted_radius"])
+def test_a_placebo_is_seeded_by_each_rows_key_not_its_position(env, name):
+    """The random placebos follow the rows' keys: the same rows read in reverse order (shards given to
+    ``kvcert score`` in another order) get the same placebo values, row by row."""
+    from kvcert.analysis.claims import _kind, _placebo_rng, placebo_rows
+
+    if name == "random_score":
+        rows = score(env, c3_records(env["hash"], 6, 2))
+        key = ["example_id", "condition", "sampler", "budget"]
+        columns = ["cert_signal"]
+    else:
+        rows = replay_frame(cells=3, draws=5, later=2, seed=1, layers=2, heads=2)
+        key = ["model", "example_id", "layer", "head", "budget", "query_kind", "step", "draw"]
+        columns = ["radius", "covered", "radius_robust"]
+    kind = _kind(env["claims"]["C1"])
+    forward = placebo_rows(rows, name, kind, env["plan"], _placebo_rng(env["plan"], "C1", name))
+    backward = placebo_rows(rows.iloc[::-1].reset_index(drop=True), name, kind, env["plan"],
+                            _placebo_rng(env["plan"], "C1", name))
+    merged = forward.merge(backward, on=key, suffixes=("", "_reversed"))
+    assert len(merged) == len(rows)
+    for column in columns:
+        assert np.array_equal(merged[column].to_numpy(), merged[f"{column}_reversed"].to_numpy(), equal_nan=True), column
+    assert not np.array_equal(forward[columns[0]].to_numpy(), rows[columns[0]].to_numpy(), equal_nan=True)

@@ -699,6 +699,26 @@ def _placebo_rng(analysis_plan: Mapping, claim: str, name: str) -> np.random.Gen
     return np.random.default_rng([seed, sum(map(ord, claim)), sum(map(ord, name))])
 
 
+#: what names one row of a claim, whichever stage made it: a generation record's key (a multi-turn
+#: unit included) or a replay draw at one step; the columns a table lacks are left out
+ROW_KEY = ["model", "task", "target_tokens", "example_id", "unit", "condition", "method", "scorer", "sampler",
+           "allocation", "budget", "seed", "layer", "head", "query_kind", "step", "draw"]
+
+
+def keyed_uniforms(rows: pd.DataFrame, rng: np.random.Generator) -> np.ndarray:
+    """One uniform in [0, 1) per row, a function of the row's key (:data:`ROW_KEY`) and one draw of
+    ``rng`` (the placebo's registered seed), not of the row's position: the placebos come out the
+    same whatever order the shards or replay tables were read in."""
+    key = [c for c in ROW_KEY if c in rows.columns]
+    hashed = pd.util.hash_pandas_object(rows[key].astype(str), index=False).to_numpy(np.uint64)
+    x = hashed ^ np.uint64(rng.integers(0, 2**63))
+    with np.errstate(over="ignore"):  # splitmix64's finaliser: the key's hash spread over all 64 bits
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
 def placebo_rows(rows: pd.DataFrame, name: str, kind: Kind, analysis_plan: Mapping,
                  rng: np.random.Generator) -> pd.DataFrame:
     """The claim's rows with its signal replaced by placebo ``name`` (:data:`PLACEBOS`)."""
@@ -706,7 +726,7 @@ def placebo_rows(rows: pd.DataFrame, name: str, kind: Kind, analysis_plan: Mappi
     if name in ("stratum_base_rate", "random_score"):
         present = rows["cert_signal"].notna().to_numpy()
         if name == "random_score":
-            score = rng.random(len(rows))
+            score = keyed_uniforms(rows, rng)
         else:
             y, defined = kind.outcome(rows)
             strata = strata_codes(rows, analysis_plan)
@@ -721,8 +741,9 @@ def placebo_rows(rows: pd.DataFrame, name: str, kind: Kind, analysis_plan: Mappi
     cells = rows.groupby(STEP_CELL_KEY, observed=True, sort=False).ngroup().to_numpy()
     error = rows["error"].to_numpy(float)
     if name == "step_cell_permuted_radius":
-        by_cell = np.argsort(cells, kind="stable")
-        shuffled = np.lexsort((rng.random(len(rows)), cells))  # the same cells in the same order, draws shuffled
+        # within each cell, the draws in one keyed order receive the radii of the draws in another
+        by_cell = np.lexsort((keyed_uniforms(rows, rng), cells))
+        shuffled = np.lexsort((keyed_uniforms(rows, rng), cells))
     for radius, covered in RADIUS_COLUMNS:
         values = rows[radius].to_numpy(float)
         if name == "step_cell_median_radius":
