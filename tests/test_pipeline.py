@@ -177,6 +177,23 @@ def test_a_job_config_takes_the_design_from_the_prereg():
         compose_config(["method=no-such-method"])
 
 
+def test_a_model_folder_moved_elsewhere_keeps_every_rerun_trigger():
+    """A model's location is not its content: the same folder under another parent (another
+    KVCERT_MODEL_DIR) gives the same shard config hash, data config hash and record config hashes;
+    another model folder (or a Hub id) does not. The content is model_digest's (the model param)."""
+    from kvcert.pipeline.config import experiment_grid
+    from kvcert.pipeline.jobs import data_config_hash, shard_config_hash
+
+    configs, prereg = REPO / "configs", REPO / "preregistration"
+    shard = build_plan("smoke", experiment_grid("smoke", configs, prereg)[1]).shards[0]
+    here, there = "/scratch/a/models/tiny", "/home/b/cache kvcert/models/tiny/"
+    assert (shard_config_hash("smoke", shard, configs, prereg, here)
+            == shard_config_hash("smoke", shard, configs, prereg, there)
+            != shard_config_hash("smoke", shard, configs, prereg, "/scratch/a/models/other"))
+    assert data_config_hash(configs, "embedded", "needle", here) == data_config_hash(configs, "embedded", "needle", there)
+    assert data_config_hash(configs, "embedded", "needle", here) != data_config_hash(configs, "embedded", "needle")
+
+
 @pytest.mark.parametrize("experiment", ["smoke", "rehearsal", "paper", "real"])
 def test_the_typed_jobs_equal_hydras_composition_of_every_run(experiment):
     """The pipeline's jobs read the config files directly (kvcert.pipeline.jobs); hydra composes them for

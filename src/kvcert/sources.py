@@ -66,6 +66,18 @@ def fetched_name(source: str) -> str | None:
     return text[len(FETCH_PREFIX):] if text.startswith(FETCH_PREFIX) else None
 
 
+def path_identity(source: str) -> str:
+    """What of a model's ``path`` its records' config hash covers: ``embedded``, ``hf:…`` and
+    ``fetch:…`` as written (they name the model wherever it lives), a local folder by its name
+    alone. Where a folder lives is not what it holds: a model copied or moved (another
+    ``KVCERT_MODEL_DIR`` on another cluster) reruns nothing; its content decides, through the
+    digest of its files (:func:`kvcert.pipeline.digest.model_digest`, the pipeline's rerun trigger)."""
+    text = str(source)
+    if text == "embedded" or text.startswith((HUB_PREFIX, FETCH_PREFIX)):
+        return text
+    return "folder:" + os.path.basename(os.path.normpath(text))
+
+
 def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no")
 

@@ -79,7 +79,7 @@ def run_specs(
     try:
         if writer.recovered_tail:
             print(f"{writer.partial}: dropped a truncated last line; it is recomputed", file=sys.stderr)
-        hashes = {config_hash(s.to_dict()) for s in specs}
+        hashes = {config_hash(s.hashed_dict()) for s in specs}
         foreign = [r for r in writer.done.values()
                    if r.get("prereg_hash") != prereg_hash or r.get("config_hash") not in hashes
                    or identity(r) not in planned]
@@ -92,7 +92,7 @@ def run_specs(
         todo = [(r, s) for r in records for s in specs if not writer.is_done(expected_key(r.id, s))]
         if todo:
             model, tokenizer = model_and_tokenizer or load_model(specs[0].model)
-            engines = [Engine(model, tokenizer, s, provenance(s.to_dict(), prereg_hash)) for s in specs]
+            engines = [Engine(model, tokenizer, s, provenance(s.hashed_dict(), prereg_hash)) for s in specs]
             bar = progress_display(len(todo), "generate " + "/".join(out_path.parts[-5:]), "generations", progress)
             for record in records:
                 missing = [e for e in engines if not writer.is_done(expected_key(record.id, e.spec))]

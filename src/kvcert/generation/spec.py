@@ -127,6 +127,15 @@ class GenerationSpec:
         d["certificate"]["aggregations"] = list(self.certificate.aggregations)
         return d
 
+    def hashed_dict(self) -> dict[str, Any]:
+        """What a record's ``config_hash`` covers: :meth:`to_dict` with the model's local path reduced
+        to what identifies it (:func:`kvcert.sources.path_identity`), not where it lives."""
+        from ..sources import path_identity
+
+        d = self.to_dict()
+        d["model"]["path"] = path_identity(d["model"]["path"])
+        return d
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "GenerationSpec":
         """Build from a plain mapping (e.g. a composed hydra config), rejecting unknown keys."""

@@ -195,7 +195,7 @@ def check_finished_shards(experiment: str, plan, prereg: str | Path, configs: Pa
         except ValueError:
             continue  # a damaged shard: scoring names it
         specs = shard_specs(experiment, shard, configs, prereg, (model_paths or {}).get(shard.model), cache)
-        planned = sorted({config_hash(s.to_dict()) for s in specs})
+        planned = sorted({config_hash(s.hashed_dict()) for s in specs})
         if made is not None and made not in planned:
             problems.append(f"{path}: made under config {made}, but its job composes {planned[0]}"
                             f"{' (and others)' if len(planned) > 1 else ''} now (a model, task or method config "

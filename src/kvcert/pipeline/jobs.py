@@ -13,7 +13,7 @@ where it enters (:meth:`GenerationSpec.from_dict`).
 * :func:`shard_specs` — the specs of one planned shard: what ``kvcert shard`` runs;
 * :func:`shard_config_hash` — one hash of a shard's runs (the hash of the config hashes its
   records carry): the Snakefile's rerun trigger, so a job reruns exactly when what its records
-  would carry changes (a model's dtype or path, a task's answer budget, a method), and an
+  would carry changes (a model's dtype or source, a task's answer budget, a method), and an
   operational setting (a planning estimate) reruns nothing;
 * :func:`planned_records` — what the job writes: for each example of the shard's slice of its
   manifest and each run, the record's generation key and the config hash stamped on it; scoring
@@ -118,7 +118,7 @@ def shard_config_hash(experiment: str, shard: Shard, config_dir: str | Path, pre
     """One hash (16 hex digits) of the config hashes the shard's records carry: the job's rerun trigger."""
     from ..provenance import config_hash
 
-    hashes = [config_hash(s.to_dict()) for s in shard_specs(experiment, shard, config_dir, prereg, model_path, cache)]
+    hashes = [config_hash(s.hashed_dict()) for s in shard_specs(experiment, shard, config_dir, prereg, model_path, cache)]
     return hashlib.sha256("\n".join(hashes).encode()).hexdigest()[:16]
 
 
@@ -129,9 +129,10 @@ def data_config_hash(config_dir: str | Path, model: str, task: str, model_path: 
     trigger of those jobs."""
     from ..methods import method_config
 
+    from ..sources import path_identity
+
     model_cfg = config_file(config_dir, "model", model)
-    if model_path:
-        model_cfg["path"] = model_path
+    model_cfg["path"] = path_identity(model_path or model_cfg["path"])  # the folder's content is model_digest's
     content = {"model": model_cfg, "task": config_file(config_dir, "task", task),
                "method": None if method is None else method_config(method, config_dir)}
     return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -154,7 +155,7 @@ def planned_records(experiment: str, shard: Shard, manifest: str | Path, config_
     cache = {} if cache is None else cache
     records = _manifest_records(manifest, cache)[shard.start:shard.stop]
     specs = shard_specs(experiment, shard, config_dir, prereg, model_path, cache)
-    hashes = [config_hash(s.to_dict()) for s in specs]
+    hashes = [config_hash(s.hashed_dict()) for s in specs]
     planned = {}
     for record in records:
         tokens = record.metadata.get("target_tokens")
