@@ -11,6 +11,7 @@ kvcert.pipeline.plan, the same code behind `kvcert plan`.
 """
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from snakemake.utils import min_version, validate
 from kvcert.pipeline.check import preflight, profile_from_argv
 from kvcert.pipeline.config import check_pipeline_config, experiment_grid
 from kvcert.pipeline.digest import DigestCache, model_digest
-from kvcert.pipeline.jobs import config_file, data_config_hash, shard_config_hash
+from kvcert.pipeline.jobs import config_file, manifest_config_hash, replay_config_hash, shard_config_hash
 from kvcert.prereg import PreregError, verify
 from kvcert.sources import fetched_name
 from kvcert.pipeline.plan import build_plan, shard_minutes
@@ -78,9 +79,14 @@ except PreregError:  # inside a cluster job; its own verification fails first
     PREREG_HASH = "unverified"
 OUT = f"{config['results']}/{EXP}"
 VERIFIED = f"{OUT}/prereg/verified.json"
-COMMON = f"--experiment {EXP} --prereg {PREREG} --configs {here(CONFIGS)}"
+# every path in a shell command is quoted (shlex.quote here, {…:q} below): a results folder, a
+# pre-registration or a checkout whose path holds a space or a quote runs like any other
+q = shlex.quote
+COMMON = f"--experiment {q(EXP)} --prereg {q(PREREG)} --configs {q(here(CONFIGS))}"
 RETRAIN = config["retrain_model"]
 TRAINED = f"{OUT}/model/embedded"
+TRAINED_FLAG = q(f"embedded={TRAINED}")  # --model-path of the steps that name the retrained model
+MINIATURE_FLAG = q(f"miniature={config['results']}/smoke/claims.json")  # --beside of a non-smoke report
 SHARDS = [f"{OUT}/{s.path}" for s in PLAN.shards]
 MANIFESTS = sorted({f"{OUT}/{s.manifest}" for s in PLAN.shards})
 REPLAYS = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.parquet" for r in PLAN.replays]
@@ -103,12 +109,13 @@ def configs_of(wildcards):
 
 def data_of(wildcards):
     """What a manifest job reads from the configs: the model's (its tokenizer) and the task's."""
-    return data_config_hash(CONFIGS, wildcards.model, wildcards.task)
+    return manifest_config_hash(CONFIGS, wildcards.model, wildcards.task)
 
 
 def replay_of(wildcards):
-    """What a replay job reads from the configs: the model's, the task's and the replay's method."""
-    return data_config_hash(CONFIGS, wildcards.model, wildcards.task, method=PLAN.grid["replay"]["method"])
+    """What a replay job reads from the configs: the model's, the task's and the replay's method (the hash
+    the table carries and the claims step checks)."""
+    return replay_config_hash(CONFIGS, wildcards.model, wildcards.task, PLAN.grid["replay"]["method"])
 
 
 MODEL_DIGESTS = {}
@@ -162,7 +169,7 @@ def shard_runtime(wildcards):
 
 
 def model_path_flag(wildcards):
-    return f"--model-path {TRAINED}" if RETRAIN and wildcards.model == "embedded" else ""
+    return f"--model-path {q(TRAINED)}" if RETRAIN and wildcards.model == "embedded" else ""
 
 
 # cheap bookkeeping runs where Snakemake runs (a login node, or the controller's batch job)
@@ -207,7 +214,7 @@ rule verify_prereg:
     conda:
         "environment.yml"
     shell:
-        "kvcert prereg verify --folder {params.folder} --out {output} 2>&1 | tee {log}"
+        "kvcert prereg verify --folder {params.folder:q} --out {output:q} 2>&1 | tee {log:q}"
 
 
 rule train_model:
@@ -221,7 +228,7 @@ rule train_model:
     conda:
         "environment.yml"
     shell:
-        "kvcert train-model --recipe {params.recipe} --out {output} 2>&1 | tee {log}"
+        "kvcert train-model --recipe {params.recipe:q} --out {output:q} 2>&1 | tee {log:q}"
 
 
 rule fetch_model:
@@ -234,7 +241,7 @@ rule fetch_model:
     conda:
         "environment.yml"
     shell:
-        "kvcert model fetch {params.name} --receipt {output} > {log} 2>&1"
+        "kvcert model fetch {params.name:q} --receipt {output:q} > {log:q} 2>&1"
 
 
 rule manifest:
@@ -254,7 +261,7 @@ rule manifest:
         "environment.yml"
     shell:
         "kvcert manifest {params.common} --model {wildcards.model} --task {wildcards.task} "
-        "--length {wildcards.length} {params.model_path} --out {output} > {log} 2>&1"
+        "--length {wildcards.length} {params.model_path} --out {output:q} > {log:q} 2>&1"
 
 
 rule replay_manifest:
@@ -275,7 +282,7 @@ rule replay_manifest:
         "environment.yml"
     shell:
         "kvcert manifest {params.common} --set replay --model {wildcards.model} --task {wildcards.task} "
-        "--length {wildcards.length} {params.model_path} --out {output} > {log} 2>&1"
+        "--length {wildcards.length} {params.model_path} --out {output:q} > {log:q} 2>&1"
 
 
 rule replay:
@@ -302,8 +309,8 @@ rule replay:
         "environment.yml"
     shell:
         "kvcert replay {params.common} --model {wildcards.model} {params.model_path} {params.layers} "
-        "--records {input.manifest} --threads {threads} --out {output.draws} "
-        "--impossibility-out {output.impossibility} 2>&1 | tee {log}"
+        "--records {input.manifest:q} --threads {threads} --out {output.draws:q} "
+        "--impossibility-out {output.impossibility:q} 2>&1 | tee {log:q}"
 
 
 rule generate:
@@ -328,8 +335,8 @@ rule generate:
         "environment.yml"
     shell:
         "kvcert shard {params.common} --model {wildcards.model} --cell {wildcards.cell} --task {wildcards.task} "
-        "--length {wildcards.length} --index {wildcards.index} --manifest {input.manifest} "
-        "--verified {input.verified} {params.model_path} --threads {threads} --out {output} 2>&1 | tee {log}"
+        "--length {wildcards.length} --index {wildcards.index} --manifest {input.manifest:q} "
+        "--verified {input.verified:q} {params.model_path} --threads {threads} --out {output:q} 2>&1 | tee {log:q}"
 
 
 rule score:
@@ -343,12 +350,12 @@ rule score:
         f"{OUT}/logs/score.log",
     params:
         common=COMMON,
-        model_path=f"--model-path embedded={TRAINED}" if RETRAIN else "",
+        model_path=f"--model-path {TRAINED_FLAG}" if RETRAIN else "",
     conda:
         "environment.yml"
     shell:
-        "kvcert score {params.common} --verified {input.verified} {params.model_path} "
-        "--shards {input.shards} --out {output} 2>&1 | tee {log}"
+        "kvcert score {params.common} --verified {input.verified:q} {params.model_path} "
+        "--shards {input.shards:q} --out {output:q} 2>&1 | tee {log:q}"
 
 
 rule claims:
@@ -365,8 +372,8 @@ rule claims:
     conda:
         "environment.yml"
     shell:
-        "kvcert claims {params.common} --verified {input.verified} --scores {input.scores} "
-        "--replay {input.replay} --out {output} 2>&1 | tee {log}"
+        "kvcert claims {params.common} --verified {input.verified:q} --scores {input.scores:q} "
+        "--replay {input.replay:q} --out {output:q} 2>&1 | tee {log:q}"
 
 
 rule report:
@@ -385,17 +392,17 @@ rule report:
     params:
         out_dir=lambda wildcards, output: Path(output.md).parent,
         # what each model is: its configs/model/<name>.yaml (a retrained embedded model: its folder)
-        models=f"--configs {here(CONFIGS)}" + (f" --model-path embedded={TRAINED}" if RETRAIN else ""),
+        models=f"--configs {q(here(CONFIGS))}" + (f" --model-path {TRAINED_FLAG}" if RETRAIN else ""),
         # the miniature's verdicts beside a non-smoke run's; not an input (that would run smoke): the report
         # says "not run" while results/smoke/claims.json is absent. Its content hash at DAG-build time is a
         # param, so the report is redone once smoke's claims appear or change, and not otherwise.
-        beside="" if EXP == "smoke" else f"--beside miniature={config['results']}/smoke/claims.json",
+        beside="" if EXP == "smoke" else f"--beside {MINIATURE_FLAG}",
         beside_content="" if EXP == "smoke" else (
             DIGEST_CACHE.sha256(Path(config["results"], "smoke", "claims.json"))
             if Path(config["results"], "smoke", "claims.json").is_file() else "not run"),
     conda:
         "environment.yml"
     shell:
-        "kvcert report --verified {input.verified} --claims {input.claims} --scores {input.scores} "
-        "--replay {input.replay} --impossibility {input.impossibility} {params.models} {params.beside} "
-        "--out-dir {params.out_dir} 2>&1 | tee {log}"
+        "kvcert report --verified {input.verified:q} --claims {input.claims:q} --scores {input.scores:q} "
+        "--replay {input.replay:q} --impossibility {input.impossibility:q} {params.models} {params.beside} "
+        "--out-dir {params.out_dir:q} 2>&1 | tee {log:q}"

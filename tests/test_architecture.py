@@ -21,10 +21,11 @@ STAGES = [
     ("kvcert.pipeline.roofline", 3),  # the plan's cost model reads model architectures and the sketch's size
     ("kvcert.generation", 4), ("kvcert.textgen", 4),  # generate_answer: one generation, in one call
     ("kvcert.pipeline.jobs", 4),  # what a generate job writes: the plan's runs as generation specs
+    ("kvcert.pipeline.manifest", 4),  # what a manifest job writes, and its seal (checked by generation and scoring)
     ("kvcert.analysis", 5),
 ]
 #: commands: they run stages and may import any of them
-COMMANDS = ("kvcert.cli", "kvcert.pipeline.cli", "kvcert.pipeline.check", "kvcert.pipeline.manifest",
+COMMANDS = ("kvcert.cli", "kvcert.pipeline.cli", "kvcert.pipeline.check",
             "kvcert.pipeline.oneoff", "kvcert.rehearsal", "kvcert.bench", "kvcert.testing",
             "kvcert.training")  # `kvcert train-model`: trains the embedded model on the tasks, evaluates it with the engine
 MODEL_STAGE = 3  # everything else: the model and the method (models, integration, press, cache, scorers, ...)

@@ -182,7 +182,7 @@ def test_a_model_folder_moved_elsewhere_keeps_every_rerun_trigger():
     KVCERT_MODEL_DIR) gives the same shard config hash, data config hash and record config hashes;
     another model folder (or a Hub id) does not. The content is model_digest's (the model param)."""
     from kvcert.pipeline.config import experiment_grid
-    from kvcert.pipeline.jobs import data_config_hash, shard_config_hash
+    from kvcert.pipeline.jobs import manifest_config_hash, shard_config_hash
 
     configs, prereg = REPO / "configs", REPO / "preregistration"
     shard = build_plan("smoke", experiment_grid("smoke", configs, prereg)[1]).shards[0]
@@ -190,8 +190,8 @@ def test_a_model_folder_moved_elsewhere_keeps_every_rerun_trigger():
     assert (shard_config_hash("smoke", shard, configs, prereg, here)
             == shard_config_hash("smoke", shard, configs, prereg, there)
             != shard_config_hash("smoke", shard, configs, prereg, "/scratch/a/models/other"))
-    assert data_config_hash(configs, "embedded", "needle", here) == data_config_hash(configs, "embedded", "needle", there)
-    assert data_config_hash(configs, "embedded", "needle", here) != data_config_hash(configs, "embedded", "needle")
+    assert manifest_config_hash(configs, "embedded", "needle", here) == manifest_config_hash(configs, "embedded", "needle", there)
+    assert manifest_config_hash(configs, "embedded", "needle", here) != manifest_config_hash(configs, "embedded", "needle")
 
 
 @pytest.mark.parametrize("experiment", ["smoke", "rehearsal", "paper", "real"])

@@ -113,9 +113,10 @@ def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, t
     """planned_shards: the examples of the manifest beside the shard, the config hashes of the runs
     composed from the configs as they are; a dtype edited after the run is refused, naming both."""
     from kvcert.analysis.steps import planned_shards
-    from kvcert.pipeline.jobs import planned_records
+    from kvcert.pipeline.jobs import manifest_config_hash, planned_records
+    from kvcert.pipeline.manifest import write_manifest
     from kvcert.pipeline.plan import build_plan, load_grid
-    from kvcert.tasks.records import TaskRecord, write_jsonl
+    from kvcert.tasks.records import TaskRecord
 
     folder, fr = prereg
     configs = tmp_path / "configs"
@@ -123,8 +124,11 @@ def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, t
     shard = build_plan("smoke", load_grid(folder, "grids/smoke.yaml")).shards[0]
     results = tmp_path / "results" / "smoke"
     manifest = results / shard.manifest
-    write_jsonl([TaskRecord(id=f"{shard.task}-{i}", task=shard.task, context="c", question="q", answers=["x"],
-                            metadata={"target_tokens": shard.length, "depth": 50}) for i in range(shard.stop)], manifest)
+    plan = build_plan("smoke", load_grid(folder, "grids/smoke.yaml"))
+    write_manifest([TaskRecord(id=f"{shard.task}-{i}", task=shard.task, context="c", question="q", answers=["x"],
+                               metadata={"target_tokens": shard.length, "depth": 50}) for i in range(shard.stop)],
+                   manifest, plan.manifest(shard.model, shard.task, shard.length),
+                   manifest_config_hash(configs, shard.model, shard.task))
     expected = planned_records("smoke", shard, manifest, configs, folder)
     assert len(expected) == shard.generations
     records = [make_record(key[3], model=key[0], task=key[1], target_tokens=key[2], prereg_hash=fr.prereg_hash,

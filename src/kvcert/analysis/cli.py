@@ -29,7 +29,7 @@ def _replay(a) -> int:
 
     model = resolve_model(a.model_config, a.model, a.configs, a.model_path)
     out, imp = replay_step(model, a.records, a.prereg, a.out, a.impossibility_out, a.seed, a.max_layers,
-                           a.max_examples, a.threads, a.experiment)
+                           a.max_examples, a.threads, a.experiment, a.configs, a.model_path)
     print(out)
     print(imp)
     return 0
@@ -97,7 +97,8 @@ def register(subparsers) -> None:
     which.add_argument("--model-config", help="a model config (name, path, dtype, device) or a job config with one")
     p.add_argument("--model-path", default=None, help="override the model config's path")
     p.add_argument("--configs", default=None, help="hydra configs folder (for --model; default: as every command finds it)")
-    p.add_argument("--experiment", default=None, help="experiment name (recorded in the provenance)")
+    p.add_argument("--experiment", default=None, help="experiment whose plan the records manifest is checked against "
+                   "(recorded in the provenance, with the hash of the configs the table is made under)")
     p.add_argument("--records", required=True, help="task records manifest (JSONL) of the replay cell")
     p.add_argument("--prereg", default=None, help="pre-registration folder (frozen; default: $KVCERT_PREREG, else ./preregistration)")
     p.add_argument("--out", required=True, help="replay draws (Parquet)")

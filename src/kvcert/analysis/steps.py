@@ -70,12 +70,13 @@ def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | 
     the plan's relative shard path; the examples from the manifest beside them, the config
     hashes from the configs composed now, ``model_paths`` {model: path} overriding a model's
     path as ``kvcert shard --model-path`` does); a shard the plan does not know is refused."""
-    from ..pipeline.jobs import manifest_references, planned_records
+    from ..pipeline.jobs import manifest_config_hash, manifest_references, planned_records
+    from ..pipeline.manifest import check_manifest
     from ..pipeline.plan import build_plan
 
     configs = resolve_configs(configs)
     plan = build_plan(experiment, experiment_grid(experiment, configs, prereg)[1])
-    out, cache = {}, {}
+    out, cache, checked = {}, {}, set()
     for path in shards:
         text = Path(path).as_posix()
         match = [s for s in plan.shards if text.endswith("/" + s.path) or text == s.path]
@@ -87,6 +88,10 @@ def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | 
             raise RecordRefused(f"{path}: its manifest {manifest} is missing; rerun the manifest step "
                                 "(the plan's examples come from it)")
         try:
+            if str(manifest) not in checked:  # the plan's examples and references, as `kvcert manifest` built them
+                check_manifest(manifest, plan.manifest(shard.model, shard.task, shard.length),
+                               manifest_config_hash(configs, shard.model, shard.task, (model_paths or {}).get(shard.model)))
+                checked.add(str(manifest))
             records = planned_records(experiment, shard, manifest, configs, prereg,
                                       (model_paths or {}).get(shard.model), cache)
             references = manifest_references(manifest, shard, cache)
@@ -169,11 +174,31 @@ def resolve_model(model_config: str | Path | None = None, model: str | None = No
     return section
 
 
+def replay_cell(experiment: str, records: str | Path, prereg: str | Path, configs: str | Path, model: str,
+                model_path: str | None = None) -> tuple[str, str]:
+    """(task, config hash) of the replay cell whose manifest is ``records``, after checking the manifest is
+    what ``kvcert manifest`` built for it (:func:`kvcert.pipeline.manifest.check_manifest`)."""
+    from ..pipeline.jobs import manifest_config_hash, replay_config_hash
+    from ..pipeline.manifest import check_manifest
+    from ..pipeline.plan import build_plan
+
+    grid = experiment_grid(experiment, configs, prereg)[1]
+    text = Path(records).as_posix()
+    match = [m for m in build_plan(experiment, grid).replays if m.model == model and text.endswith("/" + m.path)]
+    if len(match) != 1:
+        raise ValueError(f"{records}: not a replay manifest of experiment {experiment}'s plan for model {model}")
+    item = match[0]
+    check_manifest(records, item, manifest_config_hash(configs, model, item.task, model_path))
+    return item.task, replay_config_hash(configs, model, item.task, grid["replay"]["method"])
+
+
 def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: str | Path,
                 impossibility_out: str | Path, seed: int = 0, max_layers: int | None = None,
                 max_examples: int | None = None, threads: int | None = None, experiment: str | None = None,
-                ) -> tuple[Path, Path]:
-    """Replay every record of ``records`` with ``model`` (a model config mapping; settings from ``analysis_plan``)."""
+                configs: str | Path | None = None, model_path: str | None = None) -> tuple[Path, Path]:
+    """Replay every record of ``records`` with ``model`` (a model config mapping; settings from ``analysis_plan``).
+    With ``experiment`` (as the Snakefile runs it), the manifest is checked against the plan's and the table
+    stamped with the hash of the configs it is made under (:func:`replay_cell`)."""
     from ..design import RetentionDesign
     from ..models import ModelSpec, load_model
     from ..tasks.records import read_jsonl
@@ -191,6 +216,8 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     check_plan(plan.get("robust_certificate"))
     kinds = list(rp.get("query_kinds") or ["setting", "later"])
     spec = ModelSpec(**{k: v for k, v in model.items() if k in ModelSpec.__dataclass_fields__})
+    task, made_under = (replay_cell(experiment, records, prereg, resolve_configs(configs), model["name"], model_path)
+                        if experiment else (None, None))
     recs = read_jsonl(records)[:max_examples]
     if not recs:
         raise ValueError(f"{records}: no task records to replay")
@@ -202,7 +229,8 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     rows = impossibility_for_model(loaded, tokenizer, recs[0], design=design, seed=seed, model_name=spec.name)
     num_layers = loaded.config.get_text_config().num_hidden_layers
     provenance = {
-        "model": spec.name, "model_path": Path(spec.path).name, "experiment": experiment, "examples": len(recs),
+        "model": spec.name, "model_path": Path(spec.path).name, "experiment": experiment, "task": task,
+        "config_hash": made_under, "examples": len(recs),
         "records": Path(records).name, "budgets": rp["budgets"], "draws": rp["draws"],
         "later_queries": rp["later_queries"], "query_kinds": kinds, "delta": plan["delta"], "design": plan["design"],
         "robust_certificate": plan.get("robust_certificate"), "seed": seed,
@@ -215,11 +243,25 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
 
 
 # --- claims ---------------------------------------------------------------------------------------
-def _read_replays(paths: Sequence[str | Path], prereg_hash: str) -> tuple[pd.DataFrame, list[dict]]:
+def _read_replays(paths: Sequence[str | Path], prereg_hash: str, configs: Path | None = None,
+                  method: str | None = None) -> tuple[pd.DataFrame, list[dict]]:
+    """The replay tables, refused in one line when made under another pre-registration or (given the
+    ``configs`` and the grid's replay ``method``) under other configs than they compose now."""
+    from ..pipeline.jobs import replay_config_hash
+
     frames, provs = [], []
     for p in paths:
         df, prov = read_table(p)
         check_prereg_hash(f"{p} (replay)", prov.get("prereg_hash"), prereg_hash, "rerun the replay step", RecordRefused)
+        if configs is not None and method is not None:
+            made = prov.get("config_hash")
+            want = replay_config_hash(configs, prov["model"], prov["task"], method) if made else None
+            if made != want:
+                raise RecordRefused(
+                    f"{p}: replay made under config {made}, but the configs compose {want} now (a model's dtype, "
+                    "the task or the replay method changed); delete it and rerun the replay step" if made else
+                    f"{p}: the replay table carries no config hash (made by an earlier kvcert or without "
+                    "--experiment); delete it and rerun the replay step")
         frames.append(df)
         provs.append(prov)
     return (pd.concat(frames, ignore_index=True) if frames else empty_replay()), provs
@@ -264,7 +306,8 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
     doc = load_claims(prereg)
     grid = experiment_grid(experiment, resolve_configs(configs), prereg)[1]
     df, scores_prov = _read_scores(scores, freeze.prereg_hash)
-    rp, replay_prov = _read_replays(replay, freeze.prereg_hash)
+    rp, replay_prov = _read_replays(replay, freeze.prereg_hash, resolve_configs(configs),
+                                    (grid.get("replay") or {}).get("method"))
     if not accept_excluded:
         check_exclusions(df, scores, freeze.frozen_utc)
     t0 = time.perf_counter()

@@ -204,6 +204,35 @@ def check_finished_shards(experiment: str, plan, prereg: str | Path, configs: Pa
     return problems
 
 
+def check_finished_manifests(experiment: str, plan, configs: Path, results: str | Path,
+                             model_paths: dict | None = None) -> list[str]:
+    """Finished manifests (``<results>/<experiment>/manifests/...``) that are not what ``kvcert manifest``
+    built (:func:`kvcert.pipeline.manifest.check_manifest`): edited by hand (always), or built from another seed,
+    grid or config where Snakemake has no record of them to rerun them by (a copied results folder). One line
+    each, with the remedy; no generate job starts from such a manifest and nothing is scored against it."""
+    from .digest import DigestCache
+    from .jobs import manifest_config_hash
+    from .manifest import check_manifest, manifest_seal_path
+
+    digests = DigestCache(Path(".snakemake") / "kvcert" / "file-digests.json")
+    problems = []
+    for item in plan.manifests + plan.replays:
+        path = Path(results) / experiment / item.path
+        if not path.is_file():
+            continue
+        known = snakemake_knows(f"{results}/{experiment}/{item.path}")
+        if known and not manifest_seal_path(path).exists():
+            continue  # built by an earlier kvcert: its job's command changed since, so Snakemake rebuilds it
+        try:
+            check_manifest(path, None if known else item,
+                           manifest_config_hash(configs, item.model, item.task, (model_paths or {}).get(item.model)),
+                           digests.sha256)
+        except ValueError as exc:
+            problems.append(str(exc))
+    digests.save()
+    return problems
+
+
 def _uses_chat(task_cfg: dict) -> bool:
     from ..tasks import task_for_config
 
@@ -341,6 +370,7 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
         problems += check_profile(profile)
     if results is not None:
         problems += check_results(results)
+        problems += check_finished_manifests(experiment, plan, configs, results, model_paths)
         problems += check_finished_shards(experiment, plan, prereg, configs, results, model_paths)
     return problems
 

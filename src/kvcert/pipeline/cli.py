@@ -105,7 +105,7 @@ def check_command(args) -> int:
 
 
 def manifest_command(args) -> int:
-    from .jobs import config_file
+    from .jobs import config_file, manifest_config_hash
     from .manifest import build_records, load_tokenizer, write_manifest
 
     config_dir = _folders(args)
@@ -119,7 +119,7 @@ def manifest_command(args) -> int:
                             item.seed, item.sample)
     if len(records) < item.examples:
         raise ValueError(f"task {args.task}: only {len(records)} examples, the grid asks for {item.examples}")
-    write_manifest(records, args.out)
+    write_manifest(records, args.out, item, manifest_config_hash(config_dir, args.model, args.task, args.model_path))
     print(f"{args.out}: {len(records)} records")
     return 0
 
@@ -127,11 +127,14 @@ def manifest_command(args) -> int:
 def shard_command(args) -> int:
     from ..prereg import check_clock, read_verified
     from ..generation.runner import load_records, run_specs
-    from .jobs import shard_configs
+    from .jobs import manifest_config_hash, shard_configs
+    from .manifest import check_manifest
 
     config_dir = _folders(args)
     _, plan = _experiment(args)
     shard = plan.shard(args.model, args.cell, args.task, args.length, args.index)
+    check_manifest(args.manifest, plan.manifest(shard.model, shard.task, shard.length),
+                   manifest_config_hash(config_dir, shard.model, shard.task, args.model_path))
     records = load_records(args.manifest, shard.start, shard.stop)
     configs = shard_configs(args.experiment, shard, config_dir, args.prereg, args.model_path)
     prereg_hash = None

@@ -9,9 +9,10 @@ place. So the Snakefile gives each job, as params, the digests of what it depend
   same after an edit is restored, new after an amendment;
 - the config hash its records carry (:func:`kvcert.pipeline.jobs.shard_config_hash`: the
   typed specs of a generate job's runs) and, for a manifest or replay job, the hash of the
-  model and task configs it reads (:func:`kvcert.pipeline.jobs.data_config_hash`): a
-  changed ``path``, ``dtype`` or ``max_new_tokens`` reruns the jobs whose records would
-  change, a comment, key order or a planning estimate reruns nothing;
+  configs it reads (:func:`kvcert.pipeline.jobs.manifest_config_hash`,
+  :func:`kvcert.pipeline.jobs.replay_config_hash`): a changed ``dtype`` or
+  ``max_new_tokens`` reruns the jobs whose records would change, a comment, key order, a
+  planning estimate or the folder a model lives in reruns nothing;
 - :func:`model_digest` of the model folder a manifest / generate / replay job loads:
   every file's name, size and SHA-256 (the safetensors headers and weights included),
   so weights replaced in place rerun the jobs of that model and a copy of the folder

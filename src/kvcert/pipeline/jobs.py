@@ -18,6 +18,7 @@ where it enters (:meth:`GenerationSpec.from_dict`).
 * :func:`planned_records` — what the job writes: for each example of the shard's slice of its
   manifest and each run, the record's generation key and the config hash stamped on it; scoring
   compares every shard with it (:class:`kvcert.analysis.load.PlannedShard`);
+* :func:`replay_config_hash` — the configs a replay table is made under (stamped in it, checked by the claims);
 * :func:`manifest_references` — the manifest's reference answers and metadata per example, which
   a record's score is derived from.
 """
@@ -122,19 +123,28 @@ def shard_config_hash(experiment: str, shard: Shard, config_dir: str | Path, pre
     return hashlib.sha256("\n".join(hashes).encode()).hexdigest()[:16]
 
 
-def data_config_hash(config_dir: str | Path, model: str, task: str, model_path: str | None = None,
-                     method: str | None = None) -> str:
-    """One hash (16 hex digits) of what a manifest (or, with ``method``, a replay) job reads from the configs:
-    the model's config (its tokenizer) and the task's (its data, answer budget, chat rule) — the rerun
-    trigger of those jobs."""
-    from ..methods import method_config
-
+def manifest_config_hash(config_dir: str | Path, model: str, task: str, model_path: str | None = None) -> str:
+    """One hash (16 hex digits) of what a manifest job reads from the configs: the model's tokenizer (its
+    source, :func:`kvcert.sources.path_identity`; a dtype does not change a manifest) and the task's config
+    (its data, answer budget, chat rule). The manifest job's rerun trigger, and what its seal records
+    (:func:`kvcert.pipeline.manifest.check_manifest`)."""
     from ..sources import path_identity
 
     model_cfg = config_file(config_dir, "model", model)
-    model_cfg["path"] = path_identity(model_path or model_cfg["path"])  # the folder's content is model_digest's
+    content = {"tokenizer": path_identity(model_path or model_cfg["path"]), "task": config_file(config_dir, "task", task)}
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def replay_config_hash(config_dir: str | Path, model: str, task: str, method: str) -> str:
+    """One hash (16 hex digits) of the configs a replay table is made under: the model's config but its
+    path (its dtype, device; the folder's content is :func:`~kvcert.pipeline.digest.model_digest`'s), the
+    task's and the replay's method. The replay job's rerun trigger, stamped in the table's provenance and
+    compared with the configs as they are now before any claim reads the table."""
+    from ..methods import method_config
+
+    model_cfg = {k: v for k, v in config_file(config_dir, "model", model).items() if k != "path"}
     content = {"model": model_cfg, "task": config_file(config_dir, "task", task),
-               "method": None if method is None else method_config(method, config_dir)}
+               "method": method_config(method, config_dir)}
     return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
