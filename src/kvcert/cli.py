@@ -62,6 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, KeyError, RuntimeError) as exc:  # user errors: one line, no traceback
         print(f"kvcert {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a full disk, a read-only folder, a folder where a file should be: one line
+        from .atomic import WriteError
+
+        if isinstance(exc, WriteError) or exc.filename is None:  # names its path / no path to name
+            message = str(exc)
+        else:  # the OS's own: "[Errno 28] ...: 'path'" as "path: reason"
+            names = " -> ".join(str(n) for n in (exc.filename, exc.filename2) if n is not None)
+            message = f"{names}: {exc.strerror or exc}"
+        print(f"kvcert {args.command}: error: {' '.join(message.split())}", file=sys.stderr)
+        return 2
     return int(status or 0)
 
 

@@ -20,29 +20,47 @@ file name, and become part of the first chained record's hash.
 
 :func:`verify` refuses, in one line each: a file edited since the newest freeze; a
 record whose ``frozen_utc`` is not the time in its file name; a chained record whose
-hash does not match the records before it; a chain that forks or has a gap; a newest
-freeze time ahead of this machine's clock (by more than :data:`CLOCK_TOLERANCE`). The
-hashes guard against accidents (an edit, a bad merge, a wrong clock), not against an
+hash does not match the records before it; a chain that forks or has a gap; a chained
+record dated before the record it amends (unless it corrects that record's clock, below);
+a newest freeze time ahead of this machine's clock (by more than :data:`CLOCK_TOLERANCE`).
+The hashes guard against accidents (an edit, a bad merge, a wrong clock), not against an
 insider, who can recompute them (docs/reliability.md).
+
+**Time only moves forward along the chain.** :func:`freeze` refuses to write a record dated
+before the newest one (this machine's clock reads earlier than its ``frozen_utc``): from a
+machine whose clock is slow, an amendment would claim to predate what it amends (and the
+results made in between). One machine cannot tell a slow clock of its own from a record made
+on a clock that ran ahead, so the one exception is declared: a reason that says the record it
+amends was made on a wrong clock (:func:`corrects_clock`, e.g. ``--reason 'the freeze
+<name> was made on a wrong clock'``, what :func:`verify` advises when the newest freeze is
+ahead of its clock), given after checking this machine's clock against a time server. Such
+a record may predate its predecessor, and only such a record; the reason is in its hash.
+
+Files whose names are not freeze records' are never read as records: the hidden
+``.<name>.<pid>.tmp.yaml`` a killed freeze leaves (:mod:`kvcert.atomic`) is skipped by every
+reader, and the next ``kvcert prereg freeze`` removes those of processes no longer alive.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import yaml
 
-from .atomic import write_text
+from .atomic import remove_leftovers, write_text
 from .provenance import git_commit
 
 FREEZE_DIR = "freeze"
 CHAIN_VERSION = 1
 #: a freeze time may be this far ahead of the verifying machine's clock (ordinary clock skew)
 CLOCK_TOLERANCE = timedelta(minutes=5)
+#: a reason that declares the record it amends was made on a wrong clock (see the module docstring)
+CLOCK_CORRECTION = re.compile(r"wrong clock", re.IGNORECASE)
 #: what a chained record's own hash covers (besides every earlier record's full content)
 CHAINED_FIELDS = ("frozen_utc", "git_commit", "reason", "amends", "chain", "files", "files_hash")
 
@@ -133,11 +151,17 @@ def _restore(folder: Path) -> str:
     return f"restore the records from git (git checkout -- {folder / FREEZE_DIR})"
 
 
+def record_paths(folder: str | Path) -> list[Path]:
+    """The freeze record files of a pre-registration folder, by name: ``freeze/*.yaml`` but hidden
+    files (the temporary files of a writer, alive or killed: never records)."""
+    return [path for path in sorted((Path(folder) / FREEZE_DIR).glob("*.yaml")) if not path.name.startswith(".")]
+
+
 def freezes(folder: str | Path) -> list[Freeze]:
     """All freeze records in chain order, oldest first (see the module docstring); a chain that
     forks or has a gap raises :class:`PreregError`."""
     folder = Path(folder)
-    records = [_read(path) for path in sorted((folder / FREEZE_DIR).glob("*.yaml"))]
+    records = [_read(path) for path in record_paths(folder)]
     order = [r for r in records if not r.chained]
     chained = {r.path.name: r for r in records if r.chained}
     previous = order[-1].path.name if order else None
@@ -159,9 +183,17 @@ def freezes(folder: str | Path) -> list[Freeze]:
     return order
 
 
+def corrects_clock(record: Freeze | dict) -> bool:
+    """Whether a record's reason declares that the record it amends was made on a wrong clock
+    (:data:`CLOCK_CORRECTION`): the one record that may be dated before its predecessor."""
+    reason = record.reason if isinstance(record, Freeze) else record.get("reason", "")
+    return bool(CLOCK_CORRECTION.search(str(reason or "")))
+
+
 def check_chain(folder: str | Path, records: list[Freeze]) -> None:
     """Refuse a record whose ``frozen_utc`` is not the time in its file name, a record whose hash
-    does not match its content (and, chained, the records before it)."""
+    does not match its content (and, chained, the records before it), a chained record dated
+    before its predecessor in the chain unless it corrects that one's clock (:func:`corrects_clock`)."""
     folder = Path(folder)
     for index, record in enumerate(records):
         try:
@@ -182,10 +214,24 @@ def check_chain(folder: str | Path, records: list[Freeze]) -> None:
                 + (" and the records before it" if record.chained else "")
                 + f" ({expected}): a freeze record was edited, removed or reordered after it was written; "
                 + _restore(folder))
+        if record.chained and index and not corrects_clock(record):
+            before = records[index - 1]
+            earlier = parse_utc(before.frozen_utc) - parse_utc(record.frozen_utc)
+            if earlier > timedelta(0):
+                raise PreregError(
+                    f"{record.path}: frozen {record.frozen_utc}, {_span(earlier)} before the record it amends "
+                    f"({before.path.name}, frozen {before.frozen_utc}): it was made on a clock that was behind; "
+                    f"remove it (git rm {record.path}) and amend again from a machine whose clock is right: "
+                    f"`kvcert prereg freeze --folder {folder} --reason '...'`")
 
 
 def _span(delta: timedelta) -> str:
-    hours = delta.total_seconds() / 3600
+    seconds = delta.total_seconds()
+    if seconds < 120:  # ordinary clock skew: "0.0 h" would hide it
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    hours = seconds / 3600
     return f"{hours:.1f} h" if hours < 48 else f"{hours / 24:.1f} days"
 
 
@@ -194,14 +240,34 @@ def _ahead(record: Freeze, now: datetime) -> timedelta:
 
 
 def freeze(folder: str | Path, reason: str = "", now: datetime | None = None) -> Freeze:
-    """Write a new freeze record (an amendment if one exists: a reason is then required)."""
+    """Write a new freeze record (an amendment if one exists: a reason is then required).
+
+    Refused when this machine's clock (``now``) reads earlier than the newest record's
+    ``frozen_utc`` (newest in chain order): an amendment never predates what it amends, so a
+    slow clock is fixed, or the freeze made elsewhere, rather than recorded. The one exception
+    is a reason declaring that the newest record was made on a wrong clock
+    (:func:`corrects_clock`: "... was made on a wrong clock"), what :func:`verify` advises when
+    the newest freeze is ahead of a clock checked to be right; that record then becomes the
+    newest by chain order though its name sorts first, and :func:`check_chain` accepts it.
+    Leftover temporary files of killed freezes (``freeze/.<name>.<pid>.tmp.yaml``) are removed
+    first."""
     folder = Path(folder)
+    remove_leftovers(folder / FREEZE_DIR, folder=True)
     previous = freezes(folder)
     check_chain(folder, previous)
     if previous and not reason.strip():
         raise PreregError("reason: an amendment of a frozen pre-registration must say why (--reason '...')")
     files = prereg_files(folder)
     now = now or datetime.now(timezone.utc)
+    if previous and _ahead(previous[-1], now) > timedelta(0) and not corrects_clock({"reason": reason}):
+        newest = previous[-1]
+        raise PreregError(
+            f"this machine's clock reads {now.astimezone(timezone.utc).isoformat(timespec='seconds')}, "
+            f"{_span(_ahead(newest, now))} before the newest freeze record {newest.path.name} (frozen "
+            f"{newest.frozen_utc}): an amendment cannot predate the record it amends; freeze from a machine "
+            f"whose clock is right (NTP), or, if this clock is right (checked against a time server) and "
+            f"{newest.path.name} was made on a clock that ran ahead, say so: `kvcert prereg freeze --folder "
+            f"{folder} --reason 'the freeze {newest.path.name} was made on a wrong clock'`")
     if previous and previous[-1].files == files and _ahead(previous[-1], now) <= CLOCK_TOLERANCE:
         raise PreregError(f"nothing to amend: the files match the freeze {previous[-1].path.name}")
     target = folder / FREEZE_DIR / f"{stamp(now)}.yaml"
@@ -235,8 +301,9 @@ def verify(folder: str | Path, now: datetime | None = None) -> Freeze:
     if ahead > CLOCK_TOLERANCE:
         raise PreregError(
             f"{latest.path}: frozen {latest.frozen_utc}, {_span(ahead)} ahead of this "
-            f"machine's clock ({now.isoformat(timespec='seconds')}): it was made on a wrong clock (or this one is); "
-            f"with this clock right, amend it: `kvcert prereg freeze --folder {folder} --reason 'the freeze "
+            f"machine's clock ({now.isoformat(timespec='seconds')}): it was made on a clock that ran ahead, or this "
+            f"one is behind; if this clock is wrong, fix it (NTP) and rerun; if it is right (check it against a "
+            f"time server), amend it from this machine: `kvcert prereg freeze --folder {folder} --reason 'the freeze "
             f"{latest.path.name} was made on a wrong clock'`")
     current = prereg_files(folder)
     for name in sorted(set(current) | set(latest.files)):
