@@ -26,11 +26,15 @@ pipeline. The records carry ``prereg_hash: null``: claim scoring refuses them �
 one-off run is exploration, not evidence.
 
 Everything is checked before the model is loaded, one line each: every key (an unknown
-one, or an unknown task, method or model, with the nearest known one), every number
-(``budget``, ``limit``, ``seed``, …), the device, the length against the model's positions
-(``max_position_embeddings`` of the folder's ``config.json``; :data:`LENGTH_CAP` where it
-has none), and the tasks' data (built with the tokenizer alone: text fields that are text,
-no lone surrogate, prompts that fit).
+one, or an unknown task, method or model, with the nearest known one; ``certificate.delta``,
+which is the pre-registration's), every number (``budget``, ``limit``, ``seed``, …), the
+``limit`` against the records each task offers (a data set's rows or items, a generated task's
+registered maximum, :data:`kvcert.tasks.MAX_GENERATED`), the device, the length against the
+model's positions (``max_position_embeddings`` of the folder's ``config.json``; :data:`LENGTH_CAP`
+where it has none), each ``budget`` against the retention design's certainty set at that length
+(:func:`check_budget`), the ``out`` folder (:func:`check_out`), and the tasks' data (built with
+the tokenizer alone, a progress bar on stderr: UTF-8 files, text fields that are text, no lone
+surrogate, prompts that fit).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -144,6 +149,75 @@ def check_length(length: int, answer_tokens: int, model_path: str) -> None:
                          f"{max(limit - answer_tokens, 0)} or less")
 
 
+def check_limit(limit: int, task_cfg: dict, built: int | None = None, given: bool = True) -> int:
+    """The records to run: a ``limit`` the command named above the records the task offers (its rows, its
+    items, a generated task's registered maximum: :meth:`kvcert.tasks.Task.capacity`) is refused in one line
+    with the maximum; the default limit (``given`` False) is bounded by it instead. ``built``: the records a
+    build gave, where the task could not tell beforehand (a Hub data set)."""
+    from ..tasks import task_for_config
+
+    name = task_cfg["name"]
+    offer = task_for_config(task_cfg).capacity(task_cfg) if built is None else (built, "what its build gave")
+    if offer is not None and limit > offer[0]:
+        if not given:
+            return offer[0]
+        raise ValueError(f"limit={limit}: task {name} offers at most {offer[0]} records ({offer[1]}); "
+                         f"give limit={offer[0]} or less")
+    return limit
+
+
+def check_out(out: Path) -> None:
+    """Refuse, in one line naming it, an ``out`` folder the run cannot write: a file, a path under a file,
+    a place where no folder can be made (read-only; probed by making and removing one in the nearest
+    existing folder, so nothing is left behind)."""
+    import os
+    import tempfile
+
+    remedy = "give out= a folder you can write, new or an earlier run's (e.g. out=results/runs/<name>)"
+    for path in (out / "generations", out, *out.parents):
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"out={out}: {path} is a file, not a folder; {remedy}")
+    existing = next((p for p in (out, *out.parents) if p.is_dir()), Path("."))
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".kvcert-write-check-", dir=existing))
+    except OSError as exc:
+        raise ValueError(f"out={out}: cannot write in {existing} ({exc.strerror or exc}); {remedy}") from None
+
+
+def _at_least(x: float, digits: int = 3) -> float:
+    """``x`` rounded up to ``digits`` significant digits (a budget at least ``x``)."""
+    scale = 10 ** (digits - 1 - math.floor(math.log10(x)))
+    return math.ceil(x * scale - 1e-9) / scale
+
+
+def check_budget(spec, length: int, at: str | None = None) -> None:
+    """Refuse (``kvcert run``'s input check only) a budget that keeps fewer tokens at the run's prompt
+    length than the retention design's certainty set — its sinks and recent window, kept whatever the
+    budget — in one line with the set's size and the smallest budget that means anything at that length
+    (``at``: how the message names the length; default ``length=<length>``)."""
+    from ..checks import resolve_budget
+
+    design = spec.method.design
+    certain = design.sinks + design.window
+    if spec.method.is_full or not length or not certain:
+        return
+    kept = resolve_budget(spec.budget, length, spec.method.rounding)
+    if kept >= min(certain, length):
+        return
+    setting, at = f"budget={spec.budget:g} ({spec.method.name})", at or f"length={length}"
+    certainty = (f"the retention design's certainty set ({certain} tokens: {design.sinks} sinks + "
+                 f"{design.window} recent)")
+    if certain >= length:
+        raise ValueError(f"{setting}: at {at} {certainty} holds the whole prompt, so no budget "
+                         f"compresses it; give length={certain + 1} or more")
+    smallest = _at_least(certain / length)
+    tokens = f"{kept} token{'s' if kept != 1 else ''}"
+    raise ValueError(f"{setting}: at {at} it keeps {tokens}, fewer than {certainty}, which is "
+                     f"always kept, so the budget means nothing; the smallest meaningful budget at {at} "
+                     f"is {smallest:g}: give budget={smallest:g} or more (compression_ratio={1 - smallest:.6g} or "
+                     "less), or a longer length")
+
+
 def sweep(items: list[str]) -> list[list[str]]:
     """The override lists of every combination of the comma-separated values of :data:`SWEEP_KEYS`
     (``task=needle,multikey method=snapkv-poisson,h2o-topk budget=0.25,0.5``: 8 lists), in the
@@ -191,6 +265,21 @@ def compose_setting(items: list[str], configs: Path) -> tuple[dict, dict]:
     return composed, own
 
 
+def check_registered_keys(items: list[str], plan: dict, prereg: Path) -> None:
+    """Refuse an override of the certificate level δ in one line: a run reads δ from the pre-registration
+    (``analysis_plan.delta`` of its ``claims.yaml``, :func:`~kvcert.pipeline.compose.generation_config`),
+    as the pipeline does, so another δ is an amendment, not an override."""
+    for item in items:
+        key, _, value = item.partition("=")
+        key = key.lstrip("+~")
+        if key == "certificate.delta" or (key == "certificate" and "delta" in value):
+            raise ValueError(
+                f"{item}: δ is fixed by the pre-registration (analysis_plan.delta = {plan['delta']} in "
+                f"{Path(prereg) / 'claims.yaml'}, frozen with it), which generation and the analysis read; "
+                "another δ is an amendment: edit analysis_plan.delta there and run "
+                "`kvcert prereg freeze --reason '...'` (or give --prereg another pre-registration folder)")
+
+
 def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[tuple[dict, list[dict]]], dict]:
     """(per task of the sweep (:func:`sweep`): its task config and its generation configs — the full cache
     first, then every setting of the sweep once —, the command's own keys); every setting is composed and
@@ -198,6 +287,7 @@ def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[tup
     from .compose import analysis_plan, generation_config
 
     plan = analysis_plan(prereg)
+    check_registered_keys(items, plan, prereg)
     tasks: dict[str, tuple[dict, list[dict]]] = {}
     own_keys: dict = {}
     for combo in sweep(items):
@@ -314,6 +404,14 @@ def listing(configs: Path) -> str:
     ])
 
 
+def build_progress(task: str, enabled: bool):
+    """The progress display's factory of one task's build (:meth:`kvcert.tasks.Task.build`): a bar on
+    stderr while its prompts are built (the tokenizer fits each to its length), or None when quiet."""
+    from ..progress import progress
+
+    return (lambda total: progress(total, f"build {task} prompts", "records")) if enabled else None
+
+
 def run_command(args) -> int:
     from ..analysis.load import ScoringPlan
     from ..atomic import write_text
@@ -324,7 +422,7 @@ def run_command(args) -> int:
     from ..paths import resolve_configs, resolve_prereg
     from ..tasks import task_for_config
     from .compose import analysis_plan
-    from .manifest import build_records, load_tokenizer
+    from .manifest import load_tokenizer
 
     configs = resolve_configs(args.configs)
     if getattr(args, "list", False):
@@ -337,9 +435,11 @@ def run_command(args) -> int:
     data_seed = integer(own, "data_seed", 0, 0)
     threads = integer(own, "threads", None, 1)
     plan = []  # (task config, its specs, its length), every config error before anything loads
+    limits = {}  # the records each task runs: the limit, bounded by what the task offers
     for task_cfg, gen_configs in per_task:
         specs = [GenerationSpec.from_dict(c) for c in gen_configs]
         plan.append((task_cfg, gen_configs, specs))
+        limits[task_cfg["name"]] = check_limit(limit, task_cfg, given="limit" in own)
     first = plan[0][1][-1]
     model_spec = ModelSpec(**{k: first["model"][k] for k in ("name", "path", "dtype", "device")})
     pick_device(model_spec.device)
@@ -352,6 +452,8 @@ def run_command(args) -> int:
             length = task_for_config(task_cfg).default_length
             length = length if positions is None or not length else max(1, min(length, positions - answer))
         check_length(length, answer, model_spec.path)
+        for spec in specs if task_for_config(task_cfg).default_length else []:  # a native-length task: once built
+            check_budget(spec, length)
         lengths[task_cfg["name"]] = (length, answer)
     if threads:
         import torch
@@ -361,19 +463,27 @@ def run_command(args) -> int:
     names = [t["name"] for t, _, _ in plan]
     methods = sorted({c["method"]["name"] for _, cs, _ in plan for c in cs[1:]}) or ["full"]
     out = Path(own.get("out") or f"results/runs/{stamp}-{'+'.join(names)}-{'+'.join(methods)}")
+    check_out(out)
     tokenizer = load_tokenizer(first["model"])
     built = {}
-    for task_cfg, _, _ in plan:  # the data of every task, checked before the model loads
+    for task_cfg, _, specs in plan:  # the data of every task, checked before the model loads
         length, answer = lengths[task_cfg["name"]]
-        records = build_records(task_cfg, tokenizer, length, limit, data_seed)
+        records = task_for_config(task_cfg).build(task_cfg, tokenizer, length, limits[task_cfg["name"]], data_seed,
+                                                  progress=build_progress(task_cfg["name"], not args.quiet))
         if not records:
             raise ValueError(f"task {task_cfg['name']}: no records")
+        check_limit(limits[task_cfg["name"]], task_cfg, built=len(records), given="limit" in own)
+        longest = max(r.length for r in records)
+        for spec in specs if not task_for_config(task_cfg).default_length else []:  # the prompts' own length
+            check_budget(spec, longest, f"the longest prompt ({longest} tokens)")
         for r in records:  # the built prompt (chat template included) and its own answer budget must fit
             need = r.length + int(r.metadata.get("max_new_tokens") or answer)
             if positions is not None and need > positions:
                 raise ValueError(f"length={length}: record {r.id} needs {need} positions (prompt {r.length} + answer), "
                                  f"the model has {positions}; give a shorter length")
         built[task_cfg["name"]] = records
+    if not args.quiet:
+        print(f"loading the model {model_spec.path}", file=sys.stderr, flush=True)
     model, tokenizer = load_model(model_spec)
     shards, records_out = {}, []
     for task_cfg, gen_configs, _ in plan:

@@ -15,7 +15,10 @@ task's kind or name:
 * ``answer_tokens(task_cfg)`` — its answer budget where the config leaves it null (LongBench's
   per data set), else None;
 * ``uses_chat(task_cfg)`` — whether its prompts go through the tokenizer's chat template (the
-  pre-flight refuses a model without one where they do).
+  pre-flight refuses a model without one where they do);
+* ``capacity(task_cfg)`` — the most records a build offers and why (``kvcert run`` refuses a larger
+  ``limit``): a data set's rows or items; for a generated task, whose examples are drawn per index
+  without end, the registered maximum :data:`MAX_GENERATED`.
 
 A synthetic task is registered under its name; a family (``longbench`` for every
 ``longbench_<dataset>``, ``locomo``) under its kind, and :func:`task_of` finds it from a
@@ -30,9 +33,14 @@ from typing import Any, Callable, Mapping
 from kvcert.tasks import locomo, longbench, lookalike, metrics, multikey, multiturn, multiturn_chat, needle
 from kvcert.tasks.metrics import AnswerMetric
 from kvcert.tasks.prompting import build_prompt_ids
-from kvcert.tasks.records import RecordError, TaskRecord, read_jsonl, write_jsonl
+from kvcert.tasks.records import RecordError, TaskRecord, progress_of, read_jsonl, write_jsonl
 
 Generator = Callable[..., list[TaskRecord]]
+
+#: the most records one build of a generated task offers (``kvcert run``'s ``limit``). Its examples are
+#: drawn per (seed, index) without end, so the bound is registered: 25 times the largest cell of the paper's
+#: grid (400 examples); another seed gives other records.
+MAX_GENERATED = 10_000
 
 
 def _no_data(task_cfg: Mapping) -> list[str]:
@@ -47,6 +55,11 @@ def _chat(task_cfg: Mapping) -> bool:
     return True
 
 
+def _generated(task_cfg: Mapping) -> tuple[int, str]:
+    return MAX_GENERATED, ("the registered maximum of a generated task, kvcert.tasks.MAX_GENERATED; another "
+                           "data_seed= gives other records")
+
+
 @dataclass(frozen=True)
 class Task:
     """One task of the registry (see the module docstring).
@@ -55,7 +68,9 @@ class Task:
     the free-text records of :func:`kvcert.generate_answer`); ``prefix``: the task names the family
     covers start with it (``longbench_``); ``generate`` and ``metric``: a synthetic task's seeded
     generator ``generate(tokenizer, n_examples, target_tokens, seed, **options)`` and its answer
-    metric ``metric(prediction, answers)``; ``loader``: a family's ``build``."""
+    metric ``metric(prediction, answers)``; ``make_record(tokenizer, target_tokens, seed, index)``: its
+    one example ``index`` (what ``generate`` builds one by one; a build shows its progress through it);
+    ``loader``: a family's ``build``."""
 
     name: str
     kind: str
@@ -67,17 +82,34 @@ class Task:
     check: Callable[[Mapping], list[str]] = _no_data
     answer_tokens: Callable[[Mapping], int | None] = _no_answer_budget
     uses_chat: Callable[[Mapping], bool] = _chat
+    capacity: Callable[[Mapping], tuple[int, str] | None] = _generated
+    make_record: Callable[..., TaskRecord] | None = None
     prefix: str | None = None
 
     def build(self, task_cfg: Mapping, tokenizer: Any, length: int, examples: int, seed: int,
-              sample: str = "first") -> list[TaskRecord]:
+              sample: str = "first", progress: Callable[[int], Any] | None = None) -> list[TaskRecord]:
         """The records of one (task config, length): ``examples`` of them, seeded by ``seed``; ``sample``
-        (``first`` | ``spread``) where the data are a fixed file (LoCoMo)."""
+        (``first`` | ``spread``) where the data are a fixed file (LoCoMo); ``progress(total)``: a progress
+        display (``update``, ``close``) told of every record built."""
         if self.loader is not None:
-            return self.loader(task_cfg, tokenizer, length, examples, seed, sample)
+            return self.loader(task_cfg, tokenizer, length, examples, seed, sample,
+                               **({} if progress is None else {"progress": progress}))
+        if self.make_record is not None:
+            return self._generate_each(tokenizer, length, examples, seed, progress_of(progress, examples))
         if self.generate is None:
             raise ValueError(f"task {self.name}: builds no records")
         return self.generate(tokenizer, n_examples=examples, target_tokens=length, seed=seed)
+
+    def _generate_each(self, tokenizer: Any, length: int, examples: int, seed: int, bar: Any) -> list[TaskRecord]:
+        """``generate``'s records, one by one, each shown on ``bar``."""
+        records = []
+        try:
+            for index in range(examples):
+                records.append(self.make_record(tokenizer, length, seed, index))
+                bar.update(1)
+        finally:
+            bar.close()
+        return records
 
     def score_record(self, record: TaskRecord, prediction: str) -> float:
         """``prediction``'s score for ``record`` in [0, 1] (NaN for free text without answers)."""
@@ -161,18 +193,16 @@ def score_record(record: TaskRecord, prediction: str) -> float:
     return task_of(record.task).score_record(record, prediction)
 
 
-for _name, _generate, _metric in (("needle", needle.generate, metrics.string_match_all),
-                                  ("multikey", multikey.generate, metrics.recall),
-                                  ("multiturn", multiturn.generate, metrics.recall),
-                                  ("multiturn_chat", multiturn_chat.generate, metrics.recall),
-                                  ("lookalike", lookalike.generate, metrics.string_match_all)):
-    register_task(_name, _generate, _metric)
+for _module, _metric in ((needle, metrics.string_match_all), (multikey, metrics.recall), (multiturn, metrics.recall),
+                         (multiturn_chat, metrics.recall), (lookalike, metrics.string_match_all)):
+    register_task(Task(_module.TASK, "synthetic", generate=_module.generate, metric=_metric,
+                       make_record=_module.make_record))
 register_task(Task("longbench", "longbench", default_length=6144, loader=longbench.build_records,
                    scorer=longbench.score_longbench_record, check=longbench.check_config,
                    answer_tokens=longbench.config_answer_tokens, uses_chat=longbench.config_uses_chat,
-                   prefix="longbench_"))
+                   capacity=longbench.capacity, prefix="longbench_"))
 register_task(Task("locomo", "locomo", default_length=0, loader=locomo.build_records,
-                   scorer=locomo.score_locomo_record, check=locomo.check_config))
+                   scorer=locomo.score_locomo_record, check=locomo.check_config, capacity=locomo.capacity))
 register_task(Task("unscored", "free", metric=metrics.unscored))  # generate_answer's free question about a context
 
 #: the synthetic tasks (generated, no data needed) — the embedded default runs these (not
@@ -180,7 +210,7 @@ register_task(Task("unscored", "free", metric=metrics.unscored))  # generate_ans
 SYNTHETIC_TASKS: tuple[str, ...] = ("needle", "multikey", "multiturn", "lookalike")
 
 __all__ = [
-    "RecordError", "SYNTHETIC_TASKS", "TASKS", "Task", "TaskRecord",
+    "MAX_GENERATED", "RecordError", "SYNTHETIC_TASKS", "TASKS", "Task", "TaskRecord",
     "build_prompt_ids", "generate", "get_task", "is_correct", "read_jsonl",
     "register_task", "score", "score_record", "task_for_config", "task_of", "write_jsonl",
 ]

@@ -74,11 +74,11 @@ import string
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kvcert.sources import SourceError, missing
 from kvcert.tasks.prompting import build_prompt_ids
-from kvcert.tasks.records import TaskRecord, check_text
+from kvcert.tasks.records import TaskRecord, check_text, progress_of, read_utf8
 
 __all__ = [
     "CATEGORY_NAMES", "MAX_NEW_TOKENS", "NO_INFORMATION", "TASK", "category_means",
@@ -132,7 +132,7 @@ def load_locomo(path: str | Path) -> list[dict[str, Any]]:
     """The samples of a ``locomo10.json``-format file, checked field by field."""
     path = locomo_file(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_utf8(path))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno})") from exc
     if not isinstance(data, list):
@@ -242,7 +242,7 @@ def question_prompt(qa: Mapping[str, Any], rng: random.Random) -> tuple[str, dic
 
 
 def locomo_records(samples: Iterable[Mapping[str, Any]], tokenizer: Any, seed: int = 0,
-                   categories: Sequence[int] | None = None) -> list[TaskRecord]:
+                   categories: Sequence[int] | None = None, bar: Any = None) -> list[TaskRecord]:
     """One record per QA item (optionally only the given categories), conversation after conversation as in
     the file (a grid cell that takes a sample of them: :func:`kvcert.pipeline.manifest.build_records`).
 
@@ -250,7 +250,7 @@ def locomo_records(samples: Iterable[Mapping[str, Any]], tokenizer: Any, seed: i
     ``metadata``: ``category``, ``category_name``, ``sample_id``, ``qa_index``,
     ``evidence``, ``max_new_tokens``, ``target_tokens`` (the prompt length: LoCoMo is
     not length-controlled) and, for adversarial items, ``choices`` and
-    ``adversarial_answer``.
+    ``adversarial_answer``. ``bar``: a progress display told of every record built (``update``).
     """
     wanted = None if categories is None else set(categories)
     per_conversation: list[list[TaskRecord]] = []
@@ -288,6 +288,8 @@ def locomo_records(samples: Iterable[Mapping[str, Any]], tokenizer: Any, seed: i
             length = len(build_prompt_ids(tokenizer, record)[0])
             records.append(replace(record, length=length,
                                    metadata={**metadata, "target_tokens": length}))
+            if bar is not None:
+                bar.update(1)
     return [record for conversation in per_conversation for record in conversation]
 
 
@@ -424,16 +426,28 @@ def spread_over_conversations(records: list[TaskRecord], examples: int) -> list[
 
 
 def build_records(task_cfg: Mapping[str, Any], tokenizer: Any, length: int, examples: int, seed: int,
-                  sample: str = "first") -> list[TaskRecord]:
+                  sample: str = "first", progress: Callable[[int], Any] | None = None) -> list[TaskRecord]:
     """``examples`` QA items of the config's LoCoMo file as records (the registry's ``build``): the first
     ones (``sample="first"``) or spread over every conversation (``"spread"``); the context is the whole
-    conversation, whatever ``length``."""
-    records = locomo_records(load_locomo(task_cfg["source"]), tokenizer, seed=seed)
+    conversation, whatever ``length``. Every item is built (the spread needs them all); ``progress``: a
+    progress display's factory (:func:`~kvcert.tasks.records.progress_of`)."""
+    samples = load_locomo(task_cfg["source"])
+    bar = progress_of(progress, sum(len(s["qa"]) for s in samples))
+    try:
+        records = locomo_records(samples, tokenizer, seed=seed, bar=bar)
+    finally:
+        bar.close()
     if sample == "spread":
         return spread_over_conversations(records, examples)
     if sample != "first":
         raise ValueError(f"locomo: sample must be 'first' or 'spread', got {sample!r}")
     return records[:examples]
+
+
+def capacity(task_cfg: Mapping[str, Any]) -> tuple[int, str]:
+    """(the most records the config's LoCoMo file offers — its QA items —, where they are)."""
+    path = locomo_file(str(task_cfg["source"]))
+    return sum(len(s["qa"]) for s in load_locomo(path)), f"the QA items of {path}"
 
 
 def check_config(task_cfg: Mapping[str, Any]) -> list[str]:

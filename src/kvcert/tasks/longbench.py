@@ -59,12 +59,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from kvcert.tasks.longbench_metrics import DATASET2METRIC, score_sample
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.sources import HUB_PREFIX, SourceError, hub_id, missing
-from kvcert.tasks.records import TaskRecord, check_text
+from kvcert.tasks.records import TaskRecord, check_text, progress_of, utf8_lines
 
 __all__ = [
     "CHAT_TEMPLATE_RULES", "DATASET2MAXLEN", "DATASET2METRIC", "DATASET2PROMPT", "LONGBENCH_E_DATASETS",
@@ -238,9 +238,23 @@ def load_longbench(source: str | Path, dataset: str, split: str = "test",
     """
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be non-negative, got {limit}")
+    files = source_files(source, dataset, split)
+    if files is None:
+        return _load_hub(hub_id(str(source)), dataset, split, limit, revision)
+    rows: list[dict[str, Any]] = []
+    for file in files:
+        rows.extend(_read_file(file, None if limit is None else limit - len(rows)))
+        if limit is not None and len(rows) >= limit:
+            break
+    return rows
+
+
+def source_files(source: str | Path, dataset: str, split: str = "test") -> list[Path] | None:
+    """The local files :func:`load_longbench` reads for ``dataset`` (the module docstring's layouts), None
+    for a Hub id; a source that is neither is refused in one line."""
     path = Path(source).expanduser()
     if path.is_file():
-        return _read_file(path, limit)
+        return [path]
     if path.is_dir():
         files = _local_files(path, dataset, split)
         if not files:
@@ -249,17 +263,36 @@ def load_longbench(source: str | Path, dataset: str, split: str = "test",
                 f"data/{dataset}.jsonl), Parquet files under {dataset}/, or {dataset}.parquet / "
                 f"{dataset}-*.parquet"
             )
-        rows: list[dict[str, Any]] = []
-        for file in files:
-            rows.extend(_read_file(file, None if limit is None else limit - len(rows)))
-            if limit is not None and len(rows) >= limit:
-                break
-        return rows
-    ident = hub_id(str(source))
-    if ident is not None:
-        return _load_hub(ident, dataset, split, limit, revision)
+        return files
+    if hub_id(str(source)) is not None:
+        return None
     raise missing("longbench", str(source), f"does not exist (a directory holding {dataset}.jsonl or "
                   "Parquet files, or a .jsonl/.parquet file, was expected)")
+
+
+def count_rows(source: str | Path, dataset: str, split: str = "test") -> tuple[int, str] | None:
+    """(how many rows ``dataset``'s local files hold, the files) without parsing them (non-blank lines of a
+    JSONL file, the row counts of Parquet footers); None for a Hub id."""
+    files = source_files(source, dataset, split)
+    if files is None:
+        return None
+    shown = str(files[0]) if len(files) == 1 else f"{len(files)} files under {files[0].parent}"
+    return sum(_file_rows(file) for file in files), shown
+
+
+def _file_rows(path: Path) -> int:
+    """The rows of one data file, uncounted lines and unread columns aside (see :func:`count_rows`)."""
+    if path.suffix == ".jsonl":
+        with path.open("rb") as handle:
+            return sum(1 for line in handle if line.strip())
+    if path.suffix != ".parquet":
+        raise ValueError(f"{path}: expected a .jsonl or .parquet file")
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception as exc:  # pyarrow's errors name no file
+        raise ValueError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
 
 
 def _local_files(directory: Path, dataset: str, split: str) -> list[Path]:
@@ -291,18 +324,17 @@ def _read_file(path: Path, limit: int | None) -> list[dict[str, Any]]:
 
 def _read_jsonl(path: Path, limit: int | None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not valid JSON ({exc.msg})") from exc
-            rows.append(_checked_row(row, where))
+    for number, line in utf8_lines(path):
+        if limit is not None and len(rows) >= limit:
+            break
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where}: not valid JSON ({exc.msg})") from exc
+        rows.append(_checked_row(row, where))
     return rows
 
 
@@ -405,9 +437,10 @@ def middle_truncate(tokenizer: Any, text: str, max_length: int) -> tuple[str, in
 
 
 def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: Any,
-                      max_length: int, chat_template: str = "official") -> list[TaskRecord]:
+                      max_length: int, chat_template: str = "official", bar: Any = None) -> list[TaskRecord]:
     """Task records of ``dataset`` (see the module docstring); ``chat_template``: ``official``
-    (``pred.py``'s rule, the default) or ``all`` (every prompt through the chat template).
+    (``pred.py``'s rule, the default) or ``all`` (every prompt through the chat template); ``bar``: a
+    progress display told of every record built (``update``).
 
     ``metadata``: ``dataset``, ``all_classes``, ``max_new_tokens`` (the official
     answer budget), ``original_length`` (ids of the filled template, special tokens
@@ -435,12 +468,7 @@ def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: A
         ending = separator + question  # ``filled`` ends with it by construction
         text, n_tokens, truncated = middle_truncate(tokenizer, filled, max_length)
         if not text.endswith(ending):
-            raise ValueError(
-                f"{where} (_id={row['_id']!r}): after middle truncation to {max_length} tokens the "
-                "prompt no longer ends with the whole question part — the question part is "
-                f"longer than {int(max_length / 2)} tokens, or the tokenizer's decode does not "
-                "reproduce the text; raise max_length"
-            )
+            raise truncation_error(f"{where} (_id={row['_id']!r})", tokenizer, ending, max_length, n_tokens)
         metadata = {
             "dataset": dataset,
             "all_classes": None if row["all_classes"] is None else list(row["all_classes"]),
@@ -463,7 +491,34 @@ def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: A
             separator=separator,
         )
         records.append(replace(record, length=len(build_prompt_ids(tokenizer, record)[0])))
+        if bar is not None:
+            bar.update(1)
     return records
+
+
+#: tokens where the two halves of a middle truncation meet that may re-encode differently
+JUNCTION_TOKENS = 4
+
+
+def truncation_error(where: str, tokenizer: Any, ending: str, max_length: int, n_tokens: int) -> ValueError:
+    """The one-line refusal of a row whose prompt lost its question part to the middle truncation at
+    ``max_length`` tokens (the run's prompt length: ``kvcert run``'s ``length=``, a grid's ``lengths``):
+    why — a question part longer than the kept end, or a tokenizer whose decode does not give the text back
+    — and the length that would keep it."""
+    question = len(tokenizer(ending, add_special_tokens=False)["input_ids"])
+    half = int(max_length / 2)
+    if question + JUNCTION_TOKENS > half:
+        need = 2 * (question + JUNCTION_TOKENS)
+        why = (f"its question part has {question} tokens, more than the last {half} tokens the cut keeps "
+               f"(half the length)")
+        fix = f"give length={need} or more (kvcert run's length=; in a grid, its lengths)"
+    else:
+        why = ("the tokenizer's decode does not give the text back (a word-level tokenizer drops unknown "
+               "words and the spacing)")
+        fix = (f"give length={n_tokens} or more, the row's whole prompt, so that nothing is cut (kvcert run's "
+               "length=; in a grid, its lengths), or a model whose tokenizer decodes its tokens back to the text")
+    return ValueError(f"{where}: middle truncation to {max_length} tokens (the prompt length) lost the "
+                      f"question part: {why}; {fix}")
 
 
 def score_longbench_record(record: TaskRecord, prediction: str) -> float:
@@ -477,12 +532,24 @@ def score_longbench_record(record: TaskRecord, prediction: str) -> float:
 # ------------------------------------------------------------------------ the task registry's entry
 
 def build_records(task_cfg: Mapping[str, Any], tokenizer: Any, length: int, examples: int, seed: int,
-                  sample: str = "first") -> list[TaskRecord]:
+                  sample: str = "first", progress: Callable[[int], Any] | None = None) -> list[TaskRecord]:
     """The first ``examples`` rows of the config's data set as records at ``length`` tokens (the
-    registry's ``build``; ``seed`` and ``sample`` do not apply: the official order is kept)."""
+    registry's ``build``; ``seed`` and ``sample`` do not apply: the official order is kept); ``progress``:
+    a progress display's factory (:func:`~kvcert.tasks.records.progress_of`)."""
     rows = load_longbench(task_cfg["source"], task_cfg["dataset"], limit=examples)
-    return longbench_records(rows, task_cfg["dataset"], tokenizer, max_length=length,
-                             chat_template=task_cfg.get("chat_template") or "official")
+    bar = progress_of(progress, len(rows))
+    try:
+        return longbench_records(rows, task_cfg["dataset"], tokenizer, max_length=length,
+                                 chat_template=task_cfg.get("chat_template") or "official", bar=bar)
+    finally:
+        bar.close()
+
+
+def capacity(task_cfg: Mapping[str, Any]) -> tuple[int, str] | None:
+    """(the most records the config's data set offers — its rows —, where they are); None where it cannot
+    be told without loading the data (a Hub id)."""
+    counted = count_rows(task_cfg["source"], task_cfg["dataset"])
+    return None if counted is None else (counted[0], f"the rows of {counted[1]}")
 
 
 def check_config(task_cfg: Mapping[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 from ..atomic import atomic_path
 
@@ -167,14 +167,66 @@ def read_jsonl(path: str | Path) -> list[TaskRecord]:
     """Read and validate a JSONL file of records (blank lines are skipped)."""
     path = Path(path)
     records = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RecordError(f"{where}: not valid JSON ({exc.msg})") from exc
-            records.append(TaskRecord.from_dict(data, where))
+    for number, line in utf8_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RecordError(f"{where}: not valid JSON ({exc.msg})") from exc
+        records.append(TaskRecord.from_dict(data, where))
     return records
+
+
+#: byte-order marks a file that is not UTF-8 may start with, and what they mean
+_BOMS = {b"\xff\xfe": "a UTF-16 little-endian byte-order mark", b"\xfe\xff": "a UTF-16 big-endian byte-order mark"}
+
+
+def not_utf8(path: Path, offset: int, byte: int, line: int, head: bytes = b"") -> RecordError:
+    """The one-line error of a data file whose ``byte`` at ``offset`` (on ``line``) is not UTF-8: the file,
+    the byte and its position, and the remedy (``head``: the file's first bytes, to name a UTF-16 mark)."""
+    mark = f", and the file starts with {_BOMS[head[:2]]}" if head[:2] in _BOMS else ""
+    return RecordError(f"{path}: byte 0x{byte:02x} at byte offset {offset} (line {line}) is not UTF-8{mark}; "
+                       "the file must be UTF-8 text: re-encode it (e.g. iconv -f <its encoding> -t UTF-8)")
+
+
+def utf8_lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(line number from 1, text) of each line of a UTF-8 file; a byte that is not UTF-8 is refused in one
+    line naming the file and its byte offset (:func:`not_utf8`)."""
+    path = Path(path)
+    offset, head = 0, b""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            head = head or raw[:2]
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise not_utf8(path, offset + exc.start, raw[exc.start], number, head) from None
+            offset += len(raw)
+
+
+def read_utf8(path: str | Path) -> str:
+    """The whole text of a UTF-8 file; a byte that is not UTF-8 is refused in one line (:func:`not_utf8`)."""
+    path = Path(path)
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise not_utf8(path, exc.start, data[exc.start], data.count(b"\n", 0, exc.start) + 1, data[:2]) from None
+
+
+class _Silent:
+    """A progress display that shows nothing (a build asked for none)."""
+
+    def update(self, n: int = 1) -> None:
+        """Nothing to show."""
+
+    def close(self) -> None:
+        """Nothing to show."""
+
+
+def progress_of(progress: Callable[[int], Any] | None, total: int):
+    """The display of a build of ``total`` records: ``progress(total)`` (an object with ``update`` and
+    ``close``, e.g. :func:`kvcert.progress.progress`), or a silent one where ``progress`` is None."""
+    return _Silent() if progress is None else progress(total)
