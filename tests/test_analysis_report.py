@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import runpy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 
 from kvcert.analysis.load import RecordRefused, write_table
 from kvcert.analysis.steps import claims_step, report_step, score_step, write_json
+from kvcert.pipeline.jobs import replay_config_hash
 from kvcert.testing import frozen_copy, multiturn_records, paper_records, replay_frame, write_shard
 from kvcert.impossibility import impossibility_demo
 from kvcert.scorers.base import LayerObservation
@@ -40,8 +42,10 @@ def run(tmp_path_factory):
             "--out", str(tmp / "scores.parquet")]
     with patch.object(sys, "argv", argv):
         runpy.run_path(argv[0], run_name="__main__")
+    made_under = replay_config_hash(ROOT / "configs", "embedded", "needle", "snapkv-poisson")  # what the replay job stamps
     replay = write_table(replay_frame(24, 20, 4, seed=0, layers=2, heads=2, sample_dependent=True), tmp / "replay.parquet",
-                         {"prereg_hash": h, "model": "synthetic", "examples": 2, "budgets": [0.125, 0.25, 0.5]})
+                         {"prereg_hash": h, "model": "embedded", "task": "needle", "examples": 2,
+                          "budgets": [0.125, 0.25, 0.5], "config_hash": made_under})
     gen = torch.Generator().manual_seed(0)
     obs = LayerObservation(torch.randn(1, 4, 40, 16, generator=gen, dtype=torch.float64),
                            torch.randn(1, 2, 200, 16, generator=gen, dtype=torch.float64),
@@ -157,6 +161,26 @@ def test_report_html_is_self_contained(run):
     assert page.count("data:image/png;base64,") == 8
     assert "src=\"http" not in page and "<link" not in page and "figures/" not in page.split("<body>")[1].split("<pre>")[0]
     assert '<strong class="' in page
+
+
+def test_a_replay_made_under_other_configs_is_refused(run, tmp_path):
+    """A replay table carries the hash of the configs it was made under (model dtype, task, replay method):
+    after a dtype change (results copied, Snakemake's metadata gone) or without a hash, claims refuse it."""
+    from kvcert.analysis.load import read_table
+
+    frame, prov = read_table(run["replay"])
+    configs = tmp_path / "configs"
+    shutil.copytree(ROOT / "configs", configs)
+    model = configs / "model" / "embedded.yaml"
+    model.write_text(model.read_text().replace("dtype: float32", "dtype: bfloat16"))
+    with pytest.raises(RecordRefused, match=r"replay\.parquet: replay made under config [0-9a-f]{16}, but the configs "
+                                             r"compose [0-9a-f]{16} now .*rerun the replay step"):
+        claims_step(run["tmp"] / "scores.parquet", [run["replay"]], run["prereg"], "smoke", tmp_path / "c.json",
+                    configs=configs, accept_excluded=True)
+    bare = write_table(frame, tmp_path / "bare.parquet", {k: v for k, v in prov.items() if k != "config_hash"})
+    with pytest.raises(RecordRefused, match="bare.parquet: the replay table carries no config hash"):
+        claims_step(run["tmp"] / "scores.parquet", [bare], run["prereg"], "smoke", tmp_path / "c.json",
+                    accept_excluded=True)
 
 
 def test_inputs_from_another_preregistration_are_refused(run, tmp_path):

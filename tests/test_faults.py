@@ -280,3 +280,58 @@ def test_sigkill_at_random_points_ends_like_an_uninterrupted_run(ref, tmp_path):
         records = read_records(run / shard)
         assert len({record_key(r) for r in records}) == len(records) == SHARD_SIZE
         check_seal(run / shard, len(records), SHARD_SIZE)
+
+
+def test_an_edited_manifest_in_a_copied_results_folder_is_refused(ref, tmp_path):
+    """Issue bar: one example's reference answers edited in a copied results folder (no Snakemake metadata, so
+    its checksum cannot rerun anything): the run is refused before any job, naming the manifest and the remedy,
+    and nothing is scored against the edited answers."""
+    import json
+
+    prereg, reference_run = ref
+    workdir = seed_workdir(tmp_path / "copy", reference_run, MODEL, MANIFEST, VERIFIED, *SHARDS)
+    manifest = workdir / MANIFEST
+    lines = manifest.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["answers"] = ["0000000"]
+    manifest.write_text("\n".join([json.dumps(first)] + lines[1:]) + "\n")
+    out = snakemake(workdir, prereg, "--cores", "2")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-3000:]
+    assert f"{MANIFEST}: its content differs from what `kvcert manifest` built" in text, text[-3000:]
+    assert "delete" in text and "rerun to rebuild it from its registered seed" in text
+    assert not (workdir / "results" / "smoke" / "scores.parquet").exists()
+    assert not (workdir / "results" / "smoke" / "claims.json").exists()
+
+
+def test_a_results_folder_whose_path_holds_a_space_runs_every_rule(ref, tmp_path):
+    """Issue bar: `--config results=…/p S/résults ü`: every shell argument is quoted, so the analysis rules run
+    there (score, claims, report), the report rule reruns there, and no file lands outside the results folder."""
+    import shutil
+    import subprocess
+    import sys
+
+    from smoke_pipeline import CONFIG, run_env
+
+    prereg, reference_run = ref
+    base = tmp_path / "p S"
+    results = base / "résults ü"
+    shutil.copytree(reference_run / "results", results, copy_function=shutil.copy2)
+    workdir = base / "run ü"
+    workdir.mkdir()
+
+    def run(*args):
+        argv = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--config",
+                f"prereg={prereg}", f"results={results}", *CONFIG, "--cores", "2", *args]
+        out = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=900, env=run_env())
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        return out
+
+    run()
+    report = results / "smoke" / "report.md"
+    assert report.is_file() and (results / "smoke" / "claims.json").is_file()
+    before = report.stat().st_mtime_ns
+    again = run("--forcerun", "report")
+    assert "report" in again.stdout + again.stderr and report.stat().st_mtime_ns > before
+    assert sorted(p.name for p in base.iterdir()) == ["run ü", "résults ü"]  # no stray file beside them
+    assert sorted(p.name for p in workdir.iterdir() if not p.name.startswith(".")) == []

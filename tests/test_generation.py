@@ -297,7 +297,7 @@ def test_resume_never_mixes_preregistrations(tmp_path, loaded, records, capsys):
     assert {r["prereg_hash"] for r in read_records(final)} == {"b" * 64}
     assert len(read_records(final)) == len(records)
     assert partial.with_name(partial.name + ".stale").exists()
-    assert "made under another pre-registration or config" in capsys.readouterr().err
+    assert f"made under pre-registration {'a' * 64}, not {'b' * 64}" in capsys.readouterr().err
     from kvcert.generation.shards import check_seal
 
     check_seal(final, len(records), len(records))  # sealed when finished

@@ -170,7 +170,17 @@ def test_a_partial_holding_another_cells_records_is_set_aside_not_sealed(tmp_pat
     out.with_name(out.name + ".partial").write_text(foreign.read_text())
     run_specs([config], needle, out, "p", (model, tokenizer), progress=False)
     assert {r["task"] for r in read_records(out)} == {"needle"}
-    assert "for another shard" in capsys.readouterr().err
+    assert "a record of another shard" in capsys.readouterr().err
+    # a partial that mixes its own records with foreign ones keeps its own, and sets aside only the others
+    mixed = tmp_path / "mixed.jsonl"
+    own = run_specs([config], needle[:1], tmp_path / "own.jsonl", "p", (model, tokenizer), progress=False)
+    intruder = foreign.read_text().splitlines(keepends=True)[1]  # another cell's record of the second example
+    mixed.with_name(mixed.name + ".partial").write_text(own.read_text() + intruder)
+    run_specs([config], needle, mixed, "p", (model, tokenizer), progress=False)
+    err = capsys.readouterr().err
+    assert "1 records set aside as mixed.jsonl.partial.stale" in err and "the 1 records of this shard are kept" in err
+    assert [r for r in read_records(mixed) if r["example_id"] == needle[0].id] == read_records(own)
+    assert mixed.with_name(mixed.name + ".partial.stale").read_text() == intruder
     writer = ShardWriter(tmp_path / "extra.jsonl").open()
     writer.write(read_records(out)[0])
     with pytest.raises(RuntimeError, match="records this shard does not plan"):

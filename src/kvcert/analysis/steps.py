@@ -256,7 +256,7 @@ def _read_replays(paths: Sequence[str | Path], prereg_hash: str, configs: Path |
         if configs is not None and method is not None:
             made = prov.get("config_hash")
             want = replay_config_hash(configs, prov["model"], prov["task"], method) if made else None
-            if made != want:
+            if not made or made != want:
                 raise RecordRefused(
                     f"{p}: replay made under config {made}, but the configs compose {want} now (a model's dtype, "
                     "the task or the replay method changed); delete it and rerun the replay step" if made else

@@ -49,6 +49,18 @@ def load_records(records_path: str | Path, start: int = 0, stop: int | None = No
     return records
 
 
+def foreign_reason(record: dict, prereg_hash: str | None, hashes: set[str], planned: set) -> str | None:
+    """Why a record found in a shard's partial file is not one of this shard's (None: it is): the hash that
+    differs, with the one it should carry, or its key the plan puts in no run of this shard."""
+    if record.get("prereg_hash") != prereg_hash:
+        return f"made under pre-registration {record.get('prereg_hash')}, not {prereg_hash}"
+    if record.get("config_hash") not in hashes:
+        return f"made under config {record.get('config_hash')}, not {' or '.join(sorted(hashes))}"
+    if identity(record) not in planned:
+        return f"{'/'.join(map(str, identity(record)))}, a record of another shard"
+    return None
+
+
 def run_specs(
     configs: list[dict],
     records,
@@ -80,15 +92,13 @@ def run_specs(
         if writer.recovered_tail:
             print(f"{writer.partial}: dropped a truncated last line; it is recomputed", file=sys.stderr)
         hashes = {config_hash(s.hashed_dict()) for s in specs}
-        foreign = [r for r in writer.done.values()
-                   if r.get("prereg_hash") != prereg_hash or r.get("config_hash") not in hashes
-                   or identity(r) not in planned]
+        foreign = {key: why for key, r in writer.done.items()
+                   if (why := foreign_reason(r, prereg_hash, hashes, planned)) is not None}
         if foreign:  # written before an amendment or a config change, or for another shard: never mixed in
-            aside = writer.set_aside()
-            print(f"{writer.partial}: {len(foreign)} records were made under another pre-registration or config, "
-                  f"or for another shard (prereg {foreign[0].get('prereg_hash')}, config "
-                  f"{foreign[0].get('config_hash')}, {'/'.join(map(str, identity(foreign[0])))}); kept as "
-                  f"{aside.name}, the shard starts afresh", file=sys.stderr)
+            aside = writer.set_aside(foreign)
+            print(f"{writer.partial}: {len(foreign)} records set aside as {aside.name} "
+                  f"(the first {next(iter(foreign.values()))}); the {len(writer.done)} records of this shard "
+                  "are kept", file=sys.stderr)
         todo = [(r, s) for r in records for s in specs if not writer.is_done(expected_key(r.id, s))]
         if todo:
             model, tokenizer = model_and_tokenizer or load_model(specs[0].model)

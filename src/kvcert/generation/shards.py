@@ -172,13 +172,17 @@ class ShardWriter:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def set_aside(self) -> Path:
-        """Move the partial file out of the way (kept, renamed) and start the shard afresh."""
+    def set_aside(self, keys: Iterable[str] | None = None) -> Path:
+        """Move the records of ``keys`` (default: all) out of the partial file into ``<partial>.stale``
+        (kept, never read), and go on with the others: a partial file that mixes this shard's own records
+        with foreign ones keeps its own."""
         if self._fh is not None:
             self._fh.close()
         aside = self.partial.with_name(self.partial.name + ".stale")
-        os.replace(self.partial, aside)
-        self.done.clear()
+        moved = set(self.done) if keys is None else set(keys) & set(self.done)
+        write_text(aside, "".join(json.dumps(self.done[k], sort_keys=True) + "\n" for k in moved))
+        self.done = {k: r for k, r in self.done.items() if k not in moved}
+        write_text(self.partial, "".join(json.dumps(r, sort_keys=True) + "\n" for r in self.done.values()))
         self._fh = open(self.partial, "a", buffering=1)
         return aside
 
