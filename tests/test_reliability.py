@@ -682,3 +682,25 @@ def test_the_preflight_names_finished_shards_made_under_another_config(prereg, t
     record.write_text("{}")
     monkeypatch.chdir(tmp_path)  # Snakemake's working directory
     assert check_finished_shards("smoke", plan, folder, configs, results) == []
+
+
+def test_the_preflight_reads_weights_once_per_content_and_names_a_nan(tiny_dir, tmp_path, monkeypatch):
+    """NaN weights replaced in place stop the pre-flight (every Snakemake run's first step) in one line naming the
+    file and the weight, before any manifest is rebuilt; a folder whose content passed once is not read again."""
+    from kvcert.pipeline import check
+
+    monkeypatch.chdir(tmp_path)  # the .snakemake/kvcert cache of this test
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_dir, copy)
+    assert check.check_weights("tiny", copy) == []
+    assert (tmp_path / ".snakemake" / "kvcert" / "finite-weights.json").is_file()
+    reads = []
+    monkeypatch.setattr("safetensors.safe_open", lambda *a, **k: reads.append(a) or (_ for _ in ()).throw(AssertionError))
+    assert check.check_weights("tiny", copy) == [] and reads == []  # passed once: not read again
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    nan_copy(tiny_dir, tmp_path / "nan")
+    shutil.copyfile(tmp_path / "nan" / "model.safetensors", copy / "model.safetensors")  # replaced in place
+    [problem] = check.check_weights("tiny", copy)
+    assert re.fullmatch(rf"model tiny: {re.escape(str(copy))}/model\.safetensors: weight .*mlp\.down_proj\.weight "
+                        r"holds NaN or ±inf; its weights are broken: replace the weights in that folder", problem)

@@ -91,11 +91,53 @@ def check_model(name: str, cfg: dict, chat: bool = False, longest: tuple[int, st
         problems.append(f"model {name}: {path} has no chat template (tokenizer_config.json's chat_template, or "
                         "chat_template.jinja), and the grid's prompts are rendered through it: use the instruct "
                         "checkpoint, or add its template")
+    problems += check_weights(name, folder)
     positions = max_positions(str(folder))
     if longest is not None and positions is not None and longest[0] > positions:
         problems.append(f"model {name}: {longest[1]} needs {longest[0]} positions, the model has {positions} "
                         "(max_position_embeddings): shorten the grid's lengths for it")
     return problems
+
+
+def check_weights(name: str, folder: Path) -> list[str]:
+    """A problem for a weight holding NaN or ±inf in a model folder's ``*.safetensors`` (read tensor by
+    tensor, without building the model), so that weights replaced in place stop a run before any job
+    starts, not at its first generate job after the manifests were rebuilt. A folder whose content
+    (:func:`~kvcert.pipeline.digest.model_digest`) passed once is not read again: the digests passed are kept
+    in ``.snakemake/kvcert/finite-weights.json``."""
+    import json
+
+    import torch
+    from safetensors import safe_open
+
+    from .digest import DigestCache, model_digest
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return []
+    digests = DigestCache(Path(".snakemake") / "kvcert" / "file-digests.json")
+    digest = model_digest(str(folder), digests)
+    passed_file = Path(".snakemake") / "kvcert" / "finite-weights.json"
+    try:
+        passed = set(json.loads(passed_file.read_text()))
+    except (OSError, ValueError):
+        passed = set()
+    if digest in passed:
+        return []
+    for file in files:
+        with safe_open(str(file), framework="pt") as weights:
+            for key in weights.keys():
+                tensor = weights.get_tensor(key)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    return [f"model {name}: {file}: weight {key} holds NaN or ±inf; its weights are broken: "
+                            "replace the weights in that folder"]
+    from ..atomic import write_text
+
+    try:
+        write_text(passed_file, json.dumps(sorted(passed | {digest})))
+    except OSError:  # a read-only working folder: read again next time
+        pass
+    return []
 
 
 def unfetched(path: str) -> bool:
