@@ -1,19 +1,33 @@
 #!/usr/bin/env bash
 # One-shot GPU check of the fused certified decode kernel (docs/gpu.md, kernels/NOTES.md):
 #   1. the compile-only table for this GPU's architecture (`kvcert bench kernel --compile-only`:
-#      registers, stack, shared memory, occupancy of every bf16 variant), into compile.txt;
+#      registers, stack, shared memory, occupancy of every bf16 variant), into compile.txt / compile.json;
 #   2. the kernel tests, compiled on the GPU (TRITON_INTERPRET unset), into tests.txt;
-#   3. the benchmark (`kvcert bench kernel`): certified vs plain vs SDPA, and each time over the
-#      roofline time (bytes read / the GPU's peak bandwidth), into bench.txt;
-#   4. the forked generation path against the batch-1 one (`kvcert bench generate` on the GPU),
+#   3. the benchmark (`kvcert bench kernel`): certified vs plain vs SDPA at 4k, 8k, 16k, 32k (and 128k)
+#      retained tokens, batch 1 and 8, and each time over the roofline time (bytes read / the GPU's
+#      peak bandwidth), into bench.txt / bench.json;
+#   4. the real model's bf16 decode (SmolLM2-135M-Instruct, 4k-token prompt, SnapKV at 25 %): full
+#      cache, top-k, Poisson without and with the certificate (`python -m kvcert.bench.real_decode_gpu
+#      decode`), into real_decode.txt / real_decode.json. The machine has no network: the model folder
+#      must be there already (KVCERT_REAL_MODEL=<the folder>, or KVCERT_MODEL_DIR=<the folder holding
+#      smollm2-135m-instruct/>, or the default model cache); without one the step says so and is skipped;
+#   5. the forked generation path against the batch-1 one (`kvcert bench generate` on the GPU),
 #      into generate.txt;
-#   5. a short sweep of launch parameters (block size, warps, stages, splits); QUICK=1 skips it.
-# Usage: kernels/gpu_check.sh OUTDIR      (PYTHON=... to choose the interpreter)
-# Writes OUTDIR/env.txt, compile.txt, compile.json, tests.txt, bench.txt, bench.json, generate.txt,
-# tune.txt, tune.json. Installs nothing: if kvcert / kvcert_kernels are not importable it tries an
-# editable install without dependencies or build isolation, else puts src/ and a kernels/ alias on
-# PYTHONPATH. Exit status 0 only if the compile table, the tests and the benchmark all pass. The
-# step timeouts add up to 450 s (under 8 minutes), inside one 600 s device command.
+#   6. a short sweep of launch parameters (block size, warps, stages, splits); QUICK=1 skips it;
+#   7. the summary OUTDIR/gpu_check.json (GPU, compile verdict, kernel/SDPA ratios per length, measured
+#      efficiency, real-model ms/token), which `kvcert plan --gpu-check OUTDIR/gpu_check.json` reads.
+# Usage: kernels/gpu_check.sh OUTDIR      (PYTHON=... to choose the interpreter; QUICK=1: no sweep)
+# Writes OUTDIR/env.txt, compile.txt, compile.json, tests.txt, bench.txt, bench.json, real_decode.txt,
+# real_decode.json, generate.txt, tune.txt, tune.json, gpu_check.json. Installs nothing: if kvcert /
+# kvcert_kernels are not importable it tries an editable install without dependencies or build
+# isolation, else puts src/ and a kernels/ alias on PYTHONPATH. Exit status 0 only if the compile
+# table, the tests and the benchmark pass, the real-model decode did not fail (skipped for want of
+# the model folder is not a failure) and gpu_check.json was written.
+# Time: the whole script stays inside a budget of 465 s (GPU_CHECK_BUDGET; under 8 minutes, inside one
+# 600 s device command). Each step runs under the smaller of its own cap (60 + 150 + 120 + 90 + 50 +
+# 80 s) and what is left of the budget less the 20 s kept for the summary; a step left under 15 s is
+# skipped with a line saying so (the steps run in the order above: when time runs short, the last
+# ones, the sweep and the generation comparison, are cut first).
 set -uo pipefail
 
 out="${1:?usage: kernels/gpu_check.sh OUTDIR}"
@@ -23,16 +37,19 @@ cd "$(dirname "$0")/.."
 unset TRITON_INTERPRET
 export TRITON_DEFAULT_FP_FUSION="${TRITON_DEFAULT_FP_FUSION:-1}"
 PY="${PYTHON:-python}"
+BUDGET="${GPU_CHECK_BUDGET:-465}"
+SUMMARY_S=20
+MIN_STEP_S=15
 
 {
     date -u
     git rev-parse HEAD 2>/dev/null || true
-    nvidia-smi || true
-    "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
+    timeout 20 nvidia-smi || true
+    timeout 60 "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)"
 } > "$out/env.txt" 2>&1
 
 if ! "$PY" -c "import kvcert, kvcert_kernels" > /dev/null 2>&1; then
-    if ! "$PY" -m pip install --no-deps --no-build-isolation -e . > "$out/install.txt" 2>&1 \
+    if ! timeout 90 "$PY" -m pip install --no-deps --no-build-isolation -e . > "$out/install.txt" 2>&1 \
         || ! "$PY" -c "import kvcert, kvcert_kernels" > /dev/null 2>&1; then
         shim="$out/.pyshim"
         mkdir -p "$shim"
@@ -42,36 +59,76 @@ if ! "$PY" -c "import kvcert, kvcert_kernels" > /dev/null 2>&1; then
     fi
 fi
 
-if ! arch="$("$PY" -c "import torch, sys; sys.exit(1) if not torch.cuda.is_available() else print('%d%d' % torch.cuda.get_device_capability())")"; then
+if ! device="$("$PY" -c "import torch, sys; sys.exit(1) if not torch.cuda.is_available() else print('%d%d' % torch.cuda.get_device_capability(), torch.cuda.get_device_name())")"; then
     echo "gpu_check: no CUDA device visible to $PY" | tee -a "$out/env.txt"
     exit 1
 fi
+arch="${device%% *}"
+gpu_name="${device#* }"
 case "$arch" in 80|90) archs="$arch" ;; *) archs="80 90" ;; esac  # the table's limits are sm_80's and sm_90's
-echo "compute capability $arch; compile table for: $archs" | tee -a "$out/env.txt"
+echo "$gpu_name, compute capability $arch; compile table for: $archs" | tee -a "$out/env.txt"
 
 status=0
-echo "== compile-only table (sm_$archs, bf16)"
+steps=()  # NAME=EXIT (or NAME=skipped) of every step, for the summary
+
+# step NAME CAP LOG CMD...: run CMD under the smaller of CAP and what is left of the budget (less the
+# summary's share), its output shown and kept in LOG; its exit status in $rc ("skipped" when too little is left)
+step() {
+    local name="$1" cap="$2" log="$3" left
+    shift 3
+    left=$((BUDGET - SUMMARY_S - SECONDS))
+    [ "$left" -lt "$cap" ] && cap="$left"
+    if [ "$cap" -lt "$MIN_STEP_S" ]; then
+        echo "skipped: ${SECONDS} s of the ${BUDGET} s budget used, ${left} s left (under ${MIN_STEP_S} s)" | tee "$log"
+        rc=skipped
+    else
+        echo "(timeout ${cap} s; ${SECONDS} s of the ${BUDGET} s budget used)"
+        timeout "$cap" "$@" 2>&1 | tee "$log"
+        rc="${PIPESTATUS[0]}"
+    fi
+    steps+=("$name=$rc")
+}
+
+echo "== 1. compile-only table (sm_$archs, bf16)"
 # shellcheck disable=SC2086
-timeout 60 "$PY" -m kvcert.cli bench kernel --compile-only --arch $archs --dtypes bfloat16 --jobs 8 \
-    --cache "$out/triton-cache" --output "$out/compile.json" 2>&1 | tee "$out/compile.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+step compile 60 "$out/compile.txt" "$PY" -m kvcert.cli bench kernel --compile-only --arch $archs --dtypes bfloat16 \
+    --jobs 8 --cache "$out/triton-cache" --output "$out/compile.json"
+[ "$rc" = 0 ] || status=1
 
-echo "== kernel tests (compiled, on the GPU)"
-timeout 150 "$PY" -m pytest -q -p no:cacheprovider -m kernel tests/test_kernel.py 2>&1 | tee "$out/tests.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "== 2. kernel tests (compiled, on the GPU)"
+step tests 150 "$out/tests.txt" "$PY" -m pytest -q -p no:cacheprovider -m kernel tests/test_kernel.py
+[ "$rc" = 0 ] || status=1
 
-echo "== benchmark (and kernel time over the roofline)"
-timeout 110 "$PY" -m kvcert.cli bench kernel --batch 1 8 --retained 4096 32768 131072 --output "$out/bench.json" 2>&1 \
-    | tee "$out/bench.txt"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "== 3. benchmark: kernel vs SDPA at 4k-32k (and 128k) retained tokens, and over the roofline"
+step bench 120 "$out/bench.txt" "$PY" -m kvcert.cli bench kernel --batch 1 8 --retained 4096 8192 16384 32768 131072 \
+    --output "$out/bench.json"
+[ "$rc" = 0 ] || status=1
 
-echo "== forked generation vs batch-1 (kvcert bench generate, on the GPU)"
-timeout 50 "$PY" -m kvcert.cli bench generate --device cuda --threads 4 --examples 2 --repeats 1 --long 16384 2>&1 \
-    | tee "$out/generate.txt"
+echo "== 4. real model (SmolLM2-135M-Instruct) bf16 decode: full, top-k 25 %, Poisson 25 % without / with the certificate"
+rm -f "$out/real_decode.json"
+step real_decode 90 "$out/real_decode.txt" "$PY" -m kvcert.bench.real_decode_gpu decode --device cuda --dtype bfloat16 \
+    --prompt-tokens 4096 --budget 0.25 --steps 32 --repeats 3 --output "$out/real_decode.json"
+case "$rc" in 0|skipped) ;; *) status=1 ;; esac
+
+echo "== 5. forked generation vs batch-1 (kvcert bench generate, on the GPU)"
+step generate 50 "$out/generate.txt" "$PY" -m kvcert.cli bench generate --device cuda --threads 4 --examples 2 \
+    --repeats 1 --long 16384
 
 if [ -z "${QUICK:-}" ]; then
-    echo "== launch-parameter sweep"
-    timeout 80 "$PY" -m kvcert.cli bench kernel --batch 1 --retained 32768 --tune --output "$out/tune.json" 2>&1 \
-        | tee "$out/tune.txt"
+    echo "== 6. launch-parameter sweep"
+    step tune 80 "$out/tune.txt" "$PY" -m kvcert.cli bench kernel --batch 1 --retained 32768 --tune \
+        --output "$out/tune.json"
+else
+    steps+=("tune=skipped")
 fi
+
+echo "== 7. summary: $out/gpu_check.json (kvcert plan --gpu-check)"
+left=$((BUDGET - SECONDS))
+[ "$left" -lt "$SUMMARY_S" ] || left="$SUMMARY_S"
+[ "$left" -ge 5 ] || left=5
+rm -f "$out/gpu_check.json"
+timeout "$left" "$PY" -m kvcert.bench.real_decode_gpu summary "$out" --gpu "$gpu_name" --arch "$arch" \
+    --budget "$BUDGET" --elapsed "$SECONDS" --steps "${steps[@]}" 2>&1 | tee "$out/summary.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] && [ -s "$out/gpu_check.json" ] || status=1
+echo "gpu_check: ${SECONDS} s; exit status $status"
 exit "$status"

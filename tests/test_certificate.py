@@ -250,3 +250,35 @@ def test_certified_attention_edge_cases_are_named_not_nan():
         assert "\n" not in str(info.value)
     out = certified_attention(q, k, v, lp)  # the valid call still works and is finite
     assert torch.isfinite(out.output).all() and torch.isfinite(out.radius).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("with_sketch", [False, True])
+def test_the_decode_fast_path_equals_the_general_path_and_the_float64_reference(monkeypatch, dtype, with_sketch):
+    """A decode step with the certificate takes :func:`kvcert.attention._certified_decode` (fewer operations, an
+    fp32 combination of V̂): the same output, V̂, b̂_c and shadow terms as the general path, and V̂, b̂_c equal to
+    the float64 two-pass reference within the tolerances above, ragged padding included."""
+    import kvcert.attention as attention
+    from kvcert.attention import squared_deviation
+    from kvcert.sketch import build_sketch
+
+    query, key, value, log_pi = random_retained(seed=5, q=1, dtype=dtype)
+    centre = value.mean(2)
+    one_minus = torch.expm1(log_pi).neg().clamp(min=0).to(dtype)
+    dev = squared_deviation(value, centre).sqrt()
+    g = torch.Generator().manual_seed(1)
+    sketch = build_sketch(torch.randn(2, 2, 32, 16, generator=g).to(dtype), torch.randn(2, 2, 32, 16, generator=g).to(dtype),
+                          torch.ones(2, 2, 32, dtype=torch.bool), torch.randn(2, 2, 32, generator=g), centre, 16) if with_sketch else None
+    kwargs = dict(certificate=True, one_minus=one_minus, dev=dev, centre=centre, sketch=sketch)
+    monkeypatch.setattr(attention, "_FAST_DECODE", True)
+    fast = hajek_attention(query, key, value, log_pi, 0.25, **kwargs)
+    monkeypatch.setattr(attention, "_FAST_DECODE", False)
+    general = hajek_attention(query, key, value, log_pi, 0.25, **kwargs)
+    for name in ("output", "variance", "range_term", "shadow_sum", "shadow_range"):
+        a, b = getattr(fast, name), getattr(general, name)
+        assert (a is None) == (b is None) == (name.startswith("shadow") and not with_sketch), name
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=2e-5 if dtype == torch.float32 else 1e-12, atol=1e-9)
+    ref, shape = grouped_reference(query.double(), key.double(), value.double(), log_pi.double(), 0.25, centre.double())
+    torch.testing.assert_close(fast.variance.reshape(shape).double(), ref.variance, rtol=1e-4, atol=1e-9)
+    torch.testing.assert_close(fast.range_term.reshape(shape).double(), ref.range_bound, rtol=1e-4, atol=1e-9)

@@ -74,3 +74,177 @@ def test_device_names_map_to_the_table():
     assert gpu_of_device("NVIDIA H100 80GB HBM3") is GPUS["h100-sxm"]
     assert gpu_of_device("NVIDIA A100-SXM4-80GB") is GPUS["a100-80gb"]
     assert gpu_of_device("NVIDIA H100 PCIe") is None and gpu_of_device("NVIDIA L4") is None
+
+
+# --- the measured efficiency: kernels/gpu_check.sh's gpu_check.json and `kvcert plan --gpu-check` ---------
+
+from kvcert.pipeline.roofline import (EFFICIENCY, GPU_CHECK_FORMAT, kernel_efficiency, plan_roofline,  # noqa: E402
+                                      read_gpu_check)
+
+
+def _check_file(tmp_path, **fields):
+    data = {"format": GPU_CHECK_FORMAT, "gpu": "NVIDIA H200", "efficiency": 0.25, "efficiency_basis": "peak", **fields}
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_kernel_efficiency_is_the_median_share_at_4k_to_32k():
+    rows = [{"batch": 1, "retained": n, "roofline_ms": 1.0, "cert_ms": ms}
+            for n, ms in ((4096, 4.0), (8192, 2.0), (16384, 1.6), (32768, 1.25), (131072, 1.0))]
+    assert kernel_efficiency(rows) == (pytest.approx(0.5 * (0.5 + 0.625)), 4)  # 128k left out; median of 4
+    assert kernel_efficiency(rows[:3]) == (pytest.approx(0.5), 3)
+    assert kernel_efficiency([{"retained": 4096, "roofline_ms": 2.0, "cert_ms": 1.0}]) == (1.0, 1)  # clamped to 1
+    broken = [{"retained": 4096, "roofline_ms": 1.0, "cert_ms": math.nan}, {"retained": 8192, "cert_ms": 1.0},
+              {"retained": 8192, "roofline_ms": 1.0, "cert_ms": None}, rows[-1]]
+    assert kernel_efficiency(broken) == (None, 0) and kernel_efficiency([]) == (None, 0)
+
+
+def test_read_gpu_check(tmp_path):
+    m = read_gpu_check(_check_file(tmp_path, efficiency=0.375))
+    assert (m.efficiency, m.gpu, m.basis) == (0.375, "NVIDIA H200", "peak")
+    assert read_gpu_check(_check_file(tmp_path, efficiency=1, efficiency_basis="copy")).basis == "copy"
+
+
+@pytest.mark.parametrize("content,words", [
+    (None, "no such file"),
+    ("{not json", "not readable JSON"),
+    ("[0.5]", "a JSON object was expected"),
+    ({"format": 99}, "format 99, this kvcert reads format 1"),
+    ({"gpu": ""}, "no GPU name"),
+    ({"efficiency": None}, "no measured efficiency"),
+    ({"efficiency": 0}, "efficiency 0 is not a share in (0, 1]"),
+    ({"efficiency": 1.5}, "efficiency 1.5 is not a share in (0, 1]"),
+    ({"efficiency": -0.2}, "is not a share in (0, 1]"),
+    ({"efficiency": "0.5"}, "is not a share in (0, 1]"),
+    ({"efficiency": True}, "is not a share in (0, 1]"),
+    ("NaN", "is not a share in (0, 1]"),
+])
+def test_read_gpu_check_refuses_in_one_line(tmp_path, content, words):
+    path = tmp_path / "gpu_check.json"
+    if isinstance(content, dict):
+        path = _check_file(tmp_path, **content)
+    elif content == "NaN":
+        path.write_text('{"format": 1, "gpu": "NVIDIA H200", "efficiency": NaN}')
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises((ValueError, FileNotFoundError)) as err:
+        read_gpu_check(path)
+    message = str(err.value)
+    assert words in message and str(path) in message and "\n" not in message
+
+
+def test_measured_efficiency_scales_the_roofline(tmp_path):
+    arch = ARCHITECTURES["llama-3.1-8b-instruct"]
+    runs = (Run("full", "full", 1.0), Run("aware", "m", 0.25))
+
+    class _Plan:
+        shards = [Shard("main", "llama-3.1-8b-instruct", "t", 16384, 0, 0, 2, runs)]
+
+    archs, answers, gpu = {"llama-3.1-8b-instruct": arch}, {"t": 32}, GPUS["h200"]
+    assumed = plan_roofline(_Plan, archs, answers, gpu)
+    measured = plan_roofline(_Plan, archs, answers, gpu, read_gpu_check(_check_file(tmp_path)).efficiency)
+    key = ("llama-3.1-8b-instruct", 16384)
+    assert measured[key][0] == pytest.approx(assumed[key][0] * EFFICIENCY / 0.25) and measured[key][1] == 4
+
+
+def _plan_cli(capsys, *extra):
+    from kvcert.cli import main
+
+    status = main(["plan", "--experiment", "paper", *extra])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_plan_gpu_check_replaces_the_assumed_efficiency(tmp_path, capsys):
+    status, out, _ = _plan_cli(capsys)
+    assumed = float(out.strip().splitlines()[-1].split("gpu_hours_roofline=")[1])
+    path = _check_file(tmp_path)
+    status, out, _ = _plan_cli(capsys, "--gpu-check", str(path))
+    assert status == 0
+    lines = out.strip().splitlines()
+    said = [line for line in lines if line.startswith("roofline: efficiency 0.25 measured on NVIDIA H200")]
+    assert len(said) == 1 and str(path) in said[0] and "replacing the assumed 0.5" in said[0]
+    assert "--gpu h200 for the measured one" in said[0]  # the plan's --gpu (h100-sxm) is another GPU
+    assert any("efficiency 0.25 of both" in line for line in lines)
+    assert float(lines[-1].split("gpu_hours_roofline=")[1]) == pytest.approx(2 * assumed, abs=0.011)
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--efficiency", "0.4"], "give --efficiency or --gpu-check, not both"),
+    ([], "efficiency 7 is not a share in (0, 1]"),
+])
+def test_plan_gpu_check_refused_in_one_line(tmp_path, capsys, extra, words):
+    status, out, err = _plan_cli(capsys, "--gpu-check", str(_check_file(tmp_path, efficiency=7)), *extra)
+    assert status == 2 and out == "" and words in err and len(err.strip().splitlines()) == 1
+    status, out, err = _plan_cli(capsys, "--gpu-check", str(tmp_path / "missing.json"))
+    assert status == 2 and out == "" and err.startswith("kvcert plan: error: --gpu-check") and "no such file" in err
+
+
+# --- the GPU check's Python steps (kvcert.bench.real_decode_gpu), on the CPU ----------------------------
+
+
+def test_gpu_check_summary_is_what_plan_reads(tmp_path):
+    from kvcert.bench.real_decode_gpu import main as step
+
+    rows = [{"batch": b, "retained": n, "cert_ms": 2.0, "plain_ms": 1.8, "sdpa_ms": 1.6 if n > 4096 else math.nan,
+             "sdpa_bias_ms": 4.0, "roofline_ms": 1.0 if n <= 32768 else 1.9} for b in (1, 8)
+            for n in (4096, 8192, 16384, 32768, 131072)]
+    (tmp_path / "bench.json").write_text(json.dumps({"device": "NVIDIA H200", "rows": rows,
+                                                     "roofline_bandwidth": 4.8e12}))
+    (tmp_path / "compile.json").write_text(json.dumps([
+        {"kernel": "stage1", "regs": 150, "paper": True, "spilled": False, "fits": True, "error": None},
+        {"kernel": "merge", "regs": 0, "paper": False, "spilled": False, "fits": True, "error": "boom"}]))
+    (tmp_path / "real_decode.json").write_text(json.dumps({
+        "status": "measured", "model": "smollm2-135m-instruct", "ms_per_token": {
+            "full": 9.0, "topk": 8.0, "poisson": 8.4, "poisson_certified": 10.0},
+        "certified_over_topk": 1.25, "poisson_over_topk": 1.05}))
+    assert step(["summary", str(tmp_path), "--gpu", "NVIDIA H200", "--arch", "90",
+                 "--steps", "compile=1", "tests=0", "bench=0", "real_decode=0", "generate=124", "tune=skipped"]) == 0
+    data = json.loads((tmp_path / "gpu_check.json").read_text())  # strict JSON: no NaN
+    assert data["steps"] == {"compile": "fail", "tests": "pass", "bench": "pass", "real_decode": "pass",
+                             "generate": "timeout", "tune": "skipped"}
+    assert data["compile_table"]["status"] == "fail" and data["compile_table"]["failed"] == 1
+    assert data["gpu_table"] == "h200" and data["efficiency_basis"] == "peak" and data["efficiency_rows"] == 8
+    first = data["kernel_vs_sdpa"][0]
+    assert (first["retained"], first["sdpa_ms"], first["cert_over_sdpa"]) == (4096, None, None)
+    assert data["kernel_vs_sdpa"][1]["cert_over_sdpa"] == pytest.approx(1.25)
+    assert data["real_model_decode"]["certified_over_topk"] == 1.25
+    m = read_gpu_check(tmp_path / "gpu_check.json")
+    assert m.efficiency == pytest.approx(0.5) and m.gpu == "NVIDIA H200"
+
+
+def test_gpu_check_summary_without_a_benchmark_is_refused_by_plan(tmp_path):
+    from kvcert.bench.real_decode_gpu import main as step
+
+    assert step(["summary", str(tmp_path), "--gpu", "NVIDIA L4", "--steps", "bench=124", "real_decode=skipped"]) == 0
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert data["efficiency"] is None and data["efficiency_basis"] == "copy" and data["gpu_table"] is None
+    assert data["real_model_decode"]["status"] == "skipped" and data["compile_table"] == {"status": "not run"}
+    with pytest.raises(ValueError, match="no measured efficiency"):
+        read_gpu_check(tmp_path / "gpu_check.json")
+
+
+def test_real_decode_step_skips_without_a_model_folder(tmp_path, monkeypatch, capsys):
+    from kvcert.bench.real_decode_gpu import main as step
+
+    monkeypatch.delenv("KVCERT_REAL_MODEL", raising=False)
+    monkeypatch.setenv("KVCERT_MODEL_DIR", str(tmp_path / "models"))
+    assert step(["decode", "--output", str(tmp_path / "real_decode.json")]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("real-model decode skipped: no smollm2-135m-instruct folder") and "\n" not in line
+    assert "kvcert model fetch smollm2-135m-instruct" in line and "KVCERT_MODEL_DIR" in line
+    assert json.loads((tmp_path / "real_decode.json").read_text())["status"] == "skipped"
+
+
+def test_real_model_decode_times_every_variant_on_the_cpu():
+    """The decode step's logic on the shipped model (the GPU run uses SmolLM2 in bf16 on CUDA)."""
+    from kvcert.bench.real_decode_gpu import VARIANTS, real_model_decode
+
+    res = real_model_decode(embedded_model_path(), prompt_tokens=256, steps=2, repeats=2, device="cpu",
+                            dtype="float32")
+    assert set(res["ms_per_token"]) == set(VARIANTS) and all(t > 0 for t in res["ms_per_token"].values())
+    assert res["kept_fraction"]["full"] == 1.0 and res["kept_fraction"]["topk"] < 0.5
+    assert res["certified_steps"] == 2  # every decoded step folded a certificate
+    assert res["certified_over_topk"] == pytest.approx(res["ms_per_token"]["poisson_certified"]
+                                                       / res["ms_per_token"]["topk"])

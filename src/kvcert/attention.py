@@ -97,11 +97,19 @@ def use_decode_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return _decode_kernel() is not None
 
 
+#: decode steps with a certificate take :func:`_certified_decode` (KVCERT_FAST_DECODE=0: the general path)
+_FAST_DECODE = os.environ.get("KVCERT_FAST_DECODE", "1") != "0"
+
 #: a one-pass V̂ that keeps less than this share of the terms it cancels is recomputed directly
 SHAKY_VARIANCE = 1e-2
 
 
-def _variance(c_term, bv, out, a, l, centre, r, value) -> torch.Tensor:
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``, without a dispatch when it already is (a decode step makes dozens of these)."""
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _variance(c_term, bv, out, a, l, centre, r, value, combine: torch.dtype = torch.float64) -> torch.Tensor:
     """V̂ = (C − 2 B_c·(ô − c) + A‖ô − c‖²)/l², clamped at 0, from the pass's sums (C = Σ r‖v − c‖²,
     bv = Σ r v, A = Σ r; [..., rows, 1] and [..., rows, D]), combined in float64: the terms nearly
     cancel when the r-weighted values sit far from c, and fp32 here would add its rounding,
@@ -111,22 +119,66 @@ def _variance(c_term, bv, out, a, l, centre, r, value) -> torch.Tensor:
     values next to ô, e.g. one tail token holding the attention: V̂ ≈ 0 beside a large
     range term) even exact sums leave it at the fp32 rounding of those terms, u·S, and the
     radius's √V̂ at √u relative: those rows (r [..., rows, L], value [..., L, D]) get
-    Σ r_i ‖v_i − ô‖² / l² directly, a second pass over their values only."""
-    f64 = torch.float64
-    centre, out64, a = centre.to(f64), out.to(f64), a.to(f64)
+    Σ r_i ‖v_i − ô‖² / l² directly, a second pass over their values only.
+
+    ``combine``: the dtype of the combination. A decode step on the torch path
+    (:func:`_certified_decode`) combines in fp32: a row it keeps holds V̂ ≥ 10⁻² (C + A‖ô − c‖²),
+    so fp32 adds at most 10² u ≈ 1.2·10⁻⁵ of V̂, below the sums' own rounding and the tests'
+    tolerance; the shaky rows are recomputed in float64 either way."""
+    f64 = combine
+    centre, out64, a = _as(centre, f64), _as(out, f64), _as(a, f64)
     out_c = out64 - centre
-    b_c = bv.to(f64) - a * centre
-    size = c_term.to(f64) + a * out_c.pow(2).sum(-1, keepdim=True)
-    var = size - 2.0 * (b_c * out_c).sum(-1, keepdim=True)
-    l = l.to(f64)
+    b_c = _as(bv, f64) - a * centre
+    size = _as(c_term, f64) + a * torch.linalg.vecdot(out_c, out_c).unsqueeze(-1)
+    var = size - 2.0 * torch.linalg.vecdot(b_c, out_c).unsqueeze(-1)
+    l = _as(l, f64)
     shaky = (var < SHAKY_VARIANCE * size).squeeze(-1).nonzero(as_tuple=True)
     if shaky[0].numel():
         step = max(1, (1 << 24) // max(1, value.shape[-2] * value.shape[-1]))  # bound the [n, L, D] deviations
         for i in range(0, shaky[0].numel(), step):
             idx = tuple(t[i : i + step] for t in shaky)
             dev2 = (value[idx[:-1]].to(out.dtype) - out[idx].unsqueeze(-2)).pow(2).sum(-1)
-            var[idx] = (r[idx].to(f64) * dev2.to(f64)).sum(-1, keepdim=True)
+            var[idx] = (r[idx].to(torch.float64) * dev2.to(torch.float64)).sum(-1, keepdim=True).to(f64)
     return (var / (l * l)).clamp_(min=0)
+
+
+def _certified_decode(qg, key, value, log_pi, one_minus, dev, centre, acc_dtype, out_dtype,
+                      query, sketch) -> AttentionResult:
+    """One query per head with the certificate (a decode step over a cache with a sampled tail), in as
+    few tensor operations as the certificate allows — on a CPU a decode step's attention is a few
+    hundred small operations, and their count, not their arithmetic, is its cost. The same sums as the
+    general path (module docstring): p = e^{z − m}, l = Σ p, ô = p·V / l; r = (1 − π) p², A = Σ r,
+    B = r·V, C = Σ r ‖v − c‖²; b̂_c = (max (1 − π) p ‖v − c‖ + max (1 − π) p · ‖ô − c‖) / l; V̂ from
+    :func:`_variance` (float64); qg [B, Hkv, G, D] scaled, log_pi / one_minus / dev [B, Hkv, L]."""
+    b, hkv, group, _ = qg.shape
+    z = _as(torch.matmul(qg, key.transpose(-1, -2)), acc_dtype)  # [B, Hkv, G, L]
+    z.sub_(_as(log_pi, acc_dtype).unsqueeze(-2))
+    m = z.amax(-1, keepdim=True)
+    p = z.sub_(m).exp_()
+    l = p.sum(-1, keepdim=True)
+    wp = p * _as(one_minus, acc_dtype).unsqueeze(-2)  # (1 − π) p
+    pr = torch.cat([p, wp * p], dim=2)  # [p; r], r = (1 − π) p²
+    r = pr[:, :, group:]
+    num = _as(torch.matmul(_as(pr, value.dtype), value), acc_dtype)  # [p; r]·V in one pass over the values
+    out, bv = num[:, :, :group].div_(l), num[:, :, group:]
+    m0 = wp.amax(-1)
+    dev = _as(dev, acc_dtype)
+    wpd = wp.mul_(dev.unsqueeze(-2))  # (1 − π) p ‖v − c‖
+    m1 = wpd.amax(-1)
+    c_term = torch.matmul(wpd.mul_(p), dev.unsqueeze(-1))  # Σ r ‖v − c‖²
+    a = r.sum(-1, keepdim=True)
+    centre32 = _as(centre, acc_dtype).unsqueeze(-2)
+    out_dev = torch.linalg.vector_norm(out - centre32, dim=-1)
+    var = _variance(c_term, bv, out, a, l, centre32, r, value, combine=acc_dtype).squeeze(-1)
+    rng = (m1 + m0 * out_dev) / l.squeeze(-1)
+    hq = hkv * group
+    output = out.to(out_dtype).reshape(b, hq, 1, -1)
+    variance, range_term = var.reshape(b, hq, 1), rng.reshape(b, hq, 1)
+    if sketch is None:
+        return AttentionResult(output, variance, range_term)
+    lse = (m + torch.log(l)).reshape(b, hq, 1)
+    sv, sr = sketch_terms(qg.reshape(b, hq, 1, -1), sketch, 1.0, lse, out_dev.reshape(b, hq, 1))
+    return AttentionResult(output, variance, range_term, sv, sr)
 
 
 def _plain_decode(qc, key, value, acc_dtype, entropy: bool, out_dtype) -> AttentionResult:
@@ -197,6 +249,10 @@ def hajek_attention(
     bias = None if log_pi is None else log_pi.to(acc_dtype).unsqueeze(-2)
     if n_q == 1 and log_pi is None and extra_mask is None and not certificate:
         return _plain_decode(qg.reshape(b, hkv, group, d), key, value, acc_dtype, entropy, query.dtype)
+    if (n_q == 1 and certificate and log_pi is not None and one_minus is not None and dev is not None
+            and centre is not None and extra_mask is None and not entropy and _FAST_DECODE):
+        return _certified_decode(qg.reshape(b, hkv, group, d), key, value, log_pi, one_minus, dev, centre, acc_dtype,
+                                 query.dtype, query, sketch if use_sketch else None)
     if certificate:
         if one_minus is None:
             lp = torch.zeros(b, hkv, length, device=key.device, dtype=acc_dtype) if log_pi is None else log_pi

@@ -107,6 +107,14 @@ def decode_steps(model, cache, steps: int, token: int = 7, signals: bool | None 
 
 
 def run(args) -> int:
+    if args.model:  # a real model, beside transformers' own cache and kvcert's alternatives
+        from . import model_decode
+
+        if args.lengths is None:
+            args.lengths = list(model_decode.LENGTHS)
+        return model_decode.run(args)
+    if args.lengths is None:
+        args.lengths = [8192, 16384]
     from . import check_counts
 
     check_counts(args, lengths=1, steps=1, repeats=1, threads=1)
@@ -158,8 +166,18 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("decode", help="decode time and KV bytes vs budget on a random-init model (CPU)")
-    p.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384])
+    p = subparsers.add_parser("decode", help="decode time and KV bytes vs budget: a random-init model, or (--model) "
+                              "a real one beside transformers' DynamicCache and kvpress (CPU)")
+    p.add_argument("--model", default=None, metavar="NAME|PATH",
+                   help="a configs/model name (e.g. smollm2-135m-instruct, after `kvcert model fetch`) or a model "
+                        "folder: prefill, decode, KV and allocated bytes of transformers' cache, kvcert's full cache, "
+                        "top-k and Poisson 25 %% with the plug-in and the robust certificate, and kvpress's SnapKV "
+                        "(kvcert.bench.model_decode)")
+    p.add_argument("--configs", default=None, help="configs folder for --model NAME (default: as every command finds it)")
+    p.add_argument("--csv", default=None, help="with --model: write the table here")
+    p.add_argument("--figure", default=None, help="with --model: decode time against context length (PNG)")
+    p.add_argument("--lengths", type=int, nargs="+", default=None,
+                   help="context lengths (default 8192 16384; with --model 512 1024 2048 4096 8192)")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--repeats", type=int, default=5)

@@ -29,7 +29,29 @@ def _experiment(args) -> tuple[dict, object]:
     return exp, build_plan(args.experiment, grid, config_dir)
 
 
+def _efficiency(args) -> tuple[float, str | None]:
+    """The roofline's efficiency: ``--efficiency``, the one measured in ``--gpu-check FILE``
+    (:func:`kvcert.pipeline.roofline.read_gpu_check`), else the assumed one; with the line that says
+    where a measured one comes from (None otherwise)."""
+    from . import roofline as rf
+
+    if args.gpu_check is None:
+        return (rf.EFFICIENCY if args.efficiency is None else args.efficiency), None
+    if args.efficiency is not None:
+        raise ValueError("give --efficiency or --gpu-check, not both (--gpu-check's efficiency is measured)")
+    m = rf.read_gpu_check(args.gpu_check)
+    table = rf.gpu_of_device(m.gpu)
+    other = "" if table is rf.GPUS[args.gpu] else (
+        f"; the bound below is for the {rf.GPUS[args.gpu].name}"
+        + (f" (--gpu {next(k for k, g in rf.GPUS.items() if g is table)} for the measured one)" if table else ""))
+    line = (f"roofline: efficiency {m.efficiency:.3g} measured on {m.gpu} ({m.path}: the certified kernel's "
+            f"achieved share of {m.basis} bandwidth at 4k-32k retained tokens), replacing the assumed "
+            f"{rf.EFFICIENCY:g}{other}")
+    return m.efficiency, line
+
+
 def plan_command(args) -> int:
+    args.efficiency, args.measured_line = _efficiency(args)  # refuses a missing or malformed --gpu-check file first
     exp, plan = _experiment(args)
     jobs = plan.jobs_per_rule()
     print(f"experiment {plan.experiment}: {len(plan.grid['models'])} models, {plan.generations} generations")
@@ -56,6 +78,8 @@ def _roofline_lines(args, exp: dict, plan) -> float:
     config_dir = _folders(args)
     gpu = rf.GPUS[args.gpu]
     archs, unknown = {}, []
+    if getattr(args, "measured_line", None):
+        print(args.measured_line)
     print(f"roofline: {gpu.name}, {gpu.bandwidth / 1e12:.2f} TB/s HBM, {gpu.flops / 1e12:.0f} TFLOP/s dense bf16, "
           f"efficiency {args.efficiency:g} of both; a task of native length at {rf.NATIVE_TOKENS} tokens")
     print("  prefill 2·P·T + 2·layers·heads·head_dim·T² FLOPs once per example (shared by its forked runs); "
@@ -166,8 +190,11 @@ def register(subparsers) -> None:
     from .roofline import DEFAULT_GPU, EFFICIENCY, GPUS
 
     p.add_argument("--gpu", choices=sorted(GPUS), default=DEFAULT_GPU, help="GPU of the roofline bound")
-    p.add_argument("--efficiency", type=float, default=EFFICIENCY,
-                   help="share of peak bandwidth and FLOPs a run attains (roofline)")
+    p.add_argument("--efficiency", type=float, default=None,
+                   help=f"share of peak bandwidth and FLOPs a run attains (roofline; default {EFFICIENCY:g})")
+    p.add_argument("--gpu-check", metavar="FILE", default=None,
+                   help="gpu_check.json written by kernels/gpu_check.sh on a GPU: its measured efficiency "
+                   "replaces the assumed one")
     p.set_defaults(func=plan_command)
 
     p = subparsers.add_parser("check", help="pre-flight: pre-registration, model folders, data, profile placeholders")

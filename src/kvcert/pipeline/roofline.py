@@ -16,7 +16,10 @@ rule; 1 on the batch-1 path):
       bytes/step/row = P · dtype / W  +  layers · kv_heads · [(β·T + A/2)(2 · head_dim · dtype + 4) + sketch]
 
   time = F / (W · flops · η) + A · bytes/step/row / (bandwidth · η), with η the stated
-  efficiency (the share of peak a real run attains; :data:`EFFICIENCY`).
+  efficiency (the share of peak a real run attains; :data:`EFFICIENCY`), or one measured on a
+  GPU: ``kernels/gpu_check.sh`` writes ``gpu_check.json`` (:func:`read_gpu_check`), whose
+  ``efficiency`` is the fused kernel's roofline time over its measured time
+  (:func:`kernel_efficiency`); ``kvcert plan --gpu-check FILE`` uses it.
 
 The model's architecture comes from its ``config.json`` where the checkpoint is on disk, else
 from :data:`ARCHITECTURES` (the official configs' numbers of the paper's models).
@@ -25,6 +28,7 @@ from :data:`ARCHITECTURES` (the official configs' numbers of the paper's models)
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,6 +206,78 @@ def plan_roofline(plan, archs: dict, answers: dict, gpu: GPU, efficiency: float 
     return out
 
 
-__all__ = ["ARCHITECTURES", "Architecture", "DEFAULT_GPU", "EFFICIENCY", "GPU", "GPUS", "Generation", "gpu_of_device",
+#: the layout version of ``gpu_check.json`` (``kernels/gpu_check.sh``) that :func:`read_gpu_check` reads
+GPU_CHECK_FORMAT = 1
+#: the kernel benchmark's rows the measured efficiency comes from: retained tokens in this range
+EFFICIENCY_RETAINED = (4096, 32768)
+
+
+def kernel_efficiency(rows: list[dict], retained: tuple[int, int] = EFFICIENCY_RETAINED) -> tuple[float | None, int]:
+    """The measured efficiency of ``kvcert bench kernel``'s rows (its ``bench.json``) and the number of rows
+    it comes from: the median, over rows with ``retained`` tokens in the given range (every batch), of
+    ``roofline_ms / cert_ms`` — the certified kernel's roofline time (bytes read at the GPU's peak
+    bandwidth) over its measured time, i.e. the achieved share of peak bandwidth, 1 / ``cert_over_roofline``
+    — clamped to (0, 1]. (None, 0) when no row in the range has a finite, positive time."""
+    lo, hi = retained
+    shares = []
+    for row in rows:
+        try:
+            roof, cert, length = float(row["roofline_ms"]), float(row["cert_ms"]), int(row["retained"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if lo <= length <= hi and math.isfinite(roof) and math.isfinite(cert) and roof > 0 and cert > 0:
+            shares.append(roof / cert)
+    if not shares:
+        return None, 0
+    shares.sort()
+    mid = len(shares) // 2
+    median = shares[mid] if len(shares) % 2 else (shares[mid - 1] + shares[mid]) / 2
+    return min(1.0, median), len(shares)
+
+
+@dataclass(frozen=True)
+class MeasuredEfficiency:
+    """The efficiency ``kernels/gpu_check.sh`` measured: its value, the GPU (CUDA device name), the file,
+    and what the share is of ("peak": the table's peak bandwidth; "copy": a measured device-to-device
+    copy, for a GPU not in :data:`GPUS`)."""
+
+    efficiency: float
+    gpu: str
+    path: str
+    basis: str = "peak"
+
+
+def read_gpu_check(path: str | Path) -> MeasuredEfficiency:
+    """The measured efficiency of a ``gpu_check.json``; a missing, unreadable or malformed file, or an
+    efficiency outside (0, 1], raises ``ValueError`` (``FileNotFoundError`` when missing) in one line naming
+    the file."""
+    path = Path(path)
+    rerun = "run kernels/gpu_check.sh OUTDIR on a GPU and give OUTDIR/gpu_check.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"--gpu-check {path}: no such file; {rerun}")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"--gpu-check {path}: not readable JSON ({' '.join(str(exc).split())}); {rerun}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--gpu-check {path}: not a gpu_check.json (a JSON object was expected); {rerun}")
+    if data.get("format") != GPU_CHECK_FORMAT:
+        raise ValueError(f"--gpu-check {path}: format {data.get('format')!r}, this kvcert reads format "
+                         f"{GPU_CHECK_FORMAT}; {rerun}")
+    gpu = data.get("gpu")
+    if not isinstance(gpu, str) or not gpu.strip():
+        raise ValueError(f"--gpu-check {path}: no GPU name (field 'gpu'); {rerun}")
+    eff = data.get("efficiency")
+    if eff is None:
+        raise ValueError(f"--gpu-check {path}: no measured efficiency (the kernel benchmark on {gpu} did not "
+                         "measure a 4k-32k row; see bench.txt beside it)")
+    if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not (0.0 < float(eff) <= 1.0):
+        raise ValueError(f"--gpu-check {path}: efficiency {eff!r} is not a share in (0, 1]")
+    basis = data.get("efficiency_basis", "peak")
+    return MeasuredEfficiency(float(eff), gpu.strip(), str(path), basis if basis in ("peak", "copy") else "peak")
+
+
+__all__ = ["ARCHITECTURES", "Architecture", "DEFAULT_GPU", "EFFICIENCY", "GPU", "GPUS", "GPU_CHECK_FORMAT", "Generation",
+           "MeasuredEfficiency", "gpu_of_device", "kernel_efficiency", "read_gpu_check",
            "NATIVE_TOKENS", "architecture_from_config", "generation_cost", "model_architecture",
            "plan_roofline", "shard_roofline_seconds"]
