@@ -274,7 +274,7 @@ def run(args) -> int:
     lengths = [min(n, positions - args.steps - 2) if positions else n for n in args.lengths]
     cfg = kv_model.config
     have_kvpress = _kvpress() is not None
-    print(f"decode on {name} ({folder}): {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query / "
+    print(f"decode on {name}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query / "
           f"{cfg.num_key_value_heads} KV heads, fp32, batch 1, {torch.get_num_threads()} thread(s); min of "
           f"{args.repeats} interleaved repeats; budget 25 %"
           + ("" if have_kvpress else "; kvpress is not installed here (pip install kvpress): its column is n/a"))
@@ -332,6 +332,12 @@ def summary_line(table: dict, lengths: list[int], forked: float, hf_tps: float) 
     return " ".join(f"{k}={v}" for k, v in pairs.items())
 
 
+#: what each variant is, in the figure's legend
+LABELS = {"hf": "transformers DynamicCache (SDPA)", "full": "kvcert, full cache", "topk": "SnapKV top-k 25 %",
+          "plugin": "SnapKV Poisson 25 % + plug-in certificate", "robust": "Poisson 25 % + robust certificate",
+          "kvpress": "kvpress SnapKVPress 0.75"}
+
+
 def figure(rows: list[dict], path: str, name: str) -> None:
     """Decode time per token against the context length, one line per variant."""
     import matplotlib
@@ -341,16 +347,18 @@ def figure(rows: list[dict], path: str, name: str) -> None:
 
     from ..atomic import atomic_path
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(7.2, 4.4))
     for variant in VARIANTS:
         pts = sorted((r["context"], r["decode_s"] * 1e3) for r in rows if r["variant"] == variant)
         if pts:
-            ax.plot(*zip(*pts), marker="o", label=variant)
+            ax.plot(*zip(*pts), marker="o", label=LABELS[variant])
+    contexts = sorted({r["context"] for r in rows})
     ax.set_xscale("log", base=2)
+    ax.set_xticks(contexts, [f"{round(n / 1024)}k" if n >= 1024 else str(n) for n in contexts])
     ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("decode, ms per token")
-    ax.set_title(f"{name}: decode per token (25 % budget for the compressed caches)")
-    ax.legend()
+    ax.set_ylabel("decode, ms per token (1 thread)")
+    ax.set_title(f"{name}: decode per token")
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     with atomic_path(path) as tmp:
