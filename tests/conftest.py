@@ -59,3 +59,14 @@ def word_model_dir(tmp_path_factory):
     model_for(tokenizer).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _grad_mode_is_each_tests_own():
+    """A test that switches autograd off process-wide (a command's ``torch.set_grad_enabled(False)``) must not
+    decide the tests after it: the mode is checked and put back after each test."""
+    before = torch.is_grad_enabled()
+    yield
+    leaked = torch.is_grad_enabled() != before
+    torch.set_grad_enabled(before)
+    assert not leaked, "this test left autograd switched " + ("off" if before else "on") + " for the tests after it"

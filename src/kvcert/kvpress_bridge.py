@@ -57,7 +57,8 @@ def compress_plain_layer(press, module: torch.nn.Module, cache, query: torch.Ten
     obs = LayerObservation(query=query, key=layer.keys, value=layer.values, log_pi=None, scaling=scaling,
                            layer_idx=module.layer_idx, num_layers=num_layers, module=module,
                            hidden_states=inputs[0], position_embeddings=inputs[1])
-    press.compress_layer(layer, obs)
+    with torch.no_grad():  # the kvpress way is inference: no graph (kvpress's own presses build none)
+        press.compress_layer(layer, obs)
     plain.keys, plain.values = layer.keys.clone(), layer.values.clone()
     module.kvcert_log_pi = layer.log_pi.clone() if layer.needs_bias else None
 

@@ -91,7 +91,6 @@ class EvictionPress:
         """The draws' generator (:func:`kvcert.design.cpu_generator`) seeded by (seed, layer, round)."""
         return cpu_generator((self.seed * 1_000_003 + layer_idx * 7919 + round_index * 104_729) % 2**63)
 
-    @torch.no_grad()  # eviction is bookkeeping: no graph, whether or not the caller's forward builds one
     def compress_layer(
         self, layer: CompactLayer, obs: LayerObservation, start: int = 0, end: int | None = None, round_index: int = 0,
         scores: torch.Tensor | None = None, potential: torch.Tensor | None = None,

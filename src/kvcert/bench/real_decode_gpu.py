@@ -88,7 +88,16 @@ def _decode(model, cache, steps: int, first, trace) -> None:
         x = torch.tensor([[token]], dtype=torch.long, device=first.device)
 
 
-def real_model_decode(folder: str | Path, *, prompt_tokens: int = 4096, budget: float = 0.25, steps: int = 32,
+def real_model_decode(*args, **kwargs) -> dict:
+    """:func:`_real_model_decode` without autograd (a scope, not the process's setting: a caller's grad mode,
+    a test's, is left as it was)."""
+    import torch
+
+    with torch.no_grad():
+        return _real_model_decode(*args, **kwargs)
+
+
+def _real_model_decode(folder: str | Path, *, prompt_tokens: int = 4096, budget: float = 0.25, steps: int = 32,
                       repeats: int = 3, device: str = "cuda", dtype: str = "bfloat16", seed: int = 0,
                       name: str = REAL_MODEL) -> dict:
     """ms/token of the :data:`VARIANTS` on the model in ``folder`` (the module docstring), and the ratios."""
@@ -103,7 +112,6 @@ def real_model_decode(folder: str | Path, *, prompt_tokens: int = 4096, budget: 
 
     if steps < 1 or repeats < 2 or prompt_tokens < 2:
         raise ValueError("real-model decode: needs steps >= 1, repeats >= 2 and a prompt of 2 tokens or more")
-    torch.set_grad_enabled(False)
     t_load = time.perf_counter()
     model, _ = load_model(ModelSpec(name=name, path=str(folder), dtype=dtype, device=device))
     dev = next(model.parameters()).device
