@@ -9,7 +9,8 @@ Then, each time with a dry run (``-n``):
 * the shard restored from a backup (same bytes, a new file time) reruns nothing;
 * the manifest touched reruns nothing;
 * one weight of the model replaced in place (same size, same safetensors header, the file
-  time put back) reruns the model's manifest and generate jobs; restored, nothing again.
+  time put back) reruns the model's manifest and generate jobs; a NaN weight is refused by the
+  pre-flight; restored, nothing again.
 """
 
 from __future__ import annotations
@@ -115,14 +116,21 @@ def test_weights_replaced_in_place_rerun_the_models_jobs(finished, tmp_path):
     original, stat = weights.read_bytes(), weights.stat()
     tensors = load_file(weights)
     key = next(k for k in tensors if "mlp" in k)
-    tensors[key][0, 0] = float("nan")
-    save_file(tensors, tmp_path / "nan.safetensors", metadata={"format": "pt"})
-    shutil.copyfile(tmp_path / "nan.safetensors", weights)
-    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the file time as it was
-    assert weights.stat().st_size == stat.st_size
+
+    def replace_in_place(value: float) -> None:
+        tensors[key][0, 0] = value
+        save_file(tensors, tmp_path / "changed.safetensors", metadata={"format": "pt"})
+        shutil.copyfile(tmp_path / "changed.safetensors", weights)
+        os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the file time as it was
+        assert weights.stat().st_size == stat.st_size
+
     try:
+        replace_in_place(float(tensors[key][0, 0]) + 0.5)  # other, finite weights: the model's jobs rerun
         stats = jobs(snakemake(checkout, prereg, "-n", "--", SCORES))
         assert stats.get("generate") == "1" and stats.get("manifest") == "1" and stats.get("score") == "1", stats
+        replace_in_place(float("nan"))  # broken weights: the pre-flight refuses before any job, naming the weight
+        refused = snakemake(checkout, prereg, "-n", "--", SCORES)
+        assert refused.returncode != 0 and f"weight {key} holds NaN or ±inf" in refused.stdout + refused.stderr
     finally:
         weights.write_bytes(original)
     assert jobs(snakemake(checkout, prereg, "-n", "--", SCORES)) == {}
