@@ -55,6 +55,7 @@ def _needs_compiler():
         pytest.skip("Triton's wheel ships ptxas and cuobjdump for Linux x86-64")
 
 
+@pytest.mark.gpu_compile  # Triton's compiler in this process: the compile tier's (TRITON_INTERPRET unset)
 def test_groups_that_pad_alike_share_one_compile_and_group_1_does_not():
     """4, 6 and 7 query heads per KV head pad to the same 16 rows and are a runtime argument: one
     compile key; a group of 1 is an int the JIT specialises (equal to 1), so it compiles apart."""

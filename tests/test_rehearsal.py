@@ -4,16 +4,23 @@ The README's steps, as a cluster user follows them: ``kvcert make-rehearsal --ou
 (tiny Qwen2, Llama and Mistral checkpoints with BPE tokenizers and chat templates,
 LongBench files as jsonl and Parquet, a LoCoMo file), the three exports of its
 ``env.sh``, then ``snakemake --cores all --config experiment=rehearsal`` from a fresh
-working folder with the repository's frozen pre-registration. Every rule of the paper
-profile runs: manifests of every task, the main, multi-turn and LoCoMo cells, the replay
-on longbench_hotpotqa, score, claims, report.
-"""
+working folder. Every rule of the paper profile runs, on every architecture: manifests,
+the main, multi-turn and LoCoMo cells, the replay on longbench_hotpotqa, score, claims,
+report.
 
+The run uses the registered rehearsal grid made smaller (:data:`REDUCTION`: one length and
+two of its four LongBench tasks, frozen in a temporary pre-registration beside the
+project's claims.yaml): the same rules and the same three architectures in 41 jobs instead
+of 89, each job's start (torch and transformers imported, a model loaded) being most of the
+rehearsal's time. The registered grid itself is checked by a dry run against its plan
+(:func:`test_the_registered_grid_plans_every_job`).
+"""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -21,7 +28,10 @@ from pathlib import Path
 
 import pytest
 
+import yaml
+
 from kvcert.pipeline.plan import build_plan, load_grid
+from kvcert.prereg import freeze
 from kvcert.tasks.records import read_jsonl
 
 from longbench_official import OFFICIAL_PROMPT_SHA256, official_truncation
@@ -30,17 +40,39 @@ REPO = Path(__file__).resolve().parents[1]
 EXPERIMENT = "rehearsal"
 ARCHITECTURES = {"Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}
 JUNCTION_SLACK = 2  # re-encoding the joined halves may differ by a token or two at the cut
+#: the registered grid made smaller for the run (every rule, every architecture; fewer cells)
+REDUCTION = {"lengths": [1536], "tasks": ["longbench_qasper", "longbench_hotpotqa", "needle"], "replay_lengths": [1536]}
 
 pytestmark = [pytest.mark.pipeline, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def plan():
-    return build_plan(EXPERIMENT, load_grid(REPO / "preregistration", "grids/rehearsal.yaml"))
+def reduced_grid() -> dict:
+    """The registered rehearsal grid with :data:`REDUCTION` applied."""
+    grid = yaml.safe_load((REPO / "preregistration" / "grids" / "rehearsal.yaml").read_text())
+    grid["lengths"] = REDUCTION["lengths"]
+    grid["tasks"] = {task: grid["tasks"][task] for task in REDUCTION["tasks"]}
+    grid["replay"]["lengths"] = REDUCTION["replay_lengths"]
+    return grid
 
 
 @pytest.fixture(scope="module")
-def rehearsal(tmp_path_factory):
+def prereg(tmp_path_factory):
+    """A frozen pre-registration: the project's claims.yaml and the reduced rehearsal grid."""
+    folder = tmp_path_factory.mktemp("rehearsal-prereg")
+    (folder / "grids").mkdir()
+    (folder / "claims.yaml").write_text((REPO / "preregistration" / "claims.yaml").read_text())
+    (folder / "grids" / "rehearsal.yaml").write_text(yaml.safe_dump(reduced_grid(), sort_keys=False))
+    freeze(folder, reason="")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def plan(prereg):
+    return build_plan(EXPERIMENT, load_grid(prereg, "grids/rehearsal.yaml"))
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory, prereg):
     """The stand-ins, the environment they need, and the finished run's results folder."""
     root = tmp_path_factory.mktemp("rehearsal")
     made = subprocess.run([sys.executable, "-m", "kvcert.cli", "make-rehearsal", "--out", str(root / "sources")],
@@ -55,7 +87,7 @@ def rehearsal(tmp_path_factory):
     work.mkdir()
     t0 = time.time()
     run = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "all",
-                          "--config", f"experiment={EXPERIMENT}", f"prereg={REPO / 'preregistration'}"],
+                          "--config", f"experiment={EXPERIMENT}", f"prereg={prereg}"],
                          cwd=work, capture_output=True, text=True, timeout=1500, env=env)
     print(f"rehearsal: snakemake took {time.time() - t0:.0f} s")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
@@ -73,14 +105,14 @@ def test_every_rule_ran_and_every_shard_holds_its_planned_generations(rehearsal,
         keys = {(r["example_id"], r["condition"], r["method"], r["budget"]) for r in lines}
         assert len(keys) == shard.generations
         per_cell[shard.cell] = per_cell.get(shard.cell, 0) + len(lines)
-    assert per_cell == {"main": 780, "multiturn": 18, "locomo": 75}
+    assert per_cell == {"main": 234, "multiturn": 18, "locomo": 75}  # main: 3 models x 3 tasks x 2 examples x 13 runs
     assert sum(per_cell.values()) == plan.generations
     for replay in plan.replays:
         assert replay.task == "longbench_hotpotqa"
         stem = out / "replay" / replay.model / f"{replay.task}-{replay.length}"
         assert Path(f"{stem}.parquet").stat().st_size > 0
         assert json.loads(Path(f"{stem}.impossibility.json").read_text())
-    assert {r.length for r in plan.replays} == {768, 1536}
+    assert {r.length for r in plan.replays} == {1536}
 
 
 def test_records_come_from_every_architecture(rehearsal, plan):
@@ -138,7 +170,7 @@ def test_longbench_prompts_are_the_official_templates(rehearsal, plan):
             expected = official_truncation(tokenizer, template.format(**rows[record.metadata["_id"]]), manifest.length)
             assert record.context + record.separator + record.question == expected, record.id
             checked += 1
-    assert checked == 3 * 2 * 4 * 2  # models x lengths x tasks x examples
+    assert checked == 3 * 1 * 2 * 2  # models x lengths x tasks x examples
 
 
 def test_the_report_has_a_verdict_per_claim(rehearsal):
@@ -152,3 +184,18 @@ def test_the_report_has_a_verdict_per_claim(rehearsal):
     # its first screen says what it is: stand-ins with random weights, verdicts that mean nothing
     assert "**A rehearsal on stand-in models with random weights: its verdicts mean nothing.**" in report[:1500]
     assert (out / "report.html").stat().st_size > 0
+
+
+def test_the_registered_grid_plans_every_job(rehearsal, tmp_path):
+    """The registered rehearsal grid (the README's command, the repository's freeze): Snakemake's dry run
+    plans the jobs its plan counts, rule by rule, with the stand-ins' environment."""
+    registered = build_plan(EXPERIMENT, load_grid(REPO / "preregistration", "grids/rehearsal.yaml"))
+    assert sum(s.generations for s in registered.shards if s.cell == "main") == 780
+    run = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-n",
+                          "--config", f"experiment={EXPERIMENT}", f"prereg={REPO / 'preregistration'}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=rehearsal["env"])
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    block = run.stdout.split("Job stats:")[1]
+    stats = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
+    assert stats.pop("total") == registered.jobs
+    assert stats == registered.jobs_per_rule()

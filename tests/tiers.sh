@@ -1,46 +1,52 @@
 #!/usr/bin/env bash
-# The test suite, tier by tier, in order (docs/testing.md): a failing tier is named, and the run stops there.
+# The test suite, tier by tier, in order (docs/testing.md); a failing tier is named, and the run stops there.
 #   bash tests/tiers.sh            every tier
 #   bash tests/tiers.sh unit slow  some of them
-# A tier that selects no test fails (pytest exit 5), unless named in KVCERT_TIERS_MAY_BE_EMPTY.
+# Every tier but compile runs in one pytest process (tests/tier_order.py orders the tests by tier, stops after a
+# failing tier and prints a line per tier); compile runs in its own, since Triton's compiler needs
+# TRITON_INTERPRET unset, while without a GPU the kernel tier runs the kernels in Triton's CPU interpreter, which
+# needs TRITON_INTERPRET=1 before triton is first imported.
+# A tier that selects no test fails (exit 5), unless named in KVCERT_TIERS_MAY_BE_EMPTY.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-declare -A SELECT=(
-    [unit]="not kernel and not pipeline and not slow and not slurm and not gpu_compile"
-    [kernel]="kernel and not pipeline and not slow"
-    [pipeline]="pipeline and not slow and not slurm and not gpu_compile"
-    [slow]="slow and not slurm and not gpu_compile"
-    [slurm]="slurm"
-    [compile]="gpu_compile"
-)
 ORDER=(unit kernel pipeline slow slurm compile)
 # the compile tier's Triton cache: one per run unless the caller keeps one (KVCERT_COMPILE_CACHE)
 export KVCERT_COMPILE_CACHE=${KVCERT_COMPILE_CACHE:-$(mktemp -d)}
+export PYTHONPATH="tests${PYTHONPATH:+:$PYTHONPATH}"  # the tier plugin, tests/tier_order.py
 tiers=("$@")
 [[ ${#tiers[@]} -eq 0 ]] && tiers=("${ORDER[@]}")
-summary=()
+together=() compile=0
 for tier in "${tiers[@]}"; do
-    if [[ -z ${SELECT[$tier]+x} ]]; then
+    if [[ " ${ORDER[*]} " != *" $tier "* ]]; then
         echo "tests/tiers.sh: unknown tier '$tier'; the tiers are: ${ORDER[*]}" >&2
         exit 2
     fi
-    echo "=== tier $tier: pytest -m \"${SELECT[$tier]}\""
-    start=$SECONDS
-    python -m pytest -q -p no:cacheprovider -m "${SELECT[$tier]}" 2>&1 | tee ".tier-$tier.log"
-    rc=${PIPESTATUS[0]}
-    line=$(grep -E '(passed|failed|error|no tests ran|deselected)' ".tier-$tier.log" | tail -1)
-    rm -f ".tier-$tier.log"
-    summary+=("tier $tier ($((SECONDS - start)) s): ${line:-no summary}")
-    if [[ $rc -eq 5 && " ${KVCERT_TIERS_MAY_BE_EMPTY:-} " == *" $tier "* ]]; then
-        rc=0  # 5: no test selected, and the caller said this tier may select none
-    elif [[ $rc -eq 5 ]]; then
-        summary+=("tier $tier selected no test: a tier that runs nothing does not pass"
-                  "(KVCERT_TIERS_MAY_BE_EMPTY=\"$tier\" allows it)")
+    if [[ $tier == compile ]]; then compile=1; else together+=("$tier"); fi
+done
+pytest_tiers() {  # $1: comma-separated tiers; the rest: environment assignments for that run
+    local list=$1
+    shift
+    echo "=== tiers ${list//,/, }"
+    env "$@" python -m pytest -q -p no:cacheprovider -p tier_order -m "" --tiers "$list"
+}
+if [[ ${#together[@]} -gt 0 ]]; then
+    interpret=()
+    if [[ " ${together[*]} " == *" kernel "* ]] && ! nvidia-smi -L >/dev/null 2>&1; then
+        interpret=(TRITON_INTERPRET=1)  # no GPU: the kernel tier runs in Triton's CPU interpreter, in this process
     fi
+    list=$(IFS=,; echo "${together[*]}")
+    pytest_tiers "$list" "${interpret[@]}"
+    rc=$?
     if [[ $rc -ne 0 ]]; then
-        printf '%s\n' "${summary[@]}"
-        echo "tier $tier failed (pytest exit code $rc)"
+        echo "tests/tiers.sh: tiers $list: pytest exit code $rc (the tier summary above names the failing tier)"
         exit "$rc"
     fi
-done
-printf '%s\n' "${summary[@]}"
+fi
+if [[ $compile -eq 1 ]]; then
+    pytest_tiers compile -u TRITON_INTERPRET
+    rc=$?
+    if [[ $rc -ne 0 ]]; then
+        echo "tests/tiers.sh: tier compile: pytest exit code $rc"
+        exit "$rc"
+    fi
+fi

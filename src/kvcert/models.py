@@ -10,14 +10,13 @@ in one line before anything is loaded.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from .sources import SourceError, fetched_name, hub_id, missing
+from .sources import DTYPE_NAMES, EMBEDDED, resolve_model_path  # noqa: F401 (re-exported: where a model comes from)
 
-EMBEDDED = "embedded"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+assert tuple(DTYPES) == DTYPE_NAMES
 
 
 @dataclass(frozen=True)
@@ -36,39 +35,6 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"model.dtype: must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-
-
-def resolve_model_path(path: str) -> str:
-    """The directory or Hub id to load; raises :class:`~kvcert.sources.SourceError`
-    (a ``FileNotFoundError``) in one line for a missing local path."""
-    if path == EMBEDDED:
-        from .embedded import embedded_model_path
-
-        resolved = embedded_model_path()
-        if not (resolved / "config.json").exists():
-            raise FileNotFoundError(f"model.path: the embedded model is missing ({resolved}); run `kvcert train-model --install`")
-        return str(resolved)
-    name = fetched_name(path)
-    if name is not None:
-        from .model_store import FetchError, fetchable, fetched_folder, folder_problem
-
-        try:
-            fetchable(name)
-        except FetchError as exc:
-            raise SourceError(f"model.path: {path}: {exc}") from None
-        problem = folder_problem(name)
-        if problem is not None:
-            raise SourceError(f"model.path: {path}: {problem}")
-        return str(fetched_folder(name))
-    ident = hub_id(path)
-    if ident is not None:
-        return ident
-    local = Path(path).expanduser()
-    if not local.is_dir():
-        raise missing("model.path", path, "does not exist (a local model directory was expected)")
-    if not (local / "config.json").exists():
-        raise missing("model.path", path, "has no config.json; it is not a Hugging Face model directory")
-    return str(local)
 
 
 def pick_device(device: str) -> torch.device:

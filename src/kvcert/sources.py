@@ -13,8 +13,12 @@ of retrying the network. Nothing here downloads anything.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 HUB_PREFIX = "hf:"
+EMBEDDED = "embedded"
+#: the dtypes a model config may name (kvcert.models maps them to torch's)
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 FETCH_PREFIX = "fetch:"
 
 #: what a path is for -> (environment variable of the shipped configs, what it holds)
@@ -102,3 +106,36 @@ def missing(what: str, path: str, expected: str) -> SourceError:
     hub = f"; a Hub id is written {HUB_PREFIX}{path if looks_like_id else 'owner/name'}" \
         if what in HUB_SOURCES and (looks_like_id or hint) else ""
     return SourceError(f"{what}: {path} {expected}{hint}{hub}")
+
+
+def resolve_model_path(path: str) -> str:
+    """The directory or Hub id to load; raises :class:`~kvcert.sources.SourceError`
+    (a ``FileNotFoundError``) in one line for a missing local path."""
+    if path == EMBEDDED:
+        from .embedded import embedded_model_path
+
+        resolved = embedded_model_path()
+        if not (resolved / "config.json").exists():
+            raise FileNotFoundError(f"model.path: the embedded model is missing ({resolved}); run `kvcert train-model --install`")
+        return str(resolved)
+    name = fetched_name(path)
+    if name is not None:
+        from .model_store import FetchError, fetchable, fetched_folder, folder_problem
+
+        try:
+            fetchable(name)
+        except FetchError as exc:
+            raise SourceError(f"model.path: {path}: {exc}") from None
+        problem = folder_problem(name)
+        if problem is not None:
+            raise SourceError(f"model.path: {path}: {problem}")
+        return str(fetched_folder(name))
+    ident = hub_id(path)
+    if ident is not None:
+        return ident
+    local = Path(path).expanduser()
+    if not local.is_dir():
+        raise missing("model.path", path, "does not exist (a local model directory was expected)")
+    if not (local / "config.json").exists():
+        raise missing("model.path", path, "has no config.json; it is not a Hugging Face model directory")
+    return str(local)

@@ -40,7 +40,7 @@ def check_model(name: str, cfg: dict, chat: bool = False, longest: tuple[int, st
     jobs: a dtype that is not a torch dtype name, a missing or broken folder (config, weights, a tokenizer
     that loads), no chat template where the grid's prompts go through one (``chat``), and fewer positions
     than the grid's longest prompt with its answer (``longest``: (tokens, what needs them))."""
-    from ..models import DTYPES, EMBEDDED, resolve_model_path
+    from ..sources import DTYPE_NAMES as DTYPES, EMBEDDED, resolve_model_path
     from .oneoff import max_positions
 
     path = str(cfg["path"])
@@ -79,6 +79,69 @@ def check_model(name: str, cfg: dict, chat: bool = False, longest: tuple[int, st
             problems.append(f"model {name}: {path} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
         if problems:
             return problems
+    passed = PassedChecks(Path(".snakemake") / "kvcert" / "checked-models.json")
+    key = passed.key(folder, chat)
+    if key not in passed:
+        loads = check_loads(name, path, folder, chat)
+        problems += loads
+        if not loads:
+            passed.add(key)
+    positions = max_positions(str(folder))
+    if longest is not None and positions is not None and longest[0] > positions:
+        problems.append(f"model {name}: {longest[1]} needs {longest[0]} positions, the model has {positions} "
+                        "(max_position_embeddings): shorten the grid's lengths for it")
+    return problems
+
+
+class PassedChecks:
+    """The model folders whose loading checks (:func:`check_loads`) passed, by content: a key is the folder's
+    :func:`~kvcert.pipeline.digest.model_digest` (every file's SHA-256, through the working folder's digest
+    cache), whether a chat template was asked for, and the transformers version that loaded it. The same bytes
+    loaded by the same library pass again, so a later pre-flight in the working folder neither imports
+    transformers and torch nor reads the weights; a changed file changes the key. Kept in
+    ``.snakemake/kvcert/checked-models.json``; a read-only working folder checks again each time."""
+
+    def __init__(self, file: Path) -> None:
+        import json
+
+        self.file = file
+        try:
+            self.keys = set(json.loads(file.read_text()))
+        except (OSError, ValueError, TypeError):
+            self.keys = set()
+
+    @staticmethod
+    def key(folder: Path, chat: bool) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from .digest import DigestCache, model_digest
+
+        try:
+            library = version("transformers")
+        except PackageNotFoundError:
+            library = "none"
+        digest = model_digest(str(folder), DigestCache(Path(".snakemake") / "kvcert" / "file-digests.json"))
+        return f"{digest}:chat={int(chat)}:transformers={library}"
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.keys
+
+    def add(self, key: str) -> None:
+        import json
+
+        from ..atomic import write_text
+
+        try:
+            write_text(self.file, json.dumps(sorted(self.keys | {key})))
+        except OSError:  # a read-only working folder: check again next time
+            pass
+
+
+def check_loads(name: str, path: str, folder: Path, chat: bool) -> list[str]:
+    """Problems of a model folder that only loading it shows: a config or tokenizer transformers cannot
+    load, no chat template where the grid's prompts go through one (``chat``), a weight that is NaN or ±inf
+    (:func:`check_weights`)."""
+    problems = []
     try:
         from transformers import AutoConfig, AutoTokenizer
 
@@ -86,16 +149,12 @@ def check_model(name: str, cfg: dict, chat: bool = False, longest: tuple[int, st
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except Exception as exc:  # a broken folder: name the first line of the library's reason
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return problems + [f"model {name}: {path} does not load ({type(exc).__name__}: {first})"]
+        return [f"model {name}: {path} does not load ({type(exc).__name__}: {first})"]
     if chat and not getattr(tokenizer, "chat_template", None):
         problems.append(f"model {name}: {path} has no chat template (tokenizer_config.json's chat_template, or "
                         "chat_template.jinja), and the grid's prompts are rendered through it: use the instruct "
                         "checkpoint, or add its template")
     problems += check_weights(name, folder)
-    positions = max_positions(str(folder))
-    if longest is not None and positions is not None and longest[0] > positions:
-        problems.append(f"model {name}: {longest[1]} needs {longest[0]} positions, the model has {positions} "
-                        "(max_position_embeddings): shorten the grid's lengths for it")
     return problems
 
 
