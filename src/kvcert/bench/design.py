@@ -39,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..analysis_plan import ReplayPart
 from ..atomic import atomic_path, write_text
 
 BUDGETS = (0.125, 0.25, 0.5)
@@ -122,7 +123,7 @@ def variants(model: str, path: str, registered: dict, max_new_tokens: int) -> li
     return out
 
 
-def _registered(prereg) -> tuple[dict, float, "kvcert.analysis_plan.ReplayPart"]:
+def _registered(prereg) -> tuple[dict, float, ReplayPart]:
     from ..pipeline.compose import analysis_plan
 
     plan = analysis_plan(prereg)
