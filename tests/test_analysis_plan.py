@@ -78,6 +78,8 @@ def test_kvcert_replay_reads_its_seed_from_the_plan():
     (lambda d: d.update(replays={}), "analysis_plan.replays: unknown (did you mean 'replay'?)"),
     (lambda d: d["bootstrap"].update(seeds=3), "analysis_plan.bootstrap.seeds: unknown"),
     (lambda d: d["comparison_signals"]["signals"]["certificate"].update(weight=1), "weight: unknown"),
+    (lambda d: d["design"].update(sink=4), "analysis_plan.design.sink: unknown (did you mean 'sinks'?)"),
+    (lambda d: d["robust_certificate"].update(bits=8), "analysis_plan.robust_certificate.bits: unknown"),
     (lambda d: d.update(delta=1.5), "analysis_plan.delta: must lie in (0, 1)"),
     (lambda d: d["replay"].update(budgets=[0.0]), "analysis_plan.replay.budgets: must lie in (0, 1]"),
     (lambda d: d.pop("delta"), "analysis_plan.delta: missing"),
@@ -110,3 +112,17 @@ def test_freeze_refuses_a_plan_the_schema_refuses(tmp_path):
     doc["analysis_plan"]["placebos"]["generations"].pop()
     (folder / "claims.yaml").write_text(yaml.safe_dump(doc, sort_keys=False, allow_unicode=True))
     assert freeze(folder).prereg_hash
+
+
+def test_the_plans_key_lists_are_the_model_stages():
+    """The design and robust-certificate keys the plan accepts are the fields the model stage builds from them."""
+    from kvcert.analysis_plan import DESIGN_KEYS, ROBUST_KEYS, SCHEMA
+    from kvcert.design import RetentionDesign
+    from kvcert.sketch import PLAN
+
+    assert DESIGN_KEYS == tuple(RetentionDesign.__dataclass_fields__) and ROBUST_KEYS == tuple(PLAN)
+    schema = yaml.safe_load(SCHEMA.read_text())["properties"]
+    assert set(schema["design"]["properties"]) == set(DESIGN_KEYS)
+    assert set(schema["robust_certificate"]["properties"]) == set(ROBUST_KEYS)
+    assert set(schema) == {f for f in AnalysisPlan.__dataclass_fields__ if not f.startswith("_")}
+

@@ -40,6 +40,11 @@ from typing import Any, Mapping
 SCHEMA = Path(__file__).with_name("analysis_plan.schema.yaml")
 #: the strata of the stratified statistics when ``strata`` names none
 DEFAULT_STRATA = ("model", "task", "condition", "budget", "target_tokens", "method")
+#: the keys of ``design`` (the fields of :class:`kvcert.design.RetentionDesign`, built at the model stage)
+DESIGN_KEYS = ("sinks", "window", "top_fraction", "floor", "temper", "dense_layers")
+#: the keys of ``robust_certificate`` (those of :data:`kvcert.sketch.PLAN`, which checks their values)
+ROBUST_KEYS = ("sketch_fraction", "key_bits", "drift", "window", "score", "successor_horizon", "successor_penalty",
+               "combination", "floor")
 #: the placebos of each data set when ``placebos`` names none
 DEFAULT_PLACEBOS = {"generations": ("stratum_base_rate", "random_score"),
                     "replay": ("step_cell_median_radius", "step_cell_permuted_radius")}
@@ -50,7 +55,9 @@ class AnalysisPlanError(ValueError):
 
 
 def _reject_unknown(section: str, given: Mapping, cls) -> None:
-    allowed = sorted(f.name for f in fields(cls) if not f.name.startswith("_"))
+    """Refuse a key of ``given`` that is not a field of ``cls`` (or not in ``cls``, a tuple of key names)."""
+    names = cls if isinstance(cls, tuple) else [f.name for f in fields(cls)]
+    allowed = sorted(n for n in names if not n.startswith("_"))
     for key in given:
         if key not in allowed:
             close = difflib.get_close_matches(str(key), allowed, n=1)
@@ -350,8 +357,10 @@ class AnalysisPlan:
             kwargs["comparison_signals"] = ComparisonPart.from_dict(given.pop("comparison_signals"))
         if "design" in given:
             kwargs["design"] = _mapping("design", given.pop("design"))
+            _reject_unknown("design", kwargs["design"], DESIGN_KEYS)
         if given.get("robust_certificate") is not None:
             kwargs["robust_certificate"] = _mapping("robust_certificate", given.pop("robust_certificate"))
+            _reject_unknown("robust_certificate", kwargs["robust_certificate"], ROBUST_KEYS)
         if given.get("strata"):
             kwargs["strata"] = tuple(str(s) for s in given.pop("strata"))
         given.pop("strata", None)
