@@ -23,7 +23,6 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan) -> Prepared:
     return prepare_auc(rows, y, "attribution", plan, dropped)
 
 
-
 def outcome(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """y = induced, defined where the failure is labelled induced or inherent."""
     return (rows["label"] == "induced").to_numpy(float), rows["label"].isin(["induced", "inherent"]).to_numpy()

@@ -35,7 +35,6 @@ class Prepared:
     selective: bool = False
 
 
-
 @dataclass(frozen=True)
 class Kind:
     """How a family of statistics is computed: its data set (``source``: "generations" or "replay"), its preparation,

@@ -3,7 +3,7 @@
 For a replay cell c (model × example × layer × query head × budget × query kind) with n_c draws × queries,
 the per-step coverage is the share with ‖ô − o‖ ≤ ε_δ, pooled over cells by the resample weights w:
 
-    coverage = Σ_c w_c · hits_c / Σ_c w_c · n_c            (the registered test: ≥ 1 − δ … claims.yaml)
+    coverage = Σ_c w_c · hits_c / Σ_c w_c · n_c        (C1 tests coverage ≥ its threshold in claims.yaml)
 
 ``coverage_anytime``: the share of draws whose every step of the path is covered by the anytime radius
 (:func:`kvcert.analysis.replay_stats.simultaneous_anytime`); ``coverage_anytime_step`` its per-step mean;
@@ -32,7 +32,6 @@ def _suffix(variant: str) -> str:
     return "" if variant == "plugin" else f"_{variant}"
 
 
-
 def _tightness_hist(rows: pd.DataFrame, codes: np.ndarray, n_cells: int, radius: str) -> tuple[np.ndarray, np.ndarray]:
     """log10(ε/error) of every draw with a positive error, and its histogram per cell [cells, bins] (clipped to the bins)."""
     lr = log_tightness(rows, radius)
@@ -43,7 +42,7 @@ def _tightness_hist(rows: pd.DataFrame, codes: np.ndarray, n_cells: int, radius:
     return lr, hist
 
 
-def _weighted_medianratio(w: np.ndarray, hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _weighted_median_ratio(w: np.ndarray, hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """10^(median log10 ε/err) per resample row from per-cell histograms (bin centres)."""
     h = w @ hist  # [b, bins]
     total = h.sum(axis=1)
@@ -52,7 +51,6 @@ def _weighted_medianratio(w: np.ndarray, hist: np.ndarray) -> tuple[np.ndarray, 
     k = np.argmax(cum >= 0.5 * total[:, None], axis=1)
     centres = 0.5 * (TIGHTNESS_BINS[1:] + TIGHTNESS_BINS[:-1])
     return np.where(ok, 10.0 ** centres[k], np.nan), ok
-
 
 
 def diverged_decodes(rows: pd.DataFrame) -> int:
@@ -112,13 +110,13 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan, variant: str = "plugin") -> 
     recipes = {f"coverage{sfx}": lambda w: ratio(w, hits, n),
                f"coverage_anytime{sfx}": lambda w: ratio(w, path_hits, path_n),
                f"coverage_anytime_step{sfx}": lambda w: ratio(w, hits_any, n),
-               f"tightness{sfx}": lambda w: _weighted_medianratio(w, hist),
+               f"tightness{sfx}": lambda w: _weighted_median_ratio(w, hist),
                f"coverage{sfx}_diverged": lambda w: ratio(w, hits_div, n_div)}
     for k in np.unique(kinds):
         m = (kinds == k).astype(float)
         recipes[f"coverage{sfx}_{k}"] = lambda w, m=m: ratio(w, hits * m, n * m)
         recipes[f"coverage_anytime_step{sfx}_{k}"] = lambda w, m=m: ratio(w, hits_any * m, n * m)
-        recipes[f"tightness{sfx}_{k}"] = lambda w, m=m: _weighted_medianratio(w * m, hist)
+        recipes[f"tightness{sfx}_{k}"] = lambda w, m=m: _weighted_median_ratio(w * m, hist)
         if path_n[kinds == k].sum() > 0:
             recipes[f"coverage_anytime{sfx}_{k}"] = lambda w, m=m: ratio(w, path_hits * m, path_n * m)
     if worst_groups:
@@ -154,7 +152,6 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan, variant: str = "plugin") -> 
     }
     return Prepared(statistic, np.arange(len(cell)), len(cell), point, {"generations": int(len(cell))}, details,
                     unexercised, selective=True)
-
 
 
 #: the statistics this preparation computes for the plug-in certificate (claims.yaml's tests may name these)

@@ -1,8 +1,12 @@
 """C5: the escalation gain (:class:`kvcert.analysis.gating.Escalation`). A chain is one run's settings at every
-budget of ``analysis_plan.escalation.budgets`` b₁ < … < b_K; the policy starts at b₁ and escalates to the next budget
-while the certificate signal exceeds its ``threshold_quantile``; ``escalation_gain`` is the policy's accuracy minus the
-fixed budget's at the same mean budget spent. Its placebo score is the failure outcome (:mod:`.prediction`).
-Statistic names written out: :data:`NAMES`.
+budget b₁ < … < b_K of ``analysis_plan.escalation.budgets``; τ = the ``threshold_quantile`` of the certificate signal
+at b₁; a run starts at b₁ and moves to the next budget's logged run while its signal exceeds τ. Then
+
+    escalation_gain = acc(policy) − acc_fixed(b̄)
+
+with b̄ the policy's mean final budget and acc_fixed interpolated linearly between the fixed budgets (τ re-estimated
+in every resample). Its placebo score is the failure outcome (:mod:`.prediction`). Statistic names written out:
+:data:`NAMES`.
 """
 
 from __future__ import annotations
@@ -43,7 +47,6 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan) -> Prepared:
     details = {"budgets": budgets, "chains": int(len(cert)), "incomplete_chains": int((~complete).sum()),
                "fixed_accuracy": fixed}
     return Prepared(policy.evaluate, codes, n_units, {}, {"generations": int(len(cert))}, details)
-
 
 
 #: the placebo's outcome: the run failed

@@ -29,7 +29,6 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan) -> Prepared:
     return Prepared(statistic, codes, n_units, {}, counts)
 
 
-
 #: no signal read: nothing for a placebo to replace
 outcome = None
 NAMES = ("induced_failure_rate",)

@@ -28,7 +28,6 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan) -> Prepared:
     return prep
 
 
-
 def outcome(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """y = 1 − correct: the run failed (defined for every run)."""
     return 1.0 - rows["correct"].to_numpy(float), np.ones(len(rows), dtype=bool)

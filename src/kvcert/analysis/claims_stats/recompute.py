@@ -63,7 +63,6 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan) -> Prepared:
     return Prepared(statistic, codes, n_units, {}, counts, details, selective=True)
 
 
-
 def outcome(rows: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """The benefit full_correct − correct, defined where the full run was scored."""
     return (rows["full_correct"] - rows["correct"]).to_numpy(float), rows["full_correct"].notna().to_numpy()

@@ -73,6 +73,5 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan) -> Prepared:
                     beside=pooled(rows))
 
 
-
 NAMES = ("spearman_within_cell",)
 KIND = Kind("replay", prepare, ("generations",))
