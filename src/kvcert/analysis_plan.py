@@ -355,16 +355,15 @@ class AnalysisPlan:
                 kwargs[name] = _part(part, name, given.pop(name))
         if "comparison_signals" in given:
             kwargs["comparison_signals"] = ComparisonPart.from_dict(given.pop("comparison_signals"))
-        if "design" in given:
-            kwargs["design"] = _mapping("design", given.pop("design"))
-            _reject_unknown("design", kwargs["design"], DESIGN_KEYS)
-        if given.get("robust_certificate") is not None:
-            kwargs["robust_certificate"] = _mapping("robust_certificate", given.pop("robust_certificate"))
+        kwargs["design"] = _mapping("design", given.pop("design", None))
+        _reject_unknown("design", kwargs["design"], DESIGN_KEYS)
+        robust = given.pop("robust_certificate", None)
+        if robust is not None:
+            kwargs["robust_certificate"] = _mapping("robust_certificate", robust)
             _reject_unknown("robust_certificate", kwargs["robust_certificate"], ROBUST_KEYS)
-        if given.get("strata"):
-            kwargs["strata"] = tuple(str(s) for s in given.pop("strata"))
-        given.pop("strata", None)
-        given.pop("robust_certificate", None)
+        strata = given.pop("strata", None)
+        if strata:  # none named: DEFAULT_STRATA
+            kwargs["strata"] = tuple(str(s) for s in strata)
         return cls(**given, **kwargs, _registered=registered)
 
     @classmethod
@@ -385,7 +384,8 @@ class AnalysisPlan:
         return cls.of(plan)
 
     def to_dict(self) -> dict:
-        """The registered mapping, as frozen (what ``claims.json`` records)."""
+        """The registered mapping, as frozen (what ``claims.json`` records; empty for a plan built from defaults
+        rather than from a mapping)."""
         return copy.deepcopy(self._registered)
 
 
