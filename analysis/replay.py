@@ -7,8 +7,8 @@
 
 The model is ``configs/model/NAME.yaml`` (``--model-path`` overrides its path, e.g. a
 retrained embedded model) or a model/job config file. Budgets, draws, later queries,
-δ and the retention design come from the frozen ``analysis_plan``. The same as ``kvcert replay …`` (:mod:`kvcert.analysis.cli`); logic:
-:func:`kvcert.analysis.steps.replay_step`.
+δ, the retention design and the sampling seed come from the frozen ``analysis_plan``. The same as ``kvcert
+replay …`` (:mod:`kvcert.generation.cli`); logic: :func:`kvcert.generation.replay_step.replay_step`.
 """
 
 import sys

@@ -218,6 +218,7 @@ def test_replay_entry_point(setup, tmp_path):
     from unittest.mock import patch
 
     from kvcert.analysis.load import read_table
+    from kvcert.prereg import load_plan
     from kvcert.testing import frozen_copy
     from kvcert.tasks import write_jsonl
 
@@ -243,13 +244,16 @@ def test_replay_entry_point(setup, tmp_path):
         assert prov["draws"] == 200 and prov["budgets"] == [0.125, 0.25, 0.5]  # the pre-registered replay settings
         assert len(df) == 1 * 4 * 3 * 9 * 200 and set(df["model"]) == {name}  # setting + 4 later + 4 sample-dependent
         assert prov["query_kinds"] == ["setting", "later", "sample_dependent"]
+        assert prov["seed"] == load_plan(tmp_path / "prereg").replay.seed == 0  # the plan's seed, not a CLI default
         rows = json.loads(imp.read_text())
         assert rows["prereg_hash"] == fr.prereg_hash and rows["rows"][0]["identical_retained_state"]
 
 
 def test_statistics_steps_load_no_torch():
-    """Claims, report and the scoring steps read the replay table without torch (the model side stays in replay.py)."""
-    code = ("import sys, kvcert.analysis.claims, kvcert.analysis.report, kvcert.analysis.steps; "
+    """Claims, report and the scoring steps read the replay table without torch (the model side stays in replay.py);
+    the typed analysis plan and the replay step's module import without it too."""
+    code = ("import sys, kvcert.analysis.claims, kvcert.analysis.report, kvcert.analysis.steps, kvcert.analysis_plan, "
+            "kvcert.generation.replay_step; "
             "print(sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

@@ -147,7 +147,7 @@ def test_cell_below_the_minimum_is_null_and_says_why(run):
 
 def test_turn_distance_buckets_pick_their_rows(run):
     td = run["block"]["turn_distance"]
-    assert td["buckets"] == run["plan"]["comparison_signals"]["turn_distance"]["buckets"]
+    assert td["buckets"] == [list(b) for b in run["plan"].comparison_signals.turn_distance.buckets]
     want = {"1-5": 1.0, "6-15": 0.0, "16-1000000": 0.5, "all": 0.5}
     got = {(r["signal"], r["method"], r["bucket"]): r for r in td["rows"]}
     assert set(got) == {(s, m, b) for s, m in (("certificate", "poisson"), ("mean_logprob", "topk"),
@@ -164,7 +164,7 @@ def test_turn_distance_buckets_pick_their_rows(run):
 
 def test_summary_has_every_plan_signal(run):
     summary = json.loads(run["paths"]["summary"].read_text())
-    assert set(summary["signal_auc"]) == set(run["plan"]["comparison_signals"]["signals"])
+    assert set(summary["signal_auc"]) == set(run["plan"].comparison_signals.signals)
     for signal, aucs in summary["signal_auc"].items():
         want = 1.0 if signal in PERFECT else 0.5
         assert aucs == {"prediction": want, "attribution": want, "prediction_stratified": want,
@@ -189,11 +189,13 @@ def test_report_section_table_and_figures(run):
 
 
 def test_every_plan_signal_has_a_score_column():
+    from kvcert.analysis_plan import ComparisonSignal
+
     plan = load_claims(ROOT / "preregistration")["analysis_plan"]
-    for name, spec in plan["comparison_signals"]["signals"].items():
+    for name, spec in plan.comparison_signals.signals.items():
         assert signal_column(name, spec, plan, SCORE_COLUMNS) in SCORE_COLUMNS
     with pytest.raises(ValueError, match="no score-table column"):
-        signal_column("x", {"source": "nowhere"}, plan, SCORE_COLUMNS)
+        signal_column("x", ComparisonSignal("nowhere", "higher", ("topk",)), plan, SCORE_COLUMNS)
     assert list(failure_score([1.0, 2.0], "lower")) == [-1.0, -2.0]
     with pytest.raises(ValueError, match="higher' or 'lower"):
         failure_score([1.0], "up")

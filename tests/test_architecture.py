@@ -13,7 +13,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: module (or package prefix) → its stage; the first matching prefix wins
 STAGES = [
     ("kvcert.provenance", 0), ("kvcert.checks", 0), ("kvcert.progress", 0), ("kvcert.atomic", 0),
-    ("kvcert.prereg", 1), ("kvcert.pipeline.config", 1), ("kvcert.pipeline.compose", 1),
+    ("kvcert.tables", 0),  # Parquet tables with their provenance, plain JSON: what the replay and analysis steps write
+    ("kvcert.prereg", 1), ("kvcert.analysis_plan", 1),  # the typed analysis_plan, read by generation and analysis ("kvcert.pipeline.config", 1), ("kvcert.pipeline.compose", 1),
     ("kvcert.pipeline.plan", 1), ("kvcert.pipeline.digest", 1), ("kvcert.pipeline.console", 1),
     ("kvcert.paths", 1), ("kvcert.methods", 1), ("kvcert.sources", 1), ("kvcert.embedded", 1),  # where configs, models and data come from; method names
     ("kvcert.model_store", 1),  # the models `kvcert model fetch` takes from PyPI (the embedded model's counterpart)

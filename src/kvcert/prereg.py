@@ -52,6 +52,7 @@ from pathlib import Path
 
 import yaml
 
+from .analysis_plan import AnalysisPlan, check_schema
 from .atomic import remove_leftovers, write_text
 from .provenance import git_commit
 
@@ -71,11 +72,40 @@ class PreregError(ValueError):
 
 def load_claims(folder: str | Path) -> dict:
     """The parsed ``claims.yaml`` of a pre-registration folder (the one reader of it: generation
-    takes its design and δ from ``analysis_plan``, the analysis its claims and plan)."""
+    takes its design, δ and replay from ``analysis_plan``, the analysis its claims and plan), its
+    ``analysis_plan`` built once into the typed :class:`~kvcert.analysis_plan.AnalysisPlan` (a
+    malformed plan is refused in one line naming the key)."""
     path = Path(folder) / "claims.yaml"
     if not path.exists():
         raise FileNotFoundError(f"{path}: no claims.yaml in the pre-registration folder")
-    return yaml.safe_load(path.read_text())
+    doc = yaml.safe_load(path.read_text())
+    if isinstance(doc, dict) and "analysis_plan" in doc:
+        try:
+            doc["analysis_plan"] = AnalysisPlan.from_dict(doc["analysis_plan"])
+        except ValueError as exc:
+            raise PreregError(f"{path}: {exc}") from None
+    return doc
+
+
+def load_plan(folder: str | Path) -> AnalysisPlan:
+    """The typed ``analysis_plan`` of a pre-registration folder's ``claims.yaml`` (:func:`load_claims`)."""
+    doc = load_claims(folder)
+    if not isinstance(doc, dict) or not isinstance(doc.get("analysis_plan"), AnalysisPlan):
+        raise PreregError(f"{Path(folder) / 'claims.yaml'}: no analysis_plan")
+    return doc["analysis_plan"]
+
+
+def check_claims(folder: str | Path) -> None:
+    """Refuse, before a freeze, a ``claims.yaml`` whose ``analysis_plan`` does not satisfy its JSON schema
+    (:func:`kvcert.analysis_plan.check_schema`) or the typed plan's checks, in one line naming the key."""
+    path = Path(folder) / "claims.yaml"
+    doc = yaml.safe_load(path.read_text()) if path.exists() else None
+    if not isinstance(doc, dict) or "analysis_plan" not in doc:
+        raise PreregError(f"{path}: no analysis_plan to freeze")
+    try:
+        check_schema(doc["analysis_plan"])
+    except ValueError as exc:
+        raise PreregError(f"{path}: {exc}; fix claims.yaml before freezing") from None
 
 
 def prereg_files(folder: str | Path) -> dict[str, str]:
@@ -258,6 +288,7 @@ def freeze(folder: str | Path, reason: str = "", now: datetime | None = None) ->
     if previous and not reason.strip():
         raise PreregError("reason: an amendment of a frozen pre-registration must say why (--reason '...')")
     files = prereg_files(folder)
+    check_claims(folder)
     now = now or datetime.now(timezone.utc)
     if previous and _ahead(previous[-1], now) > timedelta(0) and not corrects_clock({"reason": reason}):
         newest = previous[-1]

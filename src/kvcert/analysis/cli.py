@@ -1,4 +1,5 @@
-"""``kvcert replay | score | claims | report``: the analysis steps, one command each.
+"""``kvcert score | claims | report``: the analysis steps, one command each (``kvcert replay``, the model side
+of C1, C2 and C8, is a generation step: :mod:`kvcert.generation.cli`).
 
 The Snakefile runs them, and the scripts in ``analysis/`` are these commands under
 another name (``python analysis/score.py …`` = ``kvcert score …``), so each step has one
@@ -21,18 +22,6 @@ def _folders(a) -> None:
             a.configs = str(resolve_configs(a.configs))
         except FileNotFoundError:  # only --experiment and --model read it; they say so where they do
             pass
-
-
-def _replay(a) -> int:
-    _folders(a)
-    from .steps import replay_step, resolve_model
-
-    model = resolve_model(a.model_config, a.model, a.configs, a.model_path)
-    out, imp = replay_step(model, a.records, a.prereg, a.out, a.impossibility_out, a.seed, a.max_layers,
-                           a.max_examples, a.threads, a.experiment, a.configs, a.model_path)
-    print(out)
-    print(imp)
-    return 0
 
 
 def _score(a) -> int:
@@ -87,28 +76,6 @@ def _beside(text: str) -> tuple[str, str]:
 
 def register(subparsers) -> None:
     verified_help = "`kvcert prereg verify --out` JSON; must match the folder"
-    p = subparsers.add_parser("replay", help="attention-level replay (C1, C2, C8) and Theorem 1 for one model",
-                              description="Attention-level replay (claims C1, C2, C8) and the impossibility "
-                              "demonstration for one model. The model is configs/model/NAME.yaml (--model-path "
-                              "overrides its path) or a model/job config file; budgets, draws, later queries, δ and "
-                              "the retention design come from the frozen analysis_plan.")
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--model", help="model name: configs/model/<name>.yaml")
-    which.add_argument("--model-config", help="a model config (name, path, dtype, device) or a job config with one")
-    p.add_argument("--model-path", default=None, help="override the model config's path")
-    p.add_argument("--configs", default=None, help="hydra configs folder (for --model; default: as every command finds it)")
-    p.add_argument("--experiment", default=None, help="experiment whose plan the records manifest is checked against "
-                   "(recorded in the provenance, with the hash of the configs the table is made under)")
-    p.add_argument("--records", required=True, help="task records manifest (JSONL) of the replay cell")
-    p.add_argument("--prereg", default=None, help="pre-registration folder (frozen; default: $KVCERT_PREREG, else ./preregistration)")
-    p.add_argument("--out", required=True, help="replay draws (Parquet)")
-    p.add_argument("--impossibility-out", required=True, help="impossibility rows (JSON)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed of the replay draws")
-    p.add_argument("--max-layers", type=int, default=None, help="replay this many evenly spaced layers (default: all)")
-    p.add_argument("--max-examples", type=int, default=None, help="replay only the first N records")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    p.set_defaults(func=_replay)
-
     p = subparsers.add_parser("score", help="generation shards → one scored row per generation (Parquet)",
                               description="Generation shards → one scored row per generation. Refuses records "
                               "missing a field or stamped with another pre-registration hash, and shards that differ "

@@ -13,6 +13,7 @@ from typing import Mapping
 
 import pandas as pd
 
+from ..analysis_plan import AnalysisPlan
 from .stats import BootstrapPlan, bootstrap, encode_units, weighted_mean
 
 SETTING = ["condition", "method", "budget"]
@@ -27,7 +28,7 @@ def pooled_interval(rows: pd.DataFrame, plan: BootstrapPlan) -> tuple[float, flo
 
 
 def accuracy_table(scores: pd.DataFrame, tasks: list[str] | None = None,
-                   analysis_plan: Mapping | None = None) -> pd.DataFrame:
+                   analysis_plan: "AnalysisPlan | Mapping | None" = None) -> pd.DataFrame:
     """One row per setting (the full cache first): ``runs``, accuracy per task and
     ``pooled`` (over every run of the setting), each with its bootstrap interval over examples
     (``<task>_low`` / ``<task>_high``, ``pooled_low`` / ``pooled_high``: ``analysis_plan.bootstrap``),
@@ -44,7 +45,7 @@ def accuracy_table(scores: pd.DataFrame, tasks: list[str] | None = None,
     order = table["condition"].map({"full": 0, "aware": 1, "streaming": 2}).fillna(3)
     table = table.assign(_order=order).sort_values(["_order", "method", "budget"]).drop(columns="_order")
     task_cols = [t for t in (tasks or sorted(per_task.columns)) if t in table.columns]
-    plan = BootstrapPlan.from_plan(analysis_plan or {})
+    plan = BootstrapPlan.from_plan(analysis_plan) if analysis_plan is not None else BootstrapPlan()
     plan = BootstrapPlan(resamples=min(plan.resamples, 1000), seed=plan.seed, level=plan.level)  # a reported figure
     bounds = {key: pooled_interval(part, plan) for key, part in correct.groupby(SETTING)}
     table["pooled_low"] = [bounds[tuple(k)][0] for k in table[SETTING].itertuples(index=False)]

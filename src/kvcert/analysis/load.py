@@ -59,7 +59,6 @@ Derived columns (``analysis_plan`` of ``claims.yaml``):
 
 from __future__ import annotations
 
-import json
 import math
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -68,15 +67,14 @@ from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ..atomic import atomic_path
+from ..analysis_plan import AnalysisPlan, ComparisonPart, SignalPart
 from ..generation.record import GenerationRecord
 from ..generation.shards import ShardSealError, check_seal, read_records, seal_path
 from ..tasks import score_record
-from ..prereg import Freeze, load_claims, parse_utc, read_verified, verify
+from ..prereg import Freeze, load_plan, parse_utc, read_verified, verify
 from ..provenance import check_prereg_hash
+from ..tables import METADATA_KEY, read_table, write_table  # noqa: F401  (the loader's table format)
 
 GENERATION_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "condition", "method", "budget", "seed")
 FULL_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "seed")
@@ -85,7 +83,6 @@ CERT_FIELDS = ("steps", "anytime_steps", "relative_steps")
 OVER_STEPS = ("mean", "max", "min", "last", "first")
 AGGREGATIONS = ("max", "mean", "rms")  # over layers × heads (kvcert.certificate.aggregate)
 
-METADATA_KEY = b"kvcert"
 
 
 class RecordRefused(ValueError):
@@ -162,8 +159,9 @@ class SignalSpec:
             raise ValueError(f"certificate_signal.over_steps: must be one of {OVER_STEPS}, got {self.over_steps!r}")
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "SignalSpec":
-        return cls(str(d["field"]), str(d["aggregation"]), str(d["over_steps"]))
+    def from_part(cls, part: SignalPart) -> "SignalSpec":
+        """From the plan's ``certificate_signal`` / ``multiturn_gate`` (:class:`kvcert.analysis_plan.SignalPart`)."""
+        return cls(str(part.field), str(part.aggregation), str(part.over_steps))
 
     def value(self, certificate: Mapping | None, randomized: bool, exact: bool = True) -> float:
         """The signal of one record (see the module docstring for null certificates)."""
@@ -198,9 +196,9 @@ class ComparisonSpec:
     aggregation: str = "mean"
 
     @classmethod
-    def from_dict(cls, d: Mapping | None) -> "ComparisonSpec":
-        d = d or {}
-        spec = cls(str(d.get("over_steps", "mean")), str(d.get("aggregation", "mean")))
+    def from_part(cls, part: ComparisonPart | None) -> "ComparisonSpec":
+        """From the plan's ``comparison_signals`` (None: the defaults)."""
+        spec = cls(str(part.over_steps), str(part.aggregation)) if part is not None else cls()
         if spec.over_steps not in OVER_STEPS:
             raise ValueError(f"comparison_signals.over_steps: must be one of {OVER_STEPS}, got {spec.over_steps!r}")
         if spec.aggregation not in AGGREGATIONS:
@@ -232,17 +230,16 @@ class ScoringPlan:
     comparison: ComparisonSpec = ComparisonSpec()
 
     @classmethod
-    def from_plan(cls, plan: Mapping) -> "ScoringPlan":
-        corr = plan["correctness"]
-        conf = plan.get("confidence_signal") or {}
+    def from_plan(cls, plan: AnalysisPlan | Mapping) -> "ScoringPlan":
+        plan = AnalysisPlan.of(plan)
         return cls(
-            pass_default=float(corr["default"]),
-            pass_by_prefix={str(k): float(v) for k, v in (corr.get("by_task_prefix") or {}).items()},
-            certificate=SignalSpec.from_dict(plan["certificate_signal"]),
-            gate=SignalSpec.from_dict(plan["multiturn_gate"]),
-            confidence_primary=str(conf.get("primary", "mean_logprob")),
-            confidence_secondary=str(conf.get("secondary", "min_logprob")),
-            comparison=ComparisonSpec.from_dict(plan.get("comparison_signals")),
+            pass_default=plan.correctness.default,
+            pass_by_prefix=dict(plan.correctness.by_task_prefix),
+            certificate=SignalSpec.from_part(plan.certificate_signal),
+            gate=SignalSpec.from_part(plan.multiturn_gate),
+            confidence_primary=plan.confidence_signal.primary,
+            confidence_secondary=plan.confidence_signal.secondary,
+            comparison=ComparisonSpec.from_part(plan.comparison_signals),
         )
 
     def pass_mark(self, task: str) -> float:
@@ -487,24 +484,6 @@ def scored(df: pd.DataFrame) -> pd.DataFrame:
 
 
 # --- Parquet with provenance --------------------------------------------------------------
-def write_table(df: pd.DataFrame, path: str | Path, provenance: Mapping) -> Path:
-    """Write ``df`` as Parquet with ``provenance`` (JSON) in the file's schema metadata."""
-    path = Path(path)
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    meta = dict(table.schema.metadata or {})
-    meta[METADATA_KEY] = json.dumps(provenance, sort_keys=True, default=str).encode()
-    with atomic_path(path) as tmp:
-        pq.write_table(table.replace_schema_metadata(meta), tmp)
-    return path
-
-
-def read_table(path: str | Path, columns: list[str] | None = None) -> tuple[pd.DataFrame, dict]:
-    """A Parquet table written by :func:`write_table` and its provenance."""
-    table = pq.read_table(path, columns=columns)
-    meta = (table.schema.metadata or {}).get(METADATA_KEY)
-    return table.to_pandas(), (json.loads(meta) if meta else {})
-
-
 def score_shards(
     shards: Iterable[str | Path], prereg_folder: str | Path, verified_json: str | Path | None = None, jobs: int = 1,
     expected: Mapping[str, "int | PlannedShard"] | None = None,
@@ -512,8 +491,7 @@ def score_shards(
     """Verify the pre-registration, load every shard, and return (table, provenance)."""
     freeze = verified_freeze(prereg_folder, verified_json)
     verified_utc = read_verified(verified_json).get("verified_utc") if verified_json is not None else None
-    claims = load_claims(prereg_folder)
-    plan = ScoringPlan.from_plan(claims["analysis_plan"])
+    plan = ScoringPlan.from_plan(load_plan(prereg_folder))
     shards = list(shards)
     df = load_shards(shards, plan, freeze, jobs, expected, verified_utc)
     provenance = {

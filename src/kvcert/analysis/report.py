@@ -23,11 +23,13 @@ tables. The document model (:mod:`kvcert.analysis.document`) renders it twice.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import pandas as pd
 
+from ..analysis_plan import AnalysisPlan
 from ..atomic import atomic_path, write_text
 from . import figures
 from .document import BR, Document, fmt, fmt_ci
@@ -325,6 +327,42 @@ def beside_paragraph(beside: Sequence[Mapping], prereg_hash: str | None) -> str:
     return "Under the paper's verdict, each claim's verdict: value in another run — " + "; ".join(parts) + "."
 
 
+@dataclass
+class ReportData:
+    """What every section of the report reads: the claims document and the tables it was made from."""
+
+    claims_doc: Mapping
+    out: Path
+    fig_dir: Path
+    claims: list
+    plan: AnalysisPlan
+    grid: Mapping
+    scores_ok: pd.DataFrame | None
+    replay: pd.DataFrame
+    tasks: list[str] | None
+    by_stat: dict = field(default_factory=dict)
+
+    @property
+    def delta(self) -> float:
+        return self.plan.delta
+
+    @property
+    def pct(self) -> str:
+        """The bootstrap intervals' level as text ("90 %")."""
+        return f"{100 * self.plan.bootstrap.level:g} %"
+
+    @property
+    def multiturn_cell(self) -> Mapping:
+        return self.grid.get("multiturn") or {}
+
+    @property
+    def gate_threshold(self) -> float:
+        """The multi-turn gate's threshold: the grid's cell may register its own (a model's radii have their own
+        scale), else the plan's ``multiturn_gate.threshold`` (0.1 where none)."""
+        gate = self.plan.multiturn_gate.threshold
+        return float(self.multiturn_cell.get("gate_threshold", 0.1 if gate is None else gate))
+
+
 def build_report(
     claims_doc: Mapping, scores: pd.DataFrame | None, scores_provenance: Mapping | None, replay: pd.DataFrame | None,
     impossibility: Sequence[Mapping], out_dir: str | Path, replay_provenance: Sequence[Mapping] = (),
@@ -332,32 +370,53 @@ def build_report(
 ) -> dict[str, Path]:
     """Write report.md, report.html, failure_labels.csv and figures/*.png under ``out_dir``. ``models``: what
     each model of the run is (:func:`kvcert.analysis.model_info.run_models`); ``beside``: other runs' verdicts
-    shown beside this run's (:func:`kvcert.analysis.steps.beside_run`)."""
+    shown beside this run's (:func:`kvcert.analysis.steps.beside_run`). One section function each, in order."""
     out = Path(out_dir)
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
     claims = list(claims_doc.get("claims", []))
-    plan = claims_doc.get("analysis_plan", {})
     grid = claims_doc.get("grid") or {}
-    delta = float(plan.get("delta", 0.1))
-    by_stat = {t["statistic"]: c for c in claims for t in c["tests"]}
-    scores_ok = scored(scores) if scores is not None and len(scores) else None
-    replay = replay if replay is not None else pd.DataFrame()
-    tasks = list(grid["tasks"]) if grid.get("tasks") else None
-
-    level = float((plan.get("bootstrap") or {}).get("level", 0.9))
-    pct = f"{100 * level:g} %"
+    # the plan a claims.json records (δ 0.1 and the defaults for a document without one)
+    run = ReportData(claims_doc, out, fig_dir, claims, AnalysisPlan.of_document(claims_doc, 0.1), grid,
+              scored(scores) if scores is not None and len(scores) else None,
+              replay if replay is not None else pd.DataFrame(), list(grid["tasks"]) if grid.get("tasks") else None,
+              {t["statistic"]: c for c in claims for t in c["tests"]})
     doc = Document()
     title = f"kvcert claim report — {claims_doc.get('experiment', 'experiment')}"
     doc.heading(title, 1)
     banner(doc, claims_doc.get("experiment"), grid, models)
     model_section(doc, models)
+    claims_section(doc, run, beside)
+    accuracy_section(doc, run)
+    multiturn = figures_section(doc, run)
+    replay_section(doc, run)
+    impossibility_section(doc, impossibility)
+    multiturn_section(doc, run, multiturn)
+    failure_labels_section(doc, run)
+
+    from .report_signals import signals_section  # it builds on this module's Document
+
+    signals_section(doc, claims_doc.get("comparison_signals"), fig_dir)
+    details_section(doc, run)
+    provenance_section(doc, claims_doc, scores, scores_provenance or {}, replay_provenance, out, models, beside)
+
+    md = out / "report.md"
+    write_text(md, doc.markdown(out))
+    page = out / "report.html"
+    write_text(page, doc.html(title))
+    return {"markdown": md, "html": page, "figures": fig_dir}
+
+
+def claims_section(doc: Document, run: ReportData, beside: Sequence[Mapping]) -> None:
+    """The run in one paragraph, the contents, the claims table (our verdict beside the paper's and the beside
+    runs') and the tests table."""
+    claims, claims_doc = run.claims, run.claims_doc
     verdicts = pd.Series([c["verdict"] for c in claims]).value_counts().to_dict()
-    n_gen = 0 if scores_ok is None else len(scores_ok)
+    n_gen = 0 if run.scores_ok is None else len(run.scores_ok)
     doc.paragraph(
         f"Reproduction of the pre-registered claims of Xie, *Error Certificates for KV-Cache Eviction via Randomized "
-        f"Design* (arXiv 2607.21475). {n_gen} scored generations, {len(replay)} replay draws × queries. Verdicts: "
-        + ", ".join(f"{v} {k}" for k, v in verdicts.items()) + f". Tests use {pct} bootstrap percentile intervals "
+        f"Design* (arXiv 2607.21475). {n_gen} scored generations, {len(run.replay)} replay draws × queries. Verdicts: "
+        + ", ".join(f"{v} {k}" for k, v in verdicts.items()) + f". Tests use {run.pct} bootstrap percentile intervals "
         "(✓ pass, ✗ fail, ? unclear, – unexercised); † marks thresholds set by this project before any run."
     )
     doc.contents()
@@ -377,43 +436,50 @@ def build_report(
     doc.table(claim_header(beside), claim_rows(claims, stand_ins=claims_doc.get("experiment") == "rehearsal",
                                                beside=beside), css_class="claims")
     doc.heading("Tests", 3)
-    doc.table([h.replace("90 %", pct) for h in TEST_HEADER], test_rows(claims))
+    doc.table([h.replace("90 %", run.pct) for h in TEST_HEADER], test_rows(claims))
 
+
+def accuracy_section(doc: Document, run: ReportData) -> None:
+    """Accuracy by setting: every setting of the main grid, per task and pooled, with intervals; its figure."""
     doc.heading("Accuracy by setting")
-    board = accuracy_table(scores_ok, tasks, plan) if scores_ok is not None else pd.DataFrame()
-    if len(board):
-        task_cols = [c for c in board.columns if c not in ("condition", "method", "budget", "compression_ratio",
-                                                             "runs", "pooled", "pooled_low", "pooled_high")
-                     and not c.endswith(("_low", "_high"))]
-        doc.paragraph("Share of correct answers (score ≥ the task's pass mark) of every setting of the main grid, "
-                      f"per task and pooled over tasks and lengths, each with its {pct} bootstrap interval over "
-                      "examples. `budget` is the fraction of the cache kept; `compression_ratio` (kvpress's "
-                      "convention) the fraction removed.")
-        doc.table(["condition", "method", "budget", "compression_ratio", "runs", *task_cols, "pooled"],
-                  [[r["condition"], r["method"], f"{r['budget']:g}", f"{r['compression_ratio']:g}", r["runs"],
-                    *[f"{fmt(r[t])} [{fmt(r[t + '_low'])}, {fmt(r[t + '_high'])}]" for t in task_cols],
-                    f"{fmt(r['pooled'])} [{fmt(r['pooled_low'])}, {fmt(r['pooled_high'])}]"]
-                   for _, r in board.iterrows()])
-        doc.figure(figures.accuracy_figure(board, task_cols, fig_dir / "accuracy.png"),
-                   "accuracy by KV budget, condition and method, per task (the full cache as a line)")
-    else:
+    board = accuracy_table(run.scores_ok, run.tasks, run.plan) if run.scores_ok is not None else pd.DataFrame()
+    if not len(board):
         doc.paragraph("No generations.")
+        return
+    task_cols = [c for c in board.columns if c not in ("condition", "method", "budget", "compression_ratio",
+                                                         "runs", "pooled", "pooled_low", "pooled_high")
+                 and not c.endswith(("_low", "_high"))]
+    doc.paragraph("Share of correct answers (score ≥ the task's pass mark) of every setting of the main grid, "
+                  f"per task and pooled over tasks and lengths, each with its {run.pct} bootstrap interval over "
+                  "examples. `budget` is the fraction of the cache kept; `compression_ratio` (kvpress's "
+                  "convention) the fraction removed.")
+    doc.table(["condition", "method", "budget", "compression_ratio", "runs", *task_cols, "pooled"],
+              [[r["condition"], r["method"], f"{r['budget']:g}", f"{r['compression_ratio']:g}", r["runs"],
+                *[f"{fmt(r[t])} [{fmt(r[t + '_low'])}, {fmt(r[t + '_high'])}]" for t in task_cols],
+                f"{fmt(r['pooled'])} [{fmt(r['pooled_low'])}, {fmt(r['pooled_high'])}]"]
+               for _, r in board.iterrows()])
+    doc.figure(figures.accuracy_figure(board, task_cols, run.fig_dir / "accuracy.png"),
+               "accuracy by KV budget, condition and method, per task (the full cache as a line)")
 
-    # figures
+
+def figures_section(doc: Document, run: ReportData) -> pd.DataFrame:
+    """The figures (induced failures, AUCs, replay coverage and tightness, recompute gain, multi-turn recall) and
+    ``replay_cells.csv``; returns the multi-turn table (the multi-turn section's)."""
+    fig_dir, by_stat, scores_ok, replay, delta = run.fig_dir, run.by_stat, run.scores_ok, run.replay, run.delta
     doc.heading("Figures")
     c3 = by_stat.get("induced_failure_rate")
-    rates = induced_failure_rates(scores_ok, tasks) if scores_ok is not None else pd.DataFrame()
+    rates = induced_failure_rates(scores_ok, run.tasks) if scores_ok is not None else pd.DataFrame()
     thr3 = next((t["threshold"] for t in c3["tests"]), None) if c3 else None
     doc.figure(figures.induced_failure_figure(rates, fig_dir / "induced_failure.png", thr3) if len(rates) else None,
                "induced-failure rate (among examples the full cache answers correctly) by KV budget, "
                "condition and sampler (the paper's Fig. 1)")
-    doc.figure(figures.auc_figure(claims, fig_dir / "auc_prediction_attribution.png"),
+    doc.figure(figures.auc_figure(run.claims, fig_dir / "auc_prediction_attribution.png"),
                "certificate vs output confidence: failure prediction (C4) and attribution of failures to "
-               f"the cache (C6), ROC AUC with {pct} bootstrap intervals — within strata (the registered test) and "
+               f"the cache (C6), ROC AUC with {run.pct} bootstrap intervals — within strata (the registered test) and "
                "pooled (the paper's Fig. 3)")
     cells = replay_cells(replay) if len(replay) else pd.DataFrame()
     if len(cells):
-        with atomic_path(out / "replay_cells.csv") as tmp:
+        with atomic_path(run.out / "replay_cells.csv") as tmp:
             cells.to_csv(tmp, index=False)
     c1 = by_stat.get("coverage")
     doc.figure(figures.coverage_figure(cells, fig_dir / "coverage.png", delta,
@@ -427,10 +493,7 @@ def build_report(
     doc.figure(figures.recompute_figure(c7, fig_dir / "recompute_gain.png"),
                "recomputation gain vs recompute rate (C7): certificate, confidence and random gating at matched rates, "
                "every stratum recomputing the same share (the registered gate)")
-    mt_cell = grid.get("multiturn") or {}
-    gate = plan.get("multiturn_gate") or {}
-    # the grid's multi-turn cell may register its own gate threshold (a model's radii have their own scale)
-    threshold = float(mt_cell.get("gate_threshold", gate.get("threshold", 0.1)))
+    mt_cell, threshold = run.multiturn_cell, run.gate_threshold
     table = (multiturn_table(scores_ok, mt_cell, threshold)
              if scores_ok is not None and mt_cell else pd.DataFrame())
     budget_txt = ", ".join(f"{100 * float(b):g} %" for b in mt_cell.get("budgets", []))
@@ -441,77 +504,95 @@ def build_report(
                + (f" — the gate recomputed {100 * recomputed:.0f} % of the runs"
                   + (" (every run: the gated line is the full cache, not the certificate rescuing the compressed "
                      "run)" if recomputed >= 0.999 else "") if recomputed == recomputed else ""))
+    return table
 
-    # tables
+
+def replay_section(doc: Document, run: ReportData) -> None:
+    """The attention-level replay (C1, C2, C8): coverage, Spearman and tightness per query kind."""
     doc.heading("Attention-level replay (C1, C2, C8)")
-    if len(replay):
-        summary = claims_doc.get("replay_summary") or summarize_replay(replay, delta)
-        doc.paragraph(f"Coverage at δ = {delta:g} (nominal {1 - delta:g}); per replay cell (model × example × layer × "
-                      "query head × budget × query kind) in `replay_cells.csv`. Setting query = the last prompt query "
-                      "(the last of the observation window whose attention set π: SnapKV pools the window's queries "
-                      "over a KV head's query heads, so no single query set π); later = decode-step queries of the "
-                      "full-cache run over the same sample (stale π); sample-dependent = decode-step queries of each "
-                      "draw's own compressed run (diverged: those whose run had by then fed other tokens than the "
-                      "full run). The `all` row pools the three kinds; C1 pools setting and later (its registered "
-                      "kinds), so its figure differs from that row. The anytime radius "
-                      "claims every step of a draw's path (the setting query and the decode steps of one run) at "
-                      "once: its coverage is the share of paths whose every step is covered, not the per-step mean. "
-                      "Spearman within cell = the median over cells of one step (example × layer × head × budget × "
-                      "step, across draws) — the pooled figure mixes cells of very different scale. The robust "
-                      "certificate (this project's, claim C8) adds the eviction sketch's shadow terms.")
-        doc.table(REPLAY_HEADER, replay_rows(summary))
-    else:
+    if not len(run.replay):
         doc.paragraph("No replay draws.")
+        return
+    delta = run.delta
+    summary = run.claims_doc.get("replay_summary") or summarize_replay(run.replay, delta)
+    doc.paragraph(f"Coverage at δ = {delta:g} (nominal {1 - delta:g}); per replay cell (model × example × layer × "
+                  "query head × budget × query kind) in `replay_cells.csv`. Setting query = the last prompt query "
+                  "(the last of the observation window whose attention set π: SnapKV pools the window's queries "
+                  "over a KV head's query heads, so no single query set π); later = decode-step queries of the "
+                  "full-cache run over the same sample (stale π); sample-dependent = decode-step queries of each "
+                  "draw's own compressed run (diverged: those whose run had by then fed other tokens than the "
+                  "full run). The `all` row pools the three kinds; C1 pools setting and later (its registered "
+                  "kinds), so its figure differs from that row. The anytime radius "
+                  "claims every step of a draw's path (the setting query and the decode steps of one run) at "
+                  "once: its coverage is the share of paths whose every step is covered, not the per-step mean. "
+                  "Spearman within cell = the median over cells of one step (example × layer × head × budget × "
+                  "step, across draws) — the pooled figure mixes cells of very different scale. The robust "
+                  "certificate (this project's, claim C8) adds the eviction sketch's shadow terms.")
+    doc.table(REPLAY_HEADER, replay_rows(summary))
+
+
+def impossibility_section(doc: Document, impossibility: Sequence[Mapping]) -> None:
+    """Theorem 1 on one real layer: the retained state hashes identically while the true error moves."""
     doc.heading("Impossibility demonstration (Theorem 1)")
-    if impossibility:
-        doc.paragraph("Deterministic top-k on one real layer: the evicted values are altered; everything retained "
-                      "(positions, keys, values, scores) hashes identically while the true error moves. Paper: "
-                      "permuting evicted values moved the true error 64×.")
-        doc.table(IMPOSSIBILITY_HEADER, [impossibility_row(r) for r in impossibility])
-        flat = [r for r in impossibility if r["mode"] == "permute" and 0.8 <= float(r["error_ratio"]) <= 1.25]
-        if flat:
-            doc.paragraph("Permuting the evicted values moves the error only as far as the evicted tokens' attention "
-                          "weights differ: where they are nearly equal (as in this layer, ratio "
-                          f"{float(flat[0]['error_ratio']):.2f}×) the permuted sum barely changes. The point of the "
-                          "theorem is that nothing retained changes either way; the shift alteration shows the error "
-                          "moving under an identical retained state.")
-    else:
+    if not impossibility:
         doc.paragraph("Not run.")
+        return
+    doc.paragraph("Deterministic top-k on one real layer: the evicted values are altered; everything retained "
+                  "(positions, keys, values, scores) hashes identically while the true error moves. Paper: "
+                  "permuting evicted values moved the true error 64×.")
+    doc.table(IMPOSSIBILITY_HEADER, [impossibility_row(r) for r in impossibility])
+    flat = [r for r in impossibility if r["mode"] == "permute" and 0.8 <= float(r["error_ratio"]) <= 1.25]
+    if flat:
+        doc.paragraph("Permuting the evicted values moves the error only as far as the evicted tokens' attention "
+                      "weights differ: where they are nearly equal (as in this layer, ratio "
+                      f"{float(flat[0]['error_ratio']):.2f}×) the permuted sum barely changes. The point of the "
+                      "theorem is that nothing retained changes either way; the shift alteration shows the error "
+                      "moving under an identical retained state.")
+
+
+def multiturn_section(doc: Document, run: ReportData, table: pd.DataFrame) -> None:
+    """Multi-turn recall by turn distance: full cache, top-k, Poisson and certificate-gated."""
     doc.heading("Multi-turn recall")
-    if len(table):
-        doc.paragraph(f"Certificate-gated = the Poisson run, recomputed with the full cache when the gate fires "
-                      f"({gate.get('field')} {gate.get('aggregation')} over heads, {gate.get('over_steps')} over steps "
-                      f"> {gate.get('threshold')}). Paper: gated {MULTITURN_PAPER['overall']['gated']} vs top-k "
-                      f"{MULTITURN_PAPER['overall']['topk']} overall; {MULTITURN_PAPER['26-30']['gated']} vs "
-                      f"{MULTITURN_PAPER['26-30']['topk']} at 26–30 turns.")
-        doc.table(["turn distance", "runs", "full cache", "top-k", "Poisson", "certificate-gated", "recomputed"],
-                  [[r["bin"], r["n"], fmt(r["full"]), fmt(r["topk"]), fmt(r["poisson"]), fmt(r["gated"]),
-                    fmt(r["recomputed"])] for _, r in table.iterrows()])
-    else:
+    if not len(table):
         doc.paragraph("No multi-turn runs.")
+        return
+    gate = run.plan.multiturn_gate
+    doc.paragraph(f"Certificate-gated = the Poisson run, recomputed with the full cache when the gate fires "
+                  f"({gate.field} {gate.aggregation} over heads, {gate.over_steps} over steps "
+                  f"> {gate.threshold}). Paper: gated {MULTITURN_PAPER['overall']['gated']} vs top-k "
+                  f"{MULTITURN_PAPER['overall']['topk']} overall; {MULTITURN_PAPER['26-30']['gated']} vs "
+                  f"{MULTITURN_PAPER['26-30']['topk']} at 26–30 turns.")
+    doc.table(["turn distance", "runs", "full cache", "top-k", "Poisson", "certificate-gated", "recomputed"],
+              [[r["bin"], r["n"], fmt(r["full"]), fmt(r["topk"]), fmt(r["poisson"]), fmt(r["gated"]),
+                fmt(r["recomputed"])] for _, r in table.iterrows()])
+
+
+def failure_labels_section(doc: Document, run: ReportData) -> None:
+    """Failure labels pooled over models, lengths and the main tasks; the full table in ``failure_labels.csv``."""
     doc.heading("Failure labels")
-    if scores_ok is not None:
-        labels = failure_label_table(scores_ok)
-        with atomic_path(out / "failure_labels.csv") as tmp:
-            labels.to_csv(tmp, index=False)
-        pooled = failure_label_table(scores_ok if tasks is None else scores_ok[scores_ok["task"].isin(tasks)],
-                                     by=["condition", "budget", "method"])
-        doc.paragraph("Pooled over models, lengths and the main tasks; per model × length × task × condition × budget "
-                      "× method in `failure_labels.csv`.")
-        doc.table(["condition", "budget", "method", "runs", "correct", "cache-induced", "inherent", "no full run",
-                   "induced-failure rate", "induced share of failures"],
-                  [[r["condition"], f"{r['budget']:g}", r["method"], r["runs"], r["correct"], r["induced"],
-                    r["inherent"], r["unknown"], fmt(r["induced_failure_rate"]), fmt(r["induced_share_of_failures"])]
-                   for _, r in pooled.iterrows()])
-    else:
+    scores_ok, tasks = run.scores_ok, run.tasks
+    if scores_ok is None:
         doc.paragraph("No generations.")
+        return
+    labels = failure_label_table(scores_ok)
+    with atomic_path(run.out / "failure_labels.csv") as tmp:
+        labels.to_csv(tmp, index=False)
+    pooled = failure_label_table(scores_ok if tasks is None else scores_ok[scores_ok["task"].isin(tasks)],
+                                 by=["condition", "budget", "method"])
+    doc.paragraph("Pooled over models, lengths and the main tasks; per model × length × task × condition × budget "
+                  "× method in `failure_labels.csv`.")
+    doc.table(["condition", "budget", "method", "runs", "correct", "cache-induced", "inherent", "no full run",
+               "induced-failure rate", "induced share of failures"],
+              [[r["condition"], f"{r['budget']:g}", r["method"], r["runs"], r["correct"], r["induced"],
+                r["inherent"], r["unknown"], fmt(r["induced_failure_rate"]), fmt(r["induced_share_of_failures"])]
+               for _, r in pooled.iterrows()])
 
-    from .report_signals import signals_section  # it builds on this module's Document
 
-    signals_section(doc, claims_doc.get("comparison_signals"), fig_dir)
-
+def details_section(doc: Document, run: ReportData) -> None:
+    """Per claim: its verdict's reasons, cell counts, the statistics beside the tests, placebos, breakdowns."""
     doc.heading("Claim details")
-    for c in claims:
+    grid = run.grid
+    for c in run.claims:
         doc.heading(f"{c['id']} — {c['statement']}", 3)
         doc.paragraph(f"Metric: {c['metric']} Kill: {c['kill']}. Verdict: **{c['verdict']}**"
                       + (f" ({'; '.join(c['reasons'])})" if c.get("reasons") else "") + ".")
@@ -564,11 +645,3 @@ def build_report(
             doc.table(["model", "length", *keys],
                       [[b["model"], b["target_tokens"], *[fmt(b.get(k)) if isinstance(b.get(k), float) else b.get(k, "–")
                                                          for k in keys]] for b in breakdown])
-
-    provenance_section(doc, claims_doc, scores, scores_provenance or {}, replay_provenance, out, models, beside)
-
-    md = out / "report.md"
-    write_text(md, doc.markdown(out))
-    page = out / "report.html"
-    write_text(page, doc.html(title))
-    return {"markdown": md, "html": page, "figures": fig_dir}

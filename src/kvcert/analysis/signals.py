@@ -36,6 +36,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from ..analysis_plan import AnalysisPlan, ComparisonSignal
 from .claims import method_mask, main_tasks, select_generations, strata_codes
 from .load import scored
 from .stats import AUCIndex, BootstrapPlan, StratifiedAUCIndex, auc, bootstrap, encode_units, stratified_auc
@@ -54,16 +55,15 @@ ALL = "all"
 COUNT_KEYS = ("generations", "positives", "negatives")
 
 
-def signal_column(name: str, spec: Mapping, analysis_plan: Mapping, columns: Sequence[str]) -> str:
+def signal_column(name: str, spec: ComparisonSignal, analysis_plan: AnalysisPlan, columns: Sequence[str]) -> str:
     """The score-table column holding signal ``name``'s raw value (see the module docstring)."""
     if f"sig_{name}" in columns:
         return f"sig_{name}"
-    conf = analysis_plan.get("confidence_signal") or {}
-    by_source = {"certificate_signal": "cert_signal", conf.get("primary", "mean_logprob"): "confidence",
-                 conf.get("secondary", "min_logprob"): "confidence_secondary"}
-    if spec["source"] in by_source:
-        return by_source[spec["source"]]
-    raise ValueError(f"comparison_signals.{name}: no score-table column for source {spec['source']!r}")
+    conf = analysis_plan.confidence_signal
+    by_source = {"certificate_signal": "cert_signal", conf.primary: "confidence", conf.secondary: "confidence_secondary"}
+    if spec.source in by_source:
+        return by_source[spec.source]
+    raise ValueError(f"comparison_signals.{name}: no score-table column for source {spec.source!r}")
 
 
 def failure_score(values: np.ndarray, failure: str) -> np.ndarray:
@@ -125,17 +125,17 @@ def _labelled(rows: pd.DataFrame, task: str) -> tuple[pd.DataFrame, np.ndarray]:
 class SignalPlan:
     """``analysis_plan.comparison_signals`` resolved against a score table: columns, orientations, methods."""
 
-    def __init__(self, analysis_plan: Mapping, columns: Sequence[str]):
-        self.block = analysis_plan["comparison_signals"]
-        self.signals = dict(self.block["signals"])
+    def __init__(self, analysis_plan: AnalysisPlan, columns: Sequence[str]):
+        self.block = analysis_plan.comparison_signals
+        self.signals = dict(self.block.signals)
         self.columns = {n: signal_column(n, s, analysis_plan, columns) for n, s in self.signals.items()}
         self.bootstrap = BootstrapPlan.from_plan(analysis_plan)
         self.analysis_plan = analysis_plan
-        self.minimum = analysis_plan.get("minimum_cell") or {}
-        self.by = [k for k in self.block.get("by", ["method", "condition", "target_tokens"]) if k != "method"]
+        self.minimum = analysis_plan.minimum_cell.to_dict()
+        self.by = [k for k in self.block.by if k != "method"]
 
     def methods(self, name: str) -> list[str]:
-        return [str(m) for m in self.signals[name]["methods"]]
+        return list(self.signals[name].methods)
 
     def method_groups(self, names: Sequence[str]) -> list[tuple[str, ...]]:
         """Each method alone, then every signal's method set that has several (the pooled rows)."""
@@ -145,7 +145,7 @@ class SignalPlan:
         return [(m,) for m in singles] + pooled
 
     def scores(self, rows: pd.DataFrame, names: Sequence[str]) -> dict[str, np.ndarray]:
-        return {n: failure_score(rows[self.columns[n]].to_numpy(float), self.signals[n]["failure"]) for n in names}
+        return {n: failure_score(rows[self.columns[n]].to_numpy(float), self.signals[n].failure) for n in names}
 
     def applicable(self, names: Sequence[str], group: tuple[str, ...]) -> list[str]:
         """Signals every method of ``group`` computes (a pooled group: the signals with exactly that method set)."""
@@ -168,7 +168,7 @@ def _cells(claims_doc: Mapping, claim_id: str) -> dict:
 
 def task_table(sp: SignalPlan, claims_doc: Mapping, scores: pd.DataFrame, tasks: list[str] | None, task: str) -> dict:
     """One task's rows (module docstring): per method × ``by`` keys, per method, pooled over methods."""
-    claim_id = str(sp.block[task]["cells"])
+    claim_id = sp.block.cells(task)
     cells = _cells(claims_doc, claim_id)
     names = list(sp.signals)
     out, missing = [], []
@@ -191,12 +191,12 @@ def task_table(sp: SignalPlan, claims_doc: Mapping, scores: pd.DataFrame, tasks:
 
 def turn_distance_table(sp: SignalPlan, scores: pd.DataFrame, grid: Mapping) -> dict | None:
     """Attribution AUC per method and turn-distance bucket in the grid's multi-turn cell; None without one."""
-    td = sp.block.get("turn_distance") or {}
+    td = sp.block.turn_distance
     cell = grid.get("multiturn") or {}
-    if not td or not cell:
+    if td is None or not cell:
         return None
-    names = [str(n) for n in td["signals"]]
-    buckets = [(int(lo), int(hi)) for lo, hi in td["buckets"]]
+    names = list(td.signals)
+    buckets = list(td.buckets)
     rows = scored(scores)
     rows = rows[(rows["task"] == cell.get("task", "multiturn")) & (rows["condition"] == cell.get("condition", "streaming"))
                 & rows["budget"].isin([float(b) for b in cell.get("budgets", [])]) & rows["turn_distance"].notna()]
@@ -217,15 +217,15 @@ def turn_distance_table(sp: SignalPlan, scores: pd.DataFrame, grid: Mapping) -> 
 
 def evaluate_signals(claims_doc: Mapping, scores: pd.DataFrame | None, grid: Mapping | None) -> dict | None:
     """The ``comparison_signals`` block of claims.json; None when the plan registers no signals."""
-    plan = claims_doc["analysis_plan"]
-    if "comparison_signals" not in plan or scores is None:
+    plan = AnalysisPlan.of_document(claims_doc)
+    if plan.comparison_signals is None or scores is None:
         return None
     sp = SignalPlan(plan, list(scores.columns))
     tasks = main_tasks(grid)
     return {
         "amendment": "third amendment of 2026-12-01: secondary analyses, not claims (stratified AUCs: fifth)",
-        "signals": {n: {**dict(s), "column": sp.columns[n]} for n, s in sp.signals.items()},
-        "paper": PAPER_RANGES, "by": sp.by, "minimum": dict(sp.minimum), "bootstrap": plan.get("bootstrap"),
+        "signals": {n: {**s.to_dict(), "column": sp.columns[n]} for n, s in sp.signals.items()},
+        "paper": PAPER_RANGES, "by": sp.by, "minimum": dict(sp.minimum), "bootstrap": plan.bootstrap.to_dict(),
         **{task: task_table(sp, claims_doc, scores, tasks, task) for task in TASKS},
         "turn_distance": turn_distance_table(sp, scores, grid or {}),
     }

@@ -41,6 +41,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from ..analysis_plan import AnalysisPlan
+
 #: the largest share of skipped resamples a test tolerates before it is unclear
 MAX_SKIPPED_FRACTION = 0.10
 
@@ -70,9 +72,10 @@ class BootstrapPlan:
             raise ValueError(f"bootstrap.level: must lie in (0, 1), got {self.level}")
 
     @classmethod
-    def from_plan(cls, analysis_plan: Mapping) -> "BootstrapPlan":
-        b = analysis_plan.get("bootstrap") or {}
-        return cls(resamples=int(b.get("resamples", 1000)), seed=int(b.get("seed", 0)), level=float(b.get("level", 0.9)))
+    def from_plan(cls, analysis_plan: "AnalysisPlan | Mapping") -> "BootstrapPlan":
+        """The plan's ``bootstrap`` part (:class:`kvcert.analysis_plan.BootstrapPart`)."""
+        b = AnalysisPlan.of(analysis_plan).bootstrap
+        return cls(resamples=b.resamples, seed=b.seed, level=b.level)
 
 
 def encode_units(units: Sequence | pd.Series | np.ndarray) -> tuple[np.ndarray, int]:

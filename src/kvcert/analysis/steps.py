@@ -1,10 +1,9 @@
-"""The four analysis steps the workflow runs, each file in → file out.
+"""The three analysis steps the workflow runs, each file in → file out (the replay step, the model side of
+C1, C2 and C8, is :mod:`kvcert.generation.replay_step`).
 
 The thin scripts in the top-level ``analysis/`` folder only parse arguments and call
 these; the report benchmark calls them too.
 
-* :func:`replay_step` — model config + task records → replay draws (Parquet) and the
-  impossibility rows (JSON).
 * :func:`score_step` — generation shards → one row per generation (Parquet, with the
   freeze it was verified against in the file's metadata).
 * :func:`claims_step` — scores + replay → ``claims.json`` (every claim of
@@ -20,46 +19,22 @@ refuses inputs stamped with another pre-registration hash.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import numpy as np
 import pandas as pd
 
-from ..atomic import write_text
+from ..analysis_plan import AnalysisPlan
 from ..paths import resolve_configs
 from ..pipeline.config import experiment_grid
+from ..prereg import load_claims, read_verified
 from ..provenance import check_prereg_hash, git_commit
-from ..prereg import load_claims, read_verified, verify
+from ..tables import jsonable, write_json  # noqa: F401  (claims.json and summary.json are plain JSON)
 from .claims import evaluate_claims, main_tasks
 from .load import PlannedShard, RecordRefused, read_table, score_shards, verified_freeze, write_table
 from .replay_stats import empty_replay, summarize_replay
 from .signals import evaluate_signals, headline
-
-
-def jsonable(obj: Any) -> Any:
-    """Plain JSON: numpy scalars to Python, NaN/inf to null, tuples to lists, paths to str."""
-    if isinstance(obj, Mapping):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return [jsonable(v) for v in obj.tolist()]
-    if isinstance(obj, (np.bool_, bool)):
-        return bool(obj)
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(float(obj)) else None
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
-def write_json(data: Any, path: str | Path) -> Path:
-    return write_text(path, json.dumps(jsonable(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
 
 
 # --- score ----------------------------------------------------------------------------------------
@@ -140,108 +115,6 @@ def score_step(shards: Sequence[str | Path], prereg: str | Path, out: str | Path
     return write_table(df, out, provenance)
 
 
-# --- replay ---------------------------------------------------------------------------------------
-def _model_section(config_path: str | Path) -> dict:
-    from omegaconf import OmegaConf
-
-    data = OmegaConf.to_container(OmegaConf.load(str(config_path)), resolve=True)
-    if not isinstance(data, dict):
-        raise ValueError(f"{config_path}: not a mapping")
-    model = data.get("model", data)
-    if not isinstance(model, dict) or "path" not in model:
-        raise ValueError(f"{config_path}: no model section (name, path, dtype, device) found")
-    return model
-
-
-def resolve_model(model_config: str | Path | None = None, model: str | None = None,
-                  configs: str | Path | None = None, model_path: str | None = None) -> dict:
-    """The model to replay: a model/job config file, or a model name looked up in ``configs/model/<name>.yaml``.
-
-    ``model_path`` overrides the config's path (a retrained embedded model).
-    """
-    if model_config is not None:
-        section = _model_section(model_config)
-    elif model is not None:
-        path = resolve_configs(configs) / "model" / f"{model}.yaml"
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no model config named {model!r}")
-        section = _model_section(path)
-    else:
-        raise ValueError("give --model-config FILE or --model NAME (with --configs DIR)")
-    section = dict(section)
-    if model_path:
-        section["path"] = str(model_path)
-    return section
-
-
-def replay_cell(experiment: str, records: str | Path, prereg: str | Path, configs: str | Path, model: str,
-                model_path: str | None = None) -> tuple[str, str]:
-    """(task, config hash) of the replay cell whose manifest is ``records``, after checking the manifest is
-    what ``kvcert manifest`` built for it (:func:`kvcert.pipeline.manifest.check_manifest`)."""
-    from ..pipeline.jobs import manifest_config_hash, replay_config_hash
-    from ..pipeline.manifest import check_manifest
-    from ..pipeline.plan import build_plan
-
-    grid = experiment_grid(experiment, configs, prereg)[1]
-    text = Path(records).as_posix()
-    match = [m for m in build_plan(experiment, grid).replays if m.model == model and text.endswith("/" + m.path)]
-    if len(match) != 1:
-        raise ValueError(f"{records}: not a replay manifest of experiment {experiment}'s plan for model {model}")
-    item = match[0]
-    check_manifest(records, item, manifest_config_hash(configs, model, item.task, model_path))
-    return item.task, replay_config_hash(configs, model, item.task, grid["replay"]["method"])
-
-
-def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: str | Path,
-                impossibility_out: str | Path, seed: int = 0, max_layers: int | None = None,
-                max_examples: int | None = None, threads: int | None = None, experiment: str | None = None,
-                configs: str | Path | None = None, model_path: str | None = None) -> tuple[Path, Path]:
-    """Replay every record of ``records`` with ``model`` (a model config mapping; settings from ``analysis_plan``).
-    With ``experiment`` (as the Snakefile runs it), the manifest is checked against the plan's and the table
-    stamped with the hash of the configs it is made under (:func:`replay_cell`)."""
-    from ..design import RetentionDesign
-    from ..models import ModelSpec, load_model
-    from ..tasks.records import read_jsonl
-    from ..generation.replay import impossibility_for_model, replay_layers, replay_model
-
-    if threads:
-        import torch
-
-        torch.set_num_threads(int(threads))
-    from ..sketch import check_plan
-
-    freeze = verify(prereg)
-    plan = load_claims(prereg)["analysis_plan"]
-    rp, design = plan["replay"], RetentionDesign(**plan["design"])
-    check_plan(plan.get("robust_certificate"))
-    kinds = list(rp.get("query_kinds") or ["setting", "later"])
-    spec = ModelSpec(**{k: v for k, v in model.items() if k in ModelSpec.__dataclass_fields__})
-    task, made_under = (replay_cell(experiment, records, prereg, resolve_configs(configs), model["name"], model_path)
-                        if experiment else (None, None))
-    recs = read_jsonl(records)[:max_examples]
-    if not recs:
-        raise ValueError(f"{records}: no task records to replay")
-    loaded, tokenizer = load_model(spec)
-    t0 = time.perf_counter()
-    draws = replay_model(loaded, tokenizer, recs, [float(b) for b in rp["budgets"]], int(rp["draws"]),
-                         int(rp["later_queries"]), float(plan["delta"]), design, seed, max_layers, model_name=spec.name,
-                         query_kinds=kinds, progress=True)
-    rows = impossibility_for_model(loaded, tokenizer, recs[0], design=design, seed=seed, model_name=spec.name)
-    num_layers = loaded.config.get_text_config().num_hidden_layers
-    provenance = {
-        "model": spec.name, "model_path": Path(spec.path).name, "experiment": experiment, "task": task,
-        "config_hash": made_under, "examples": len(recs),
-        "records": Path(records).name, "budgets": rp["budgets"], "draws": rp["draws"],
-        "later_queries": rp["later_queries"], "query_kinds": kinds, "delta": plan["delta"], "design": plan["design"],
-        "robust_certificate": plan.get("robust_certificate"), "seed": seed,
-        "layers": replay_layers(num_layers, max_layers), "prereg_hash": freeze.prereg_hash,
-        "frozen_utc": freeze.frozen_utc, "git_commit": git_commit(), "seconds": round(time.perf_counter() - t0, 2),
-    }
-    path = write_table(draws, out, provenance)
-    imp = write_json({"model": spec.name, "prereg_hash": freeze.prereg_hash, "rows": rows}, impossibility_out)
-    return path, imp
-
-
 # --- claims ---------------------------------------------------------------------------------------
 def _read_replays(paths: Sequence[str | Path], prereg_hash: str, configs: Path | None = None,
                   method: str | None = None) -> tuple[pd.DataFrame, list[dict]]:
@@ -313,19 +186,19 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
     t0 = time.perf_counter()
     results = evaluate_claims(doc, df, rp, main_tasks(grid))
     signals = evaluate_signals(doc, df, grid)
-    plan = doc["analysis_plan"]
+    plan = AnalysisPlan.of_document(doc)  # typed by kvcert.prereg.load_claims; claims.json records it as registered
     content = {
         "experiment": experiment,
         "paper": doc.get("paper", {}),
         "verdict_rules": doc.get("verdict_rules"),
-        "analysis_plan": plan,
+        "analysis_plan": plan.to_dict(),
         "grid": grid,
         "provenance": {
             "prereg_hash": freeze.prereg_hash, "frozen_utc": freeze.frozen_utc, "freeze_record": freeze.path.name,
-            "analysis_git_commit": git_commit(), "bootstrap": plan.get("bootstrap"), "scores": scores_prov,
+            "analysis_git_commit": git_commit(), "bootstrap": plan.bootstrap.to_dict(), "scores": scores_prov,
             "replay": replay_prov, "seconds": round(time.perf_counter() - t0, 2),
         },
-        "replay_summary": summarize_replay(rp, float(plan["delta"])) if len(rp) else None,
+        "replay_summary": summarize_replay(rp, plan.delta) if len(rp) else None,
         "claims": [r.to_dict() for r in results],
         "comparison_signals": signals,
     }

@@ -39,6 +39,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..analysis_plan import ReplayPart
 from ..atomic import atomic_path, write_text
 
 BUDGETS = (0.125, 0.25, 0.5)
@@ -122,11 +123,11 @@ def variants(model: str, path: str, registered: dict, max_new_tokens: int) -> li
     return out
 
 
-def _registered(prereg) -> tuple[dict, float, dict]:
+def _registered(prereg) -> tuple[dict, float, ReplayPart]:
     from ..pipeline.compose import analysis_plan
 
     plan = analysis_plan(prereg)
-    return dict(plan["design"]), float(plan["delta"]), dict(plan["replay"])
+    return dict(plan.design), plan.delta, plan.replay
 
 
 def _model_path(model: str, configs) -> str:
@@ -206,8 +207,8 @@ def run_replay(model: str, task: str, length: int, examples: int, draws: int, la
             found[name] = None
             continue
         t0 = time.perf_counter()
-        df = replay_model(loaded, tokenizer, records, list(BUDGETS), draws, int(rp["later_queries"]), delta,
-                          RetentionDesign(**design), 0, layers, model_name=model,
+        df = replay_model(loaded, tokenizer, records, list(BUDGETS), draws, rp.later_queries, delta,
+                          RetentionDesign(**design), rp.seed, layers, model_name=model,
                           scorer=get_scorer("snapkv", **scorer), query_kinds=("setting", "later"))
         df = df[df["layer"] >= int(design.get("dense_layers", 0))]  # a dense layer samples nothing: exact
         later = df[df["query_kind"] == "later"]

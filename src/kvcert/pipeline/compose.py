@@ -18,6 +18,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from ..analysis_plan import AnalysisPlan
 from ..paths import configs_dir
 
 
@@ -97,13 +98,15 @@ def answer_tokens(task: dict, max_new_tokens: int | None = None) -> int:
     return value
 
 
-def generation_config(composed: dict, analysis_plan: dict, max_new_tokens: int | None) -> dict:
-    """The :class:`~kvcert.generation.spec.GenerationSpec` mapping of one composed run."""
+def generation_config(composed: dict, analysis_plan: "AnalysisPlan", max_new_tokens: int | None) -> dict:
+    """The :class:`~kvcert.generation.spec.GenerationSpec` mapping of one composed run (the design and δ of the
+    typed ``analysis_plan``, :class:`kvcert.analysis_plan.AnalysisPlan`)."""
+    analysis_plan = AnalysisPlan.of(analysis_plan)
     method = dict(composed["method"])
     if method.get("name") != "full":
         # the pre-registered design; a method config may override some of its keys (the
         # kvpress-matched configs protect what kvpress protects: no sinks, its own window)
-        method["design"] = {**analysis_plan["design"], **dict(method.get("design") or {})}
+        method["design"] = {**analysis_plan.design, **dict(method.get("design") or {})}
     return {
         "model": dict(composed["model"]),
         "method": method,
@@ -112,13 +115,13 @@ def generation_config(composed: dict, analysis_plan: dict, max_new_tokens: int |
         "seed": int(composed["seed"]),
         "max_new_tokens": answer_tokens(composed["task"], max_new_tokens),
         "chunk_tokens": composed.get("chunk_tokens"),
-        "certificate": {"delta": float(analysis_plan["delta"]),
+        "certificate": {"delta": analysis_plan.delta,
                         "aggregations": list(composed["certificate"]["aggregations"])},
     }
 
 
-def analysis_plan(prereg: str | Path) -> dict:
-    """The frozen pre-registration's ``analysis_plan`` (:func:`kvcert.prereg.load_claims`)."""
-    from ..prereg import load_claims
+def analysis_plan(prereg: str | Path) -> AnalysisPlan:
+    """The frozen pre-registration's typed ``analysis_plan`` (:func:`kvcert.prereg.load_plan`)."""
+    from ..prereg import load_plan
 
-    return load_claims(prereg)["analysis_plan"]
+    return load_plan(prereg)

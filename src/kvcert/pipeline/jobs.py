@@ -30,6 +30,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from ..analysis_plan import AnalysisPlan
 from .compose import analysis_plan, generation_config
 from .plan import Run, Shard
 
@@ -70,7 +71,7 @@ def task_answer_tokens(config_dir: str | Path, task: str) -> int:
     return int(task_for_config(cfg).answer_tokens(cfg) or 32)
 
 
-def run_config(config_dir: str | Path, model: str, task: str, run: Run, plan: dict,
+def run_config(config_dir: str | Path, model: str, task: str, run: Run, plan: AnalysisPlan,
                model_path: str | None = None) -> dict:
     """The generation config (:meth:`GenerationSpec.from_dict`'s mapping) of one planned run of ``model`` on
     ``task``: the model's, task's and method's config files, the run's condition, budget, seed and chunking,

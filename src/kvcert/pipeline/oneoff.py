@@ -265,7 +265,7 @@ def compose_setting(items: list[str], configs: Path) -> tuple[dict, dict]:
     return composed, own
 
 
-def check_registered_keys(items: list[str], plan: dict, prereg: Path) -> None:
+def check_registered_keys(items: list[str], plan, prereg: Path) -> None:
     """Refuse an override of the certificate level δ in one line: a run reads δ from the pre-registration
     (``analysis_plan.delta`` of its ``claims.yaml``, :func:`~kvcert.pipeline.compose.generation_config`),
     as the pipeline does, so another δ is an amendment, not an override."""
@@ -274,7 +274,7 @@ def check_registered_keys(items: list[str], plan: dict, prereg: Path) -> None:
         key = key.lstrip("+~")
         if key == "certificate.delta" or (key == "certificate" and "delta" in value):
             raise ValueError(
-                f"{item}: δ is fixed by the pre-registration (analysis_plan.delta = {plan['delta']} in "
+                f"{item}: δ is fixed by the pre-registration (analysis_plan.delta = {plan.delta} in "
                 f"{Path(prereg) / 'claims.yaml'}, frozen with it), which generation and the analysis read; "
                 "another δ is an amendment: edit analysis_plan.delta there and run "
                 "`kvcert prereg freeze --reason '...'` (or give --prereg another pre-registration folder)")
