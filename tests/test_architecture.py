@@ -14,14 +14,16 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 STAGES = [
     ("kvcert.provenance", 0), ("kvcert.checks", 0), ("kvcert.progress", 0), ("kvcert.atomic", 0),
     ("kvcert.tables", 0),  # Parquet tables with their provenance, plain JSON: what the replay and analysis steps write
-    ("kvcert.prereg", 1), ("kvcert.analysis_plan", 1),  # the typed analysis_plan, read by generation and analysis ("kvcert.pipeline.config", 1), ("kvcert.pipeline.compose", 1),
-    ("kvcert.pipeline.plan", 1), ("kvcert.pipeline.digest", 1), ("kvcert.pipeline.console", 1),
+    ("kvcert.prereg", 1), ("kvcert.analysis_plan", 1),  # the typed analysis_plan, read by generation and analysis
+    ("kvcert.pipeline.config", 1), ("kvcert.pipeline.compose", 1),
+    ("kvcert.pipeline.digest", 1), ("kvcert.pipeline.console", 1),
     ("kvcert.paths", 1), ("kvcert.methods", 1), ("kvcert.sources", 1), ("kvcert.embedded", 1),  # where configs, models and data come from; method names
     ("kvcert.model_store", 1),  # the models `kvcert model fetch` takes from PyPI (the embedded model's counterpart)
     ("kvcert.tasks", 2),
     ("kvcert.pipeline.roofline", 3),  # the plan's cost model reads model architectures and the sketch's size
     ("kvcert.generation", 4), ("kvcert.textgen", 4),  # generate_answer: one generation, in one call
     ("kvcert.pipeline.jobs", 4),  # what a generate job writes: the plan's runs as generation specs
+    ("kvcert.pipeline.plan", 4),  # the plan hands out its jobs (Plan.jobs: their generation specs)
     ("kvcert.pipeline.manifest", 4),  # what a manifest job writes, and its seal (checked by generation and scoring)
     ("kvcert.analysis", 5),
 ]
