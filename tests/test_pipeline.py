@@ -195,6 +195,38 @@ def test_a_model_folder_moved_elsewhere_keeps_every_rerun_trigger():
     assert manifest_config_hash(configs, "embedded", "needle", here) != manifest_config_hash(configs, "embedded", "needle")
 
 
+def test_the_plan_hands_out_typed_jobs(tmp_path):
+    """Plan.jobs: one Job per shard, in the plan's order — its runs' GenerationSpecs (validated where they
+    enter), their config hash (the hash of the record hashes: the Snakefile's rerun trigger), and its planned
+    records keyed by GenerationKey, read from the manifest under the results folder."""
+    from kvcert.generation.record import GenerationKey
+    from kvcert.generation.spec import GenerationSpec
+    from kvcert.pipeline.config import experiment_grid
+    from kvcert.pipeline.jobs import specs_hash
+    from kvcert.provenance import config_hash
+    from kvcert.tasks.records import TaskRecord, write_jsonl
+
+    configs, prereg = REPO / "configs", REPO / "preregistration"
+    plan = build_plan("smoke", experiment_grid("smoke", configs, prereg)[1])
+    for shard in plan.shards:  # a stand-in manifest per (task, length): the plan's examples, their ids
+        examples = plan.manifest(shard.model, shard.task, shard.length).examples
+        write_jsonl([TaskRecord(id=f"{shard.task}-{i}", task=shard.task, context="c", question="q", answers=["a"],
+                                metadata={"target_tokens": shard.length or None}) for i in range(examples)],
+                    tmp_path / shard.manifest)
+    jobs = plan.jobs(configs, prereg, results=tmp_path)
+    assert [j.shard for j in jobs] == plan.shards
+    for job in jobs:
+        assert len(job.specs) == len(job.shard.runs) and all(isinstance(s, GenerationSpec) for s in job.specs)
+        assert [float(s.budget) for s in job.specs] == [r.budget for r in job.shard.runs]
+        assert job.config_hash == specs_hash(job.specs) == plan.job(job.shard, configs, prereg).config_hash
+        planned = job.planned_records()
+        assert len(planned) == job.shard.generations and all(type(k) is GenerationKey for k in planned)
+        assert set(planned.values()) == {config_hash(s.hashed_dict()) for s in job.specs}
+        assert set(job.references()) == {e.id for e in job.examples()}
+    with pytest.raises(ValueError, match="no manifest"):
+        plan.job(plan.shards[0], configs, prereg).planned_records()
+
+
 @pytest.mark.parametrize("experiment", ["smoke", "rehearsal", "paper", "real"])
 def test_the_typed_jobs_equal_hydras_composition_of_every_run(experiment):
     """The pipeline's jobs read the config files directly (kvcert.pipeline.jobs); hydra composes them for
