@@ -3,9 +3,9 @@
 A shard is written to ``<name>.partial`` one record per line, each line flushed as it
 is written. A rerun reads the partial file, keeps every complete record, recovers from
 a truncated last line (a kill in the middle of a write) by cutting it off, and skips
-the generations already done (their :class:`~kvcert.generation.record.GenerationKey`), so no record is lost, duplicated or recomputed. Only when every
-expected record is present is the shard declared done, by an atomic rename to its
-final name. :func:`read_records` reads a finished shard and names the file and line of
+the generations already done (keyed by their :class:`~kvcert.generation.record.GenerationKey`),
+so no record is lost, duplicated or recomputed. Only when every expected record is present
+is the shard declared done, by an atomic rename to its final name. :func:`read_records` reads a finished shard and names the file and line of
 anything that does not parse.
 
 A finished shard is *sealed*: beside it, ``<name>.seal.json`` holds its record count and
