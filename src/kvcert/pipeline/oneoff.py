@@ -77,19 +77,18 @@ def parse_overrides(items: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def budget_of(own: dict[str, str], method_name: str) -> float:
-    """The kept fraction from ``budget`` or ``compression_ratio`` (one of the two)."""
+    """The kept fraction from ``budget`` or ``compression_ratio`` (one of the two), converted and checked as
+    every generation's budget is (:func:`kvcert.generation.spec.generation_budget`); the full cache keeps 1."""
     from ..checks import kept_budget
+    from ..generation.spec import generation_budget
 
+    budget, ratio = _number(own.get("budget")), _number(own.get("compression_ratio"), "compression_ratio")
     if method_name == "full":
-        if "budget" in own or "compression_ratio" in own:
-            kept_budget(_number(own.get("budget")), _number(own.get("compression_ratio"), "compression_ratio"))
+        kept_budget(budget, ratio)  # refuses both given; the full cache keeps everything whatever was given
         return 1.0
-    budget = kept_budget(_number(own.get("budget")), _number(own.get("compression_ratio"), "compression_ratio"))
-    if budget is None:
+    if budget is None and ratio is None:
         raise ValueError("budget=<fraction kept> (or compression_ratio=<fraction removed>) is needed with a method")
-    if not 0.0 < budget <= 1.0:
-        raise ValueError(f"budget: the fraction kept must lie in (0, 1], got {budget}")
-    return budget
+    return float(generation_budget(budget, ratio))
 
 
 def _number(text: str | None, name: str = "budget") -> float | None:
@@ -486,9 +485,9 @@ def run_command(args) -> int:
         print(f"loading the model {model_spec.path}", file=sys.stderr, flush=True)
     model, tokenizer = load_model(model_spec)
     shards, records_out = {}, []
-    for task_cfg, gen_configs, _ in plan:
+    for task_cfg, _, specs in plan:
         name = task_cfg["name"]
-        shard = run_specs(gen_configs, built[name], out / "generations" / f"{name}.jsonl", prereg_hash=None,
+        shard = run_specs(specs, built[name], out / "generations" / f"{name}.jsonl", prereg_hash=None,
                           model_and_tokenizer=(model, tokenizer), progress=not args.quiet)
         shards[name] = str(shard)
         records_out += read_records(shard)

@@ -70,7 +70,8 @@ class Task:
     generator ``generate(tokenizer, n_examples, target_tokens, seed, **options)`` and its answer
     metric ``metric(prediction, answers)``; ``make_record(tokenizer, target_tokens, seed, index)``: its
     one example ``index`` (what ``generate`` builds one by one; a build shows its progress through it);
-    ``loader``: a family's ``build``."""
+    ``questions_for(record)``: every fact of a synthetic record asked as a question (the embedded model's
+    training data, :mod:`kvcert.training.data`); ``loader``: a family's ``build``."""
 
     name: str
     kind: str
@@ -84,6 +85,7 @@ class Task:
     uses_chat: Callable[[Mapping], bool] = _chat
     capacity: Callable[[Mapping], tuple[int, str] | None] = _generated
     make_record: Callable[..., TaskRecord] | None = None
+    questions_for: Callable[[TaskRecord], list] | None = None
     prefix: str | None = None
 
     def build(self, task_cfg: Mapping, tokenizer: Any, length: int, examples: int, seed: int,
@@ -196,7 +198,7 @@ def score_record(record: TaskRecord, prediction: str) -> float:
 for _module, _metric in ((needle, metrics.string_match_all), (multikey, metrics.recall), (multiturn, metrics.recall),
                          (multiturn_chat, metrics.recall), (lookalike, metrics.string_match_all)):
     register_task(Task(_module.TASK, "synthetic", generate=_module.generate, metric=_metric,
-                       make_record=_module.make_record))
+                       make_record=_module.make_record, questions_for=_module.questions_for))
 register_task(Task("longbench", "longbench", default_length=6144, loader=longbench.build_records,
                    scorer=longbench.score_longbench_record, check=longbench.check_config,
                    answer_tokens=longbench.config_answer_tokens, uses_chat=longbench.config_uses_chat,
