@@ -3,6 +3,8 @@ pre-registration.
 
     kvcert run model.path=/ckpt task=longbench_hotpotqa method=snapkv-poisson budget=0.25 limit=20
     kvcert run task=needle,multikey method=snapkv-poisson,adakv-topk budget=0.125,0.25 limit=20
+    kvcert run task=ruler model=smollm2-135m-instruct limit=20          # RULER's synthetic suite
+    kvcert run task=ruler:niah_single_1,vt method=snapkv-poisson budget=0.25
     kvcert run --list
 
 composes ``configs/config.yaml`` with the overrides (``model=…``, ``task=…``,
@@ -16,7 +18,11 @@ with a table per (task, setting) — the share that passes (score ≥ the task's
 the claims count it), the mean task score, the mean relative certificate ε/‖ô‖, each with a
 90 % bootstrap interval over records, and the kept fraction — and writes
 ``<out>/results.json``: the command, the records' files, those metrics with their intervals,
-and every composed generation config. Keys of its own: ``budget`` (fraction of the cache
+and every composed generation config. ``task=ruler`` names RULER's synthetic suite (``task=ruler:a,b`` a
+part of it; :mod:`kvcert.tasks.ruler`), 4096 tokens unless ``length`` says otherwise; a run with RULER's
+tasks also prints the table kvpress prints for RULER (each task's string match × 100 and their average,
+per setting), and a run with LongBench-E data sets (``longbench_<name>_e``) their scores by LongBench-E's
+length buckets (0–4k, 4–8k, 8k+), as LongBench's ``eval.py --e`` reports them. Keys of its own: ``budget`` (fraction of the cache
 kept) or ``compression_ratio`` (kvpress's convention: the fraction *removed*; give exactly
 one), ``limit``, ``length`` (prompt tokens: the task's default — 512 for synthetic tasks,
 6144 for LongBench, LoCoMo's own), ``data_seed``, ``out``, ``threads``.
@@ -237,6 +243,20 @@ def sweep(items: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*axes)]
 
 
+def expand_tasks(items: list[str]) -> list[str]:
+    """The override list with RULER's suite spelled out: ``task=ruler`` → every RULER task, ``task=ruler:a,b``
+    → ``ruler_a``, ``ruler_b`` (:func:`kvcert.tasks.ruler.expand`); other items as they are."""
+    from ..tasks.ruler import expand
+
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if sep and key == "task" and "ruler" in value:
+            item = "task=" + ",".join(expand([v.strip() for v in value.split(",")]))
+        out.append(item)
+    return out
+
+
 def compose_setting(items: list[str], configs: Path) -> tuple[dict, dict]:
     """(the composed config of one setting, its own keys) from one override list (no sweep)."""
     from .compose import compose_config
@@ -287,6 +307,7 @@ def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[tup
     from .compose import analysis_plan, generation_config
 
     plan = analysis_plan(prereg)
+    items = expand_tasks(items)
     check_registered_keys(items, plan, prereg)
     tasks: dict[str, tuple[dict, list[dict]]] = {}
     own_keys: dict = {}
@@ -380,11 +401,55 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _setting(r: dict) -> str:
+    return "full" if r["method"] == "full" else f"{r['method']} {r['condition']} {r['budget']:g}"
+
+
+def ruler_tables(records: list[dict]) -> str:
+    """RULER's summary of a run's records of RULER tasks, per setting (:func:`kvcert.tasks.ruler.summary_table`:
+    each task's mean string match × 100 and their average); empty where the run has none."""
+    from ..tasks.ruler import PREFIX, RULER_TASKS, summary_table
+
+    groups: dict[str, dict[str, list[float]]] = {}
+    for r in records:
+        if r["task"].startswith(PREFIX) and r["task"][len(PREFIX):] in RULER_TASKS and r["score"] is not None:
+            groups.setdefault(_setting(r), {}).setdefault(r["task"], []).append(float(r["score"]))
+    order = [PREFIX + name for name in RULER_TASKS]
+    return "\n".join(f"RULER, {setting}:\n" + summary_table({t: sum(v) / len(v) for t in order if (v := tasks.get(t))})
+                     for setting, tasks in groups.items())
+
+
+def longbench_e_tables(records: list[dict]) -> str:
+    """LongBench-E's summary of a run's LongBench-E records (``longbench_<name>_e``), per setting and data set:
+    the scores × 100 by length bucket, as ``eval.py --e`` reports them
+    (:func:`kvcert.tasks.longbench_metrics.bucket_scores`, on the rows' own ``length`` field); empty where the run has
+    none."""
+    from ..tasks.longbench_metrics import LENGTH_BUCKETS, bucket_scores
+
+    groups: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    for r in records:
+        meta = r.get("metadata") or {}
+        if r["task"].startswith("longbench_") and r["task"].endswith("_e") and r["score"] is not None \
+                and meta.get("longbench_length") is not None:
+            scores, lengths = groups.setdefault((_setting(r), r["task"]), ([], []))
+            scores.append(float(r["score"]))
+            lengths.append(float(meta["longbench_length"]))
+    if not groups:
+        return ""
+    names = [n for n, _ in LENGTH_BUCKETS]
+    lines = [f"LongBench-E by length (eval.py --e): {'task':<32} {'setting':<28} " + " ".join(f"{n:>7}" for n in names)]
+    for (setting, task), (scores, lengths) in groups.items():
+        buckets = bucket_scores(scores, lengths)
+        lines.append(f"{'':<37}{task:<32} {setting:<28} " + " ".join(f"{buckets[n]:>7.2f}" for n in names))
+    return "\n".join(lines)
+
+
 def listing(configs: Path) -> str:
     """``kvcert run --list``: the tasks, methods, models and conditions a run can name."""
     import yaml
 
     from ..methods import GRAMMAR, shipped_methods
+    from ..tasks.ruler import RULER_TASKS
 
     def names(group: str) -> list[str]:
         return sorted(p.stem for p in (configs / group).glob("*.yaml"))
@@ -401,6 +466,8 @@ def listing(configs: Path) -> str:
         "conditions: aware (compressed after the question; the default with a method), streaming "
         "(compressed before it: kvpress's order), full",
         "sweeps: comma-separated values of " + ", ".join(SWEEP_KEYS) + " run every combination",
+        "RULER: task=ruler runs RULER's synthetic suite (" + ", ".join(RULER_TASKS) + "; at 4096 tokens unless "
+        "length= says otherwise), task=ruler:niah_single_1,vt a part of it; each task is also ruler_<name>",
     ])
 
 
@@ -510,5 +577,8 @@ def run_command(args) -> int:
         f"{name}: {len(built[name])} records at {lengths[name][0] or 'native'} tokens" for name in names)
         + "; one-off run outside the pre-registration (claims never score it)")
     print(format_table(rows))
+    for table in (ruler_tables(records_out), longbench_e_tables(records_out)):
+        if table:
+            print(table)
     print(f"results: {out / 'results.json'} (records, metrics with intervals, the composed configs)")
     return 0
