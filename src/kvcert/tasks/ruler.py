@@ -71,7 +71,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from kvcert.tasks import wordlists
+import kvcert.tasks.wordlists as wordlists
 from kvcert.tasks.lengths import fit_filler
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import TaskRecord
