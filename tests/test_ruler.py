@@ -347,3 +347,17 @@ def test_run_prints_longbench_e_by_length():
     assert out[0].split()[-3:] == ["0-4k", "4-8k", "8k+"]
     assert out[1].split()[-3:] == ["100.00", "50.00", "50.00"] and "longbench_hotpotqa_e" in out[1]
     assert Counter(r["task"] for r in records)["longbench_hotpotqa_e"] == 4
+
+
+def test_run_composes_the_suite_with_rulers_answer_budgets():
+    from kvcert.paths import resolve_configs, resolve_prereg
+    from kvcert.pipeline.oneoff import compose_run
+
+    per_task, _ = compose_run(["task=ruler", "method=snapkv-poisson", "budget=0.25"], resolve_configs(None),
+                              resolve_prereg(None))
+    assert [cfg["name"] for cfg, _ in per_task] == list(RULER_TASKS)
+    budgets = {cfg["name"]: [c["max_new_tokens"] for c in configs] for cfg, configs in per_task}
+    assert budgets["ruler_niah_single_1"] == [128, 128] and budgets["ruler_vt"] == [30, 30]
+    assert budgets["ruler_cwe"] == [120, 120] and budgets["ruler_fwe"] == [50, 50]
+    part, _ = compose_run(["task=ruler:vt,fwe"], resolve_configs(None), resolve_prereg(None))
+    assert [cfg["name"] for cfg, _ in part] == ["ruler_vt", "ruler_fwe"]
