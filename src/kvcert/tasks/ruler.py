@@ -51,7 +51,8 @@ What follows RULER's code, task by task:
   words, 3 and 1 below 4096); the answers the 10 common words. The words come from the embedded
   pool :data:`WORDS` (every word of :mod:`kvcert.tasks.wordlists`, 477) instead of wonderwords' 9k
   (RULER falls back to a downloaded English list beyond those): a prompt needs more distinct words
-  than the pool holds past about 8k tokens of a BPE tokenizer, and the build says so.
+  than the pool holds past about 12k tokens (SmolLM2's tokenizer: 265 words at 8k, too few at
+  16k), and the build says so.
 - **fwe**: a coded vocabulary of ``(length − 50) // 50`` random six-letter words, shuffled by
   ``random.Random(seed)``, the first replaced by "..."; word ``k`` repeated
   ``int(n · k^−α / ζ(α))`` times (α = 2), the whole shuffled by ``random.Random(seed)``; the
