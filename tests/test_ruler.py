@@ -361,3 +361,25 @@ def test_run_composes_the_suite_with_rulers_answer_budgets():
     assert budgets["ruler_cwe"] == [120, 120] and budgets["ruler_fwe"] == [50, 50]
     part, _ = compose_run(["task=ruler:vt,fwe"], resolve_configs(None), resolve_prereg(None))
     assert [cfg["name"] for cfg, _ in part] == ["ruler_vt", "ruler_fwe"]
+
+
+def test_kvcert_run_task_ruler_prints_rulers_table(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from kvcert.embedded import embedded_model_path
+
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvcert.cli", "run", f"model.path={embedded_model_path()}", "task=ruler:niah_single_1,fwe",
+         "method=full", "limit=1", "length=600", f"out={out}", "--quiet"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    start = lines.index("RULER, full:")
+    assert lines[start + 1].split() == ["RULER", "task", "string_match"]
+    assert [line.split()[0] for line in lines[start + 2:start + 5]] == ["niah_single_1", "fwe", "average"]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["tasks"]) == {"ruler_niah_single_1", "ruler_fwe"}
+    assert all(t["length"] == 600 for t in results["tasks"].values())
