@@ -36,8 +36,8 @@ What follows RULER's code, task by task:
   does not ship; here they use the noise haystack (so ``niah_single_2`` is ``niah_single_1``'s
   configuration with other records: the task name seeds them). The record's metadata says so
   (``ruler_haystack: essay``, ``haystack: noise``).
-- **needle haystack**: a haystack needle never carries a key of the prompt's own needles (RULER
-  draws them independently; a clash, about one prompt in a hundred at 4k with word keys, would
+- **keys**: a prompt's keys are distinct, and a haystack needle never carries one of them (RULER
+  draws them independently; a clash — about one prompt in sixty at 4k: 167 haystack needles, 9,600 keys — would
   make the question ambiguous).
 - **vt**: one chain of ``num_hops + 1`` five-letter variables ("VAR ABCDE = 12345", then "VAR
   FGHIJ = VAR ABCDE " …), inserted into the noise lines at sorted distinct positions (each item
