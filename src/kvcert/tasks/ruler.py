@@ -37,8 +37,8 @@ What follows RULER's code, task by task:
   configuration with other records: the task name seeds them). The record's metadata says so
   (``ruler_haystack: essay``, ``haystack: noise``).
 - **keys**: a prompt's keys are distinct, and a haystack needle never carries one of them (RULER
-  draws them independently; a clash — about one prompt in sixty at 4k: 167 haystack needles, 9,600 keys — would
-  make the question ambiguous).
+  draws them independently; a clash — about one prompt in sixty at 4k: 167 haystack needles,
+  9,600 keys — would make the question ambiguous).
 - **vt**: one chain of ``num_hops + 1`` five-letter variables ("VAR ABCDE = 12345", then "VAR
   FGHIJ = VAR ABCDE " …), inserted into the noise lines at sorted distinct positions (each item
   after the one before it, a noise line between), the question about the chain's value, the
