@@ -14,6 +14,7 @@ from kvcert.tasks import RULER_TASKS, TASKS, build_prompt_ids, score
 from kvcert.tasks import metrics, ruler
 from kvcert.tasks.longbench_metrics import bucket_scores, length_bucket, score_task_e
 from kvcert.tasks.prompting import prompt_length
+from kvcert.tasks.records import read_jsonl, write_jsonl
 from kvcert.training.tokenizer import build_tokenizer
 
 import ruler_official as official
@@ -52,8 +53,10 @@ def test_the_registry_holds_rulers_synthetic_yaml():
 
 
 @pytest.mark.parametrize("name", RULER_TASKS)
-def test_records_are_seeded_and_fit_rulers_length(tok, records, name):
+def test_records_are_seeded_and_fit_rulers_length(tok, records, name, tmp_path):
     first = records[name]
+    write_jsonl(first, tmp_path / "r.jsonl")
+    assert [r.to_dict() for r in read_jsonl(tmp_path / "r.jsonl")] == [r.to_dict() for r in first]
     assert [r.to_dict() for r in first] == [r.to_dict() for r in TASKS[name].generate(tok, 3, 1024, seed=SEED)]
     assert TASKS[name].generate(tok, 2, 1024, seed=SEED)[1].to_dict() == first[1].to_dict()  # per index
     other = TASKS[name].generate(tok, 3, 1024, seed=SEED + 1)
