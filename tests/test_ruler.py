@@ -366,6 +366,7 @@ def test_run_composes_the_suite_with_rulers_answer_budgets():
     assert [cfg["name"] for cfg, _ in part] == ["ruler_vt", "ruler_fwe"]
 
 
+@pytest.mark.pipeline
 def test_kvcert_run_task_ruler_prints_rulers_table(tmp_path):
     import json
     import subprocess
