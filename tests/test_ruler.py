@@ -230,11 +230,24 @@ def test_cwe_prompts_are_rulers(records, key, repeats, shot):
                                                             query="")
         assert shot_text == expected + expected_prefix + " " + shot_answer
         assert set(words) <= set(ruler.WORDS) and record.metadata["common_repeats"] == cw
+        assert record.metadata["keys_as_words"] == 0
 
 
-def test_cwe_beyond_the_embedded_words_says_so(tok):
-    with pytest.raises(ValueError, match="distinct words kvcert embeds; give a shorter length"):
-        TASKS["ruler_cwe"].generate(tok, 1, 16384, seed=0)
+def test_cwe_beyond_the_embedded_words_goes_on_with_the_keys(tok, monkeypatch):
+    record = TASKS["ruler_cwe"].make_record(tok, 16384, SEED, 0)
+    keys = record.metadata["keys_as_words"]
+    assert keys > 0 and record.metadata["filler_units"] == len(ruler.WORDS) + keys
+    main = record.context.rsplit("\nBelow is a numbered list", 1)[1]
+    head = official.TEMPLATES["common_words_extraction"][0].split("{context}")[0]
+    words = _numbered_words(("Below is a numbered list" + main)[len(head):])
+    before = official.unshuffle(words, SEED)
+    assert before[:300] == record.answers * 30 and set(record.answers) <= set(ruler.WORDS)
+    uncommon = set(before[300:])
+    assert len(uncommon) == record.metadata["filler_units"] - 10 and set(words) <= set(ruler.WORDS) | set(ruler.KEY_WORDS)
+    assert len(uncommon & set(ruler.KEY_WORDS)) == keys and len(uncommon & set(ruler.WORDS)) == len(ruler.WORDS) - 10
+    monkeypatch.setattr(ruler, "KEY_WORDS", ruler.KEY_WORDS[:200])
+    with pytest.raises(ValueError, match="distinct words and keys kvcert embeds; give a shorter length"):
+        TASKS["ruler_cwe"].make_record(tok, 16384, SEED, 0)
 
 
 def test_fwe_prompts_are_rulers(records):

@@ -49,10 +49,11 @@ What follows RULER's code, task by task:
   times and the others ``freq_ucw`` (3) times — 6 and 1 below 4096 tokens, as RULER does —,
   shuffled by ``random.Random(seed)``; one solved example first (40 words, 10 × 10 and 30 × 3; 20
   words, 3 and 1 below 4096); the answers the 10 common words. The words come from the embedded
-  pool :data:`WORDS` (every word of :mod:`kvcert.tasks.wordlists`, 477) instead of wonderwords' 9k
-  (RULER falls back to a downloaded English list beyond those): a prompt needs more distinct words
-  than the pool holds past about 12k tokens (SmolLM2's tokenizer: 265 words at 8k, too few at
-  16k), and the build says so.
+  pool :data:`WORDS` (every word of :mod:`kvcert.tasks.wordlists`, 477) instead of wonderwords' 9k;
+  where a prompt needs more distinct words (past about 12k tokens: SmolLM2's tokenizer takes 265
+  at 8k), the rest are adjective-noun keys (9,600; RULER draws from a second, downloaded English
+  list beyond wonderwords'); ``keys_as_words`` in the metadata counts them. The common words are
+  always embedded words.
 - **fwe**: a coded vocabulary of ``(length − 50) // 50`` random six-letter words, shuffled by
   ``random.Random(seed)``, the first replaced by "..."; word ``k`` repeated
   ``int(n · k^−α / ζ(α))`` times (α = 2), the whole shuffled by ``random.Random(seed)``; the
@@ -217,8 +218,11 @@ def template_parts(task: str, singular: bool = False, **fields: Any) -> tuple[st
 
 
 def _record(tokenizer: Any, target_tokens: int, spec: RulerTask, seed: int, index: int,
-            make_context: Callable[[int], str], question: str, prefix: str, answers: list[str],
-            metadata: dict, max_units: int = 1 << 20, what: str = "filler") -> TaskRecord:
+            make_context: Callable[[int], str], question: str, prefix: str,
+            answers: list[str] | Callable[[int], list[str]], metadata: dict | Callable[[int], dict],
+            max_units: int = 1 << 20, what: str = "filler") -> TaskRecord:
+    """The record of the largest filler count whose prompt fits; ``answers`` and ``metadata`` may depend on that
+    count (callables of it)."""
     reserve = TOKENS_TO_GENERATE[spec.task]
     if reserve >= target_tokens:
         raise ValueError(f"target_tokens={target_tokens} is too small: RULER reserves {reserve} tokens of the "
@@ -231,6 +235,8 @@ def _record(tokenizer: Any, target_tokens: int, spec: RulerTask, seed: int, inde
             raise ValueError(f"{spec.registered}: {target_tokens} tokens need more than the {max_units} {what} "
                              "kvcert embeds; give a shorter length") from None
         raise
+    answers = answers(units) if callable(answers) else answers
+    metadata = metadata(units) if callable(metadata) else metadata
     record = TaskRecord(id=f"{spec.registered}-s{seed}-t{target_tokens}-{index}", task=spec.registered,
                         context=context, question=question, answers=answers, separator=SEPARATOR,
                         answer_prefix=prefix,
@@ -454,15 +460,21 @@ def make_cwe(tokenizer: Any, target_tokens: int, seed: int, index: int, spec: Ru
     head, question, prefix = template_parts("common_words_extraction", query="")
     shot = (head + numbered(cwe_list(shot_common, shot_words[num_cw:], shot_args[1], shot_args[2], seed)) + SEPARATOR
             + question + prefix + " " + numbered(shot_common))
-    order = rng.sample(words, len(words))  # random.sample(words, n) for every n at once: its first n
+    # random.sample(words, n) for every n at once: the first n of one random order; beyond the embedded words
+    # (RULER samples a second, downloaded English list there) the adjective-noun keys follow them, so that the
+    # prompt's length grows smoothly with n
+    order = rng.sample(words, len(words)) + rng.sample(KEY_WORDS, len(KEY_WORDS))
     common = order[:num_cw]
 
     def make_context(n: int) -> str:
         n = max(n, num_cw)
         return shot + "\n" + head + numbered(cwe_list(common, order[num_cw:n], cw, ucw, seed))
 
-    return _record(tokenizer, target_tokens, spec, seed, index, make_context, question, prefix, common,
-                   {"common_repeats": cw, "uncommon_repeats": ucw}, max_units=len(words), what="distinct words")
+    def metadata(n: int) -> dict:
+        return {"common_repeats": cw, "uncommon_repeats": ucw, "keys_as_words": max(0, n - len(words))}
+
+    return _record(tokenizer, target_tokens, spec, seed, index, make_context, question, prefix, common, metadata,
+                   max_units=len(order), what="distinct words and keys")
 
 
 # ------------------------------------------------------------------ fwe
