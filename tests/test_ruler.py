@@ -325,6 +325,10 @@ def test_run_prints_the_ruler_table_per_setting():
     out = ruler_tables(records)
     assert "RULER, full:" in out and "RULER, snapkv-poisson aware 0.25:" in out
     assert "vt" in out and "50.00" in out and "33.33" in out and "needle" not in out
+    from kvcert.pipeline.oneoff import ruler_summary
+
+    assert ruler_summary(records) == {"full": {"ruler_vt": 50.0, "average": 50.0},
+                                      "snapkv-poisson aware 0.25": {"ruler_fwe": 33.33, "average": 33.33}}
     assert longbench_e_tables(records) == ""
 
 
@@ -362,6 +366,9 @@ def test_run_prints_longbench_e_by_length():
     out = longbench_e_tables(records).split("\n")
     assert out[0].split()[-3:] == ["0-4k", "4-8k", "8k+"]
     assert out[1].split()[-3:] == ["100.00", "50.00", "50.00"] and "longbench_hotpotqa_e" in out[1]
+    from kvcert.pipeline.oneoff import longbench_e_buckets
+
+    assert longbench_e_buckets(records) == {"full": {"longbench_hotpotqa_e": {"0-4k": 100.0, "4-8k": 50.0, "8k+": 50.0}}}
     assert Counter(r["task"] for r in records)["longbench_hotpotqa_e"] == 4
 
 
@@ -400,3 +407,4 @@ def test_kvcert_run_task_ruler_prints_rulers_table(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert set(results["tasks"]) == {"ruler_niah_single_1", "ruler_fwe"}
     assert all(t["length"] == 600 for t in results["tasks"].values())
+    assert set(results["ruler"]["full"]) == {"ruler_niah_single_1", "ruler_fwe", "average"}

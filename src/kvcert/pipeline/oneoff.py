@@ -18,12 +18,13 @@ with a table per (task, setting) — the share that passes (score ≥ the task's
 the claims count it), the mean task score, the mean relative certificate ε/‖ô‖, each with a
 90 % bootstrap interval over records, and the kept fraction — and writes
 ``<out>/results.json``: the command, the records' files, those metrics with their intervals,
-and every composed generation config. ``task=ruler`` names RULER's synthetic suite (``task=ruler:a,b`` a
-part of it; :mod:`kvcert.tasks.ruler`), 4096 tokens unless ``length`` says otherwise; a run with RULER's
-tasks also prints the table kvpress prints for RULER (each task's string match × 100 and their average,
-per setting), and a run with LongBench-E data sets (``longbench_<name>_e``) their scores by LongBench-E's
-length buckets (0–4k, 4–8k, 8k+), as LongBench's ``eval.py --e`` reports them. Keys of its own: ``budget`` (fraction of the cache
-kept) or ``compression_ratio`` (kvpress's convention: the fraction *removed*; give exactly
+and every composed generation config. ``task=ruler`` names RULER's synthetic suite (``task=ruler:a,b``
+a part of it; :mod:`kvcert.tasks.ruler`), 4096 tokens unless ``length`` says otherwise; a run with
+RULER's tasks also prints (and writes, ``ruler``) the table kvpress prints for RULER — each task's
+string match × 100 and their average, per setting —, and a run with LongBench-E data sets
+(``longbench_<name>_e``) their scores by LongBench-E's length buckets (0–4k, 4–8k, 8k+;
+``longbench_e``), as LongBench's ``eval.py --e`` reports them. Keys of its own: ``budget`` (fraction
+of the cache kept) or ``compression_ratio`` (kvpress's convention: the fraction *removed*; give exactly
 one), ``limit``, ``length`` (prompt tokens: the task's default — 512 for synthetic tasks,
 6144 for LongBench, LoCoMo's own), ``data_seed``, ``out``, ``threads``.
 
@@ -405,26 +406,41 @@ def _setting(r: dict) -> str:
     return "full" if r["method"] == "full" else f"{r['method']} {r['condition']} {r['budget']:g}"
 
 
-def ruler_tables(records: list[dict]) -> str:
-    """RULER's summary of a run's records of RULER tasks, per setting (:func:`kvcert.tasks.ruler.summary_table`:
-    each task's mean string match × 100 and their average); empty where the run has none."""
-    from ..tasks.ruler import PREFIX, RULER_TASKS, summary_table
+def ruler_means(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Per setting, the mean score in [0, 1] of each RULER task among ``records`` (RULER's order)."""
+    from ..tasks.ruler import PREFIX, RULER_TASKS
 
     groups: dict[str, dict[str, list[float]]] = {}
     for r in records:
         if r["task"].startswith(PREFIX) and r["task"][len(PREFIX):] in RULER_TASKS and r["score"] is not None:
             groups.setdefault(_setting(r), {}).setdefault(r["task"], []).append(float(r["score"]))
     order = [PREFIX + name for name in RULER_TASKS]
-    return "\n".join(f"RULER, {setting}:\n" + summary_table({t: sum(v) / len(v) for t in order if (v := tasks.get(t))})
-                     for setting, tasks in groups.items())
+    return {setting: {t: sum(v) / len(v) for t in order if (v := tasks.get(t))} for setting, tasks in groups.items()}
 
 
-def longbench_e_tables(records: list[dict]) -> str:
-    """LongBench-E's summary of a run's LongBench-E records (``longbench_<name>_e``), per setting and data set:
-    the scores × 100 by length bucket, as ``eval.py --e`` reports them
-    (:func:`kvcert.tasks.longbench_metrics.bucket_scores`, on the rows' own ``length`` field); empty where the run has
-    none."""
-    from ..tasks.longbench_metrics import LENGTH_BUCKETS, bucket_scores
+def ruler_summary(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Per setting, each RULER task's ``string_match`` (mean × 100, RULER's rounding) and their ``average``, as the
+    table shows them (results.json's ``ruler``)."""
+    out = {}
+    for setting, means in ruler_means(records).items():
+        scores = {t: round(100 * m, 2) for t, m in means.items()}
+        out[setting] = {**scores, "average": round(sum(scores.values()) / len(scores), 2)}
+    return out
+
+
+def ruler_tables(records: list[dict]) -> str:
+    """RULER's summary of a run's records of RULER tasks, per setting (:func:`kvcert.tasks.ruler.summary_table`:
+    each task's mean string match × 100 and their average); empty where the run has none."""
+    from ..tasks.ruler import summary_table
+
+    return "\n".join(f"RULER, {setting}:\n" + summary_table(means) for setting, means in ruler_means(records).items())
+
+
+def longbench_e_buckets(records: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per setting and LongBench-E data set (``longbench_<name>_e``) among ``records``: the scores × 100 by length
+    bucket, as ``eval.py --e`` reports them (:func:`kvcert.tasks.longbench_metrics.bucket_scores`, on the rows' own
+    ``length`` field)."""
+    from ..tasks.longbench_metrics import bucket_scores
 
     groups: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
     for r in records:
@@ -434,13 +450,24 @@ def longbench_e_tables(records: list[dict]) -> str:
             scores, lengths = groups.setdefault((_setting(r), r["task"]), ([], []))
             scores.append(float(r["score"]))
             lengths.append(float(meta["longbench_length"]))
-    if not groups:
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (setting, task), (scores, lengths) in groups.items():
+        out.setdefault(setting, {})[task] = bucket_scores(scores, lengths)
+    return out
+
+
+def longbench_e_tables(records: list[dict]) -> str:
+    """:func:`longbench_e_buckets` as a text table; empty where the run has no LongBench-E record."""
+    from ..tasks.longbench_metrics import LENGTH_BUCKETS
+
+    buckets = longbench_e_buckets(records)
+    if not buckets:
         return ""
     names = [n for n, _ in LENGTH_BUCKETS]
     lines = [f"LongBench-E by length (eval.py --e): {'task':<32} {'setting':<28} " + " ".join(f"{n:>7}" for n in names)]
-    for (setting, task), (scores, lengths) in groups.items():
-        buckets = bucket_scores(scores, lengths)
-        lines.append(f"{'':<37}{task:<32} {setting:<28} " + " ".join(f"{buckets[n]:>7.2f}" for n in names))
+    for setting, tasks in buckets.items():
+        for task, scores in tasks.items():
+            lines.append(f"{'':<37}{task:<32} {setting:<28} " + " ".join(f"{scores[n]:>7.2f}" for n in names))
     return "\n".join(lines)
 
 
@@ -570,6 +597,8 @@ def run_command(args) -> int:
                   for name in names},
         "bootstrap": BOOTSTRAP,
         "metrics": rows,
+        **({"ruler": ruler} if (ruler := ruler_summary(records_out)) else {}),
+        **({"longbench_e": by_length} if (by_length := longbench_e_buckets(records_out)) else {}),
         "configs": [c for _, cs, _ in plan for c in cs],
     }
     write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
