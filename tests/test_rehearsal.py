@@ -197,5 +197,5 @@ def test_the_registered_grid_plans_every_job(rehearsal, tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     block = run.stdout.split("Job stats:")[1]
     stats = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", block, re.M)}
-    assert stats.pop("total") == registered.jobs
+    assert stats.pop("total") == registered.job_count
     assert stats == registered.jobs_per_rule()
