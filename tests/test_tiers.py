@@ -91,7 +91,8 @@ def test_with_two_workers_a_failure_in_one_stops_the_later_tiers_in_the_other(tm
 
 
 @pytest.mark.parametrize("markers", [set(c) for n in range(len(MARKERS) + 1)
-                                     for c in itertools.combinations(MARKERS, n)], ids=str)
+                                     for c in itertools.combinations(MARKERS, n)],
+                         ids=lambda markers: "+".join(sorted(markers)) or "none")  # the same ids in every xdist worker
 def test_a_tests_tier_is_the_one_the_documented_expressions_select(markers):
     """Every combination of markers lands in one tier, and in the one docs/testing.md's expressions give it
     where they give exactly one (two of them can select a test carrying both slurm and gpu_compile)."""

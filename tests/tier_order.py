@@ -103,9 +103,11 @@ class TierRun:
                 out.append(f"tier {tier} ({seconds:.0f} s): {counts}" + ("  FAILED" if tier in self.failed else ""))
             elif self.selected[tier] == 0:
                 out.append(f"tier {tier}: selected no test")
-            else:
+            elif self.stopped_after is not None:
                 out.append(f"tier {tier}: not run ({self.selected[tier]} tests), "
                            f"tier {self.stopped_after} failed before it")
+            else:
+                out.append(f"tier {tier}: not run ({self.selected[tier]} tests): the run stopped before it")
         for tier in self.empty():
             out.append(f"tier {tier} selected no test: a tier that runs nothing does not pass "
                        f"(KVCERT_TIERS_MAY_BE_EMPTY=\"{tier}\" allows it)")
