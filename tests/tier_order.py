@@ -214,6 +214,8 @@ def pytest_configure(config):
     unknown = [t for t in tiers if t not in TIERS]
     if unknown:
         raise pytest.UsageError(f"--tiers: unknown tier {unknown[0]!r}; the tiers are: {' '.join(TIERS)}")
-    if is_controller(config) and not os.environ.get(RUN_DIR):  # the workers inherit it
+    if is_controller(config):  # a fresh one per run, which its workers inherit
         os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="kvcert-tiers-")
+    elif not is_worker(config):  # one process: no folder (a run started by a test must not write its parent's)
+        os.environ.pop(RUN_DIR, None)
     config.pluginmanager.register(TierRun(tiers, config), "kvcert-tiers")
