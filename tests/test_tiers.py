@@ -55,14 +55,14 @@ def test_a_tier_that_selects_no_test_fails_unless_allowed(tmp_path):
     assert one_empty.returncode == 5 and "tier slurm selected no test" in one_empty.stdout, one_empty.stdout
 
 
-def test_tiers_run_in_order_and_a_failing_tier_stops_the_later_ones(tmp_path):
+def test_in_one_process_tiers_run_in_order_and_a_failing_tier_stops_the_later_ones(tmp_path):
     folder = suite(tmp_path, (
         "import pytest\n"
         "@pytest.mark.slow\ndef test_slow():\n    open('ran-slow', 'w').close()\n"
         "@pytest.mark.pipeline\ndef test_pipeline():\n    assert False, 'the pipeline tier fails'\n"
         "def test_unit():\n    open('ran-unit', 'w').close()\n"
     ))
-    out = tiers(folder, "unit", "pipeline", "slow")
+    out = tiers(folder, "unit", "pipeline", "slow", KVCERT_TEST_WORKERS="0")  # one process: tier by tier
     assert out.returncode == 1, out.stdout
     assert (folder / "ran-unit").exists() and not (folder / "ran-slow").exists()
     lines = out.stdout.splitlines()
@@ -73,21 +73,24 @@ def test_tiers_run_in_order_and_a_failing_tier_stops_the_later_ones(tmp_path):
     assert unknown.returncode == 2 and "unknown tier 'fast'" in unknown.stderr
 
 
-def test_with_two_workers_a_failure_in_one_stops_the_later_tiers_in_the_other(tmp_path):
-    """pytest-xdist: one worker's failing unit test keeps the other worker from starting a later tier's test."""
-    folder = suite(tmp_path, "def test_unit_fails():\n    assert False, 'a unit test fails'\n")
-    (folder / "tests" / "test_other.py").write_text(
+def test_on_two_workers_long_tiers_start_first_and_a_failure_stops_every_worker_before_its_next_module(tmp_path):
+    """pytest-xdist: the slow module starts first; a unit test failing in the other worker keeps both workers from
+    starting another module (the slow module, already begun, finishes); the tier lines and exit status say so."""
+    folder = suite(tmp_path, "def test_unit():\n    open('ran-some', 'w').close()\n")
+    (folder / "tests" / "test_a_fails.py").write_text("def test_unit_fails():\n    assert False, 'a unit test fails'\n")
+    (folder / "tests" / "test_b_slow.py").write_text(
         "import pytest, time\n"
-        "def test_unit_slowly():\n    time.sleep(3)\n"
-        "@pytest.mark.slow\ndef test_slow():\n    open('ran-slow', 'w').close()\n")
+        "@pytest.mark.slow\ndef test_slow():\n    open('ran-slow', 'w').close()\n    time.sleep(3)\n")
+    (folder / "tests" / "test_c_unit.py").write_text("def test_unit():\n    open('ran-c', 'w').close()\n")
     out = tiers(folder, "unit", "slow", KVCERT_TEST_WORKERS="2")
     assert out.returncode == 1, out.stdout
-    assert "(2 workers)" in out.stdout and not (folder / "ran-slow").exists(), out.stdout
+    assert "(2 workers)" in out.stdout and (folder / "ran-slow").exists(), out.stdout
+    assert not (folder / "ran-c").exists() and not (folder / "ran-some").exists(), out.stdout
     lines = out.stdout.splitlines()
-    assert any(line.startswith("tier unit (") and "1 failed" in line and "1 passed" in line for line in lines), out.stdout
-    assert "tier slow: not run (1 tests), tier unit failed before it" in lines, out.stdout
-    alone = tiers(folder, "unit", KVCERT_TEST_WORKERS="0")  # one process, no xdist
-    assert alone.returncode == 1 and "workers)" not in alone.stdout and "1 failed, 1 passed" in alone.stdout
+    assert any(line.startswith("tier unit (") and "1 failed" in line and "FAILED" in line for line in lines), out.stdout
+    assert any(line.startswith("tier slow (") and "1 passed" in line for line in lines), out.stdout
+    alone = tiers(folder, "unit", KVCERT_TEST_WORKERS="0")  # one process, no xdist: every unit test runs
+    assert alone.returncode == 1 and "workers)" not in alone.stdout and "1 failed, 2 passed" in alone.stdout
 
 
 @pytest.mark.parametrize("markers", [set(c) for n in range(len(MARKERS) + 1)

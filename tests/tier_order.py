@@ -20,11 +20,14 @@ unit       none of them
 which is what the marker expressions of docs/testing.md select. A tier that selects no test fails the run (exit
 5) unless ``KVCERT_TIERS_MAY_BE_EMPTY`` names it: a tier that runs nothing does not pass.
 
-With pytest-xdist (``-n 2 --dist loadscope``, as ``tests/tiers.sh`` runs it) every worker collects the same
-tier-ordered list and takes whole modules from it in that order (a module's fixtures are built once). A worker
-whose test fails writes the test's tier into the run's folder (``KVCERT_TIERS_RUN_DIR``, made by the controller);
-from then on no worker starts a test of a later tier (one already running finishes), and the controller, which
-sees every report, prints the tier lines and gives the exit status.
+With pytest-xdist workers (``-n 2 --dist loadscope --no-loadscope-reorder``, as ``tests/tiers.sh`` runs it) the
+tiers run side by side instead: every worker collects the same list, ordered with the tiers whose tests are long
+first (:data:`PARALLEL_ORDER`: the Slurm tests, which mostly wait for Slurm, then the pipeline runs, then the
+short tiers, whose many small modules even out the end), and takes whole modules from it (a module's fixtures
+are built once). A worker whose test fails writes the test's tier into the run's folder
+(``KVCERT_TIERS_RUN_DIR``, made by the controller); from then on no worker starts another module (a module
+already begun finishes its tests), and the controller, which sees every report, prints the tier lines and gives
+the exit status.
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ TIERS = ("unit", "kernel", "pipeline", "slow", "slurm", "compile")
 #: the marker that puts a test in a tier, by precedence (unit: none of them)
 PRECEDENCE = (("gpu_compile", "compile"), ("slurm", "slurm"), ("slow", "slow"), ("pipeline", "pipeline"),
               ("kernel", "kernel"))
+
+
+#: the order of the tiers' tests on xdist workers: long tests first (their modules take minutes; a worker that
+#: starts one last would leave the other CPUs idle at the end)
+PARALLEL_ORDER = ("slurm", "slow", "compile", "pipeline", "kernel", "unit")
 
 
 def tier_of(markers: set[str]) -> str:
@@ -81,6 +89,7 @@ class TierRun:
         self.ended: dict[str, float] = {}
         self.stopped_after: str | None = None
         self.order = {t: i for i, t in enumerate(tiers)}
+        self.parallel = is_worker(config) or is_controller(config)
         self.run_dir = Path(os.environ[RUN_DIR]) if os.environ.get(RUN_DIR) else None
 
     def failed_anywhere(self) -> set[str]:
@@ -103,6 +112,9 @@ class TierRun:
                 out.append(f"tier {tier} ({seconds:.0f} s): {counts}" + ("  FAILED" if tier in self.failed else ""))
             elif self.selected[tier] == 0:
                 out.append(f"tier {tier}: selected no test")
+            elif self.stopped_after is not None and self.parallel:
+                out.append(f"tier {tier}: not run ({self.selected[tier]} tests): the run stopped after a failure "
+                           f"in tier {self.stopped_after}")
             elif self.stopped_after is not None:
                 out.append(f"tier {tier}: not run ({self.selected[tier]} tests), "
                            f"tier {self.stopped_after} failed before it")
@@ -129,7 +141,8 @@ class TierRun:
                 drop.append(item)
         if drop:
             config.hook.pytest_deselected(items=drop)
-        items[:] = sorted(keep, key=lambda item: self.order[self.of[item.nodeid]])  # stable: file order within a tier
+        rank = {t: i for i, t in enumerate(PARALLEL_ORDER)} if self.parallel else self.order
+        items[:] = sorted(keep, key=lambda item: rank[self.of[item.nodeid]])  # stable: file order within a tier
         if is_worker(config):
             config.workeroutput["kvcert_tiers_selected"] = dict(self.selected)
 
@@ -143,6 +156,12 @@ class TierRun:
             return
         if tier in self.failed and self.run_dir is not None:
             (self.run_dir / f"failed-{tier}").touch()
+        if self.parallel:  # side by side: after a failure anywhere, no worker starts another module
+            failed = sorted(self.failed_anywhere(), key=self.order.get)
+            if failed and nextitem is not None and nextitem.module is not item.module:
+                self.stopped_after = failed[0]
+                item.session.shouldstop = f"tier {failed[0]} failed: no other test module starts"
+            return
         if nextitem is not None and self.of.get(nextitem.nodeid) == tier:
             return
         self.ended[tier] = time.monotonic()

@@ -2,9 +2,10 @@
 # The test suite, tier by tier, in order (docs/testing.md); a failing tier is named, and the run stops there.
 #   bash tests/tiers.sh            every tier
 #   bash tests/tiers.sh unit slow  some of them
-# Every tier but compile runs in one pytest run (tests/tier_order.py orders the tests by tier, stops after a
-# failing tier and prints a line per tier), on KVCERT_TEST_WORKERS pytest-xdist workers (default: one per CPU; 0
-# runs in one process) that take whole test modules in tier order. Compile runs in a pytest of its own, started
+# Every tier but compile runs in one pytest run (tests/tier_order.py: a line per tier) on KVCERT_TEST_WORKERS
+# pytest-xdist workers (default: one per CPU), which take whole test modules, the long tiers' first, and stop
+# starting modules after a failure; KVCERT_TEST_WORKERS=0 runs them in one process, tier by tier in order,
+# stopping after a failing tier. Compile runs in a pytest of its own, started
 # first and beside the others (it compiles on one CPU; its output is printed when it ends), since Triton's compiler
 # needs TRITON_INTERPRET unset, while without a GPU the kernel tier runs the kernels in Triton's CPU interpreter,
 # which needs TRITON_INTERPRET=1 before triton is first imported.
@@ -30,9 +31,9 @@ pytest_tiers() {  # $1: comma-separated tiers; $2: xdist workers (0: none); the 
     local list=$1 workers=$2
     shift 2
     local parallel=()
-    [[ $workers -gt 1 ]] && parallel=(-n "$workers" --dist loadscope)
+    [[ $workers -gt 1 ]] && parallel=(-n "$workers" --dist loadscope --no-loadscope-reorder)
     echo "=== tiers ${list//,/, }${parallel:+ ($workers workers)}"
-    env "$@" python -m pytest -q -p no:cacheprovider -p tier_order -m "" --tiers "$list" "${parallel[@]}"
+    env "$@" python -m pytest -q -p no:cacheprovider -p tier_order -m "" --tiers "$list" --durations=15 "${parallel[@]}"
 }
 compile_log="" compile_pid=""
 if [[ $compile -eq 1 ]]; then
