@@ -132,8 +132,8 @@ class CompactLayer(CacheLayerMixin):
 
     def _refresh_views(self) -> None:
         n = self.length
-        self._views = (self._k[:, :, :n], self._v[:, :, :n])
-        self.log_pi, self.one_minus, self.dev = self._lp[:, :, :n], self._om[:, :, :n], self._dev[:, :, :n]
+        self._views = (self._k.narrow(2, 0, n), self._v.narrow(2, 0, n))
+        self.log_pi, self.one_minus, self.dev = self._lp.narrow(2, 0, n), self._om.narrow(2, 0, n), self._dev.narrow(2, 0, n)
 
     # --- keys and values: what the layer holds; assigning a prefix crops ------------------
     @property
@@ -208,12 +208,14 @@ class CompactLayer(CacheLayerMixin):
         n = key_states.shape[2]
         if self.length + n > self.capacity:
             self._grow(self.length + n)
-        end = self.length + n
-        self._k[:, :, self.length : end] = key_states
-        self._v[:, :, self.length : end] = value_states
-        self._lp[:, :, self.length : end] = 0.0
-        self._om[:, :, self.length : end] = 0.0  # certain tokens never enter V̂ or b̂
-        self._dev[:, :, self.length : end] = 0.0
+        end, start = self.length + n, self.length
+        # narrow + copy_ / fill_: a decode step appends one slot to five tensors, and Python indexing costs
+        # several times the write
+        self._k.narrow(2, start, n).copy_(key_states)
+        self._v.narrow(2, start, n).copy_(value_states)
+        self._lp.narrow(2, start, n).fill_(0.0)
+        self._om.narrow(2, start, n).fill_(0.0)  # certain tokens never enter V̂ or b̂
+        self._dev.narrow(2, start, n).fill_(0.0)
         self.length = end
         self.seen += n
         self.kept += n
