@@ -22,7 +22,7 @@ from snakemake.utils import min_version, validate
 from kvcert.pipeline.check import preflight, profile_from_argv
 from kvcert.pipeline.config import check_pipeline_config, experiment_grid
 from kvcert.pipeline.digest import DigestCache, model_digest
-from kvcert.pipeline.jobs import config_file, manifest_config_hash, replay_config_hash, shard_config_hash
+from kvcert.pipeline.jobs import config_file, manifest_config_hash, replay_config_hash
 from kvcert.prereg import PreregError, verify
 from kvcert.sources import fetched_name
 from kvcert.pipeline.plan import build_plan, shard_minutes
@@ -99,12 +99,12 @@ REPLAY_LAYERS = f"--max-layers {int(PLAN.grid['replay']['layers'])}" if (PLAN.gr
 
 
 def configs_of(wildcards):
-    """What a generate job's records depend on in the configs: its shard config hash (the hash of the
-    config hashes its records carry; kvcert.pipeline.jobs)."""
+    """What a generate job's records depend on in the configs: its job's config hash (the hash of the
+    config hashes its records carry; kvcert.pipeline.jobs.Job)."""
     shard = PLAN.shard(wildcards.model, wildcards.cell, wildcards.task, int(wildcards.length),
                        int(wildcards.index))
-    return shard_config_hash(EXP, shard, CONFIGS, PREREG, TRAINED if RETRAIN and shard.model == "embedded" else None,
-                             JOB_CACHE)
+    return PLAN.job(shard, CONFIGS, PREREG, TRAINED if RETRAIN and shard.model == "embedded" else None,
+                    cache=JOB_CACHE).config_hash
 
 
 def data_of(wildcards):

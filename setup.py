@@ -1,8 +1,5 @@
-"""Package list and wheel contents for setuptools (everything else is in pyproject.toml).
-
-Every ``kvcert*`` package found under ``src/``, plus ``kvcert_kernels``, which lives in
-the top-level ``kernels/`` folder (mapped in pyproject's ``package-dir``). A find
-directive in pyproject.toml cannot list a package under a name other than its folder's.
+"""Wheel contents for setuptools beyond pyproject.toml (which lists the packages: ``kvcert``
+under ``src/``, ``kvcert_kernels`` under ``kernels/``).
 
 A wheel (a non-editable install) also carries copies of the repository's ``configs/``
 and ``preregistration/`` folders as ``kvcert/_bundled/``, so that the CLI works outside
@@ -13,7 +10,7 @@ a checkout; run from a checkout, the working copy's folders win
 import shutil
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -33,6 +30,5 @@ class BuildWithBundledFolders(build_py):
 
 
 setup(
-    packages=find_packages("src", include=["kvcert", "kvcert.*"]) + ["kvcert_kernels"],
     cmdclass={"build_py": BuildWithBundledFolders},
 )

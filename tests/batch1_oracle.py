@@ -43,7 +43,7 @@ def _run_alone(engine: Engine, record) -> dict:
     trace = CertificateTrace(spec.certificate.delta, spec.certificate.aggregations, engine.num_layers,
                              unit_roundoff(next(engine.model.parameters()).dtype))
     t0 = time.perf_counter()
-    logits = engine.prefill(ids, question_start, cache, engine.press(record.id, spec.budget))
+    logits = engine.prefill(ids, question_start, cache, engine.press(record.id))
     t1 = time.perf_counter()
     kept_fraction = cache.kept_fraction()
     mass = evicted_mass(cache.layers, spec.certificate.aggregations)
@@ -64,6 +64,6 @@ def _run_alone(engine: Engine, record) -> dict:
             break
         logits = engine.forward([tok], cache)
     t2 = time.perf_counter()
-    return engine.record(record, spec, ids, question_start, tokens, logprobs, trace, kept_fraction, signals, mass,
+    return engine.record(record, ids, question_start, tokens, logprobs, trace, kept_fraction, signals, mass,
                          prefill_seconds=t1 - t0, decode_seconds=t2 - t1, kv_bytes_peak=cache.peak_nbytes,
                          kv_bytes_final=cache.nbytes(), sketch_bytes=cache.sketch_nbytes(), started=started)

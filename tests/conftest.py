@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist (tests/tiers.sh): the CPUs shared out among the workers
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
 
 ARCHITECTURES = {
     "llama": (LlamaConfig, LlamaForCausalLM),

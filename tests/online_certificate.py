@@ -13,7 +13,7 @@ class OnlineCertificate:
     :meth:`update` folds in one block of keys, :meth:`merge` combines two partial states
     (split-K): with m = max(m₁, m₂) and ω_j = e^{m_j − m}, first moments scale by ω_j and
     second moments (A, B, C) by ω_j². This is the algorithm the fused kernel
-    (``kernels/certified_decode.py``) runs; here it is written in torch, a test oracle and
+    (``kernels/kvcert_kernels/certified_decode.py``) runs; here it is written in torch, a test oracle and
     executable documentation (the library computes the certificate with
     :func:`kvcert.attention.hajek_attention`).
     """

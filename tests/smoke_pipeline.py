@@ -143,23 +143,39 @@ def seed_workdir(workdir: Path, reference: Path, *paths: str) -> Path:
 
 
 def reference(tmp_path_factory) -> tuple[Path, Path]:
-    """(pre-registration, reference run folder): built once per test session.
+    """(pre-registration, reference run folder): built once per test run.
 
     The reference run is the generation side of the DAG, uninterrupted, local:
-    verify_prereg → train_model (tiny) → manifest → both shards.
+    verify_prereg → train_model (tiny) → manifest → both shards. Under pytest-xdist the workers share one:
+    the first to ask builds it in the run's common temporary folder, under a lock, and the others wait and read it.
     """
     if "workdir" not in _session:
         _session["commit"] = pinned_commit()
-        base = tmp_path_factory.mktemp("smoke-reference")
-        prereg = make_prereg(base / "preregistration")
-        workdir = base / "run"
-        workdir.mkdir()
-        out = snakemake(workdir, prereg, "--cores", "2", "--", *SHARDS, timeout=900)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-        for shard in SHARDS:
-            assert len(shard_records(workdir / shard)) == SHARD_SIZE
-        _session["prereg"], _session["workdir"] = prereg, workdir
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            import fcntl
+
+            base = tmp_path_factory.getbasetemp().parent / "smoke-reference"
+            base.mkdir(exist_ok=True)
+            with open(base / "lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not (base / "done").exists():
+                    _build_reference(base)
+                    (base / "done").touch()
+        else:
+            base = tmp_path_factory.mktemp("smoke-reference")
+            _build_reference(base)
+        _session["prereg"], _session["workdir"] = base / "preregistration", base / "run"
     return _session["prereg"], _session["workdir"]
+
+
+def _build_reference(base: Path) -> None:
+    prereg = make_prereg(base / "preregistration")
+    workdir = base / "run"
+    workdir.mkdir()
+    out = snakemake(workdir, prereg, "--cores", "2", "--", *SHARDS, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for shard in SHARDS:
+        assert len(shard_records(workdir / shard)) == SHARD_SIZE
 
 
 def assert_same_records(run: Path, ref: Path, shards=SHARDS) -> None:

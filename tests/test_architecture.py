@@ -14,14 +14,16 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 STAGES = [
     ("kvcert.provenance", 0), ("kvcert.checks", 0), ("kvcert.progress", 0), ("kvcert.atomic", 0),
     ("kvcert.tables", 0),  # Parquet tables with their provenance, plain JSON: what the replay and analysis steps write
-    ("kvcert.prereg", 1), ("kvcert.analysis_plan", 1),  # the typed analysis_plan, read by generation and analysis ("kvcert.pipeline.config", 1), ("kvcert.pipeline.compose", 1),
-    ("kvcert.pipeline.plan", 1), ("kvcert.pipeline.digest", 1), ("kvcert.pipeline.console", 1),
+    ("kvcert.prereg", 1), ("kvcert.analysis_plan", 1),  # the typed analysis_plan, read by generation and analysis
+    ("kvcert.pipeline.config", 1), ("kvcert.pipeline.compose", 1),
+    ("kvcert.pipeline.digest", 1), ("kvcert.pipeline.console", 1),
     ("kvcert.paths", 1), ("kvcert.methods", 1), ("kvcert.sources", 1), ("kvcert.embedded", 1),  # where configs, models and data come from; method names
     ("kvcert.model_store", 1),  # the models `kvcert model fetch` takes from PyPI (the embedded model's counterpart)
     ("kvcert.tasks", 2),
     ("kvcert.pipeline.roofline", 3),  # the plan's cost model reads model architectures and the sketch's size
     ("kvcert.generation", 4), ("kvcert.textgen", 4),  # generate_answer: one generation, in one call
     ("kvcert.pipeline.jobs", 4),  # what a generate job writes: the plan's runs as generation specs
+    ("kvcert.pipeline.plan", 4),  # the plan hands out its jobs (Plan.jobs: their generation specs)
     ("kvcert.pipeline.manifest", 4),  # what a manifest job writes, and its seal (checked by generation and scoring)
     ("kvcert.analysis", 5),
 ]
@@ -110,18 +112,27 @@ def test_no_import_circle():
     assert not circles, "\n".join(circles)
 
 
-def test_the_kernels_folder_imports_without_triton_from_the_checkout():
-    """From the checkout's root the kernels/ folder is importable as ``kernels`` — the name transformers
-    imports to probe for the Hugging Face ``kernels`` package when it loads a model config. Without Triton
-    (the CPU install: Triton is the ``gpu`` extra) that import must still succeed, or every config load of
-    a process started in the checkout (a Snakemake run's pre-flight) fails."""
+def test_the_kernels_package_lives_in_a_folder_of_its_name():
+    """``kvcert_kernels`` is ``kernels/kvcert_kernels/``: nothing importable sits directly under kernels/,
+    so the checkout's root holds no package called ``kernels`` (the Hugging Face package transformers
+    probes for) and tools that follow folder names find the package where its name says."""
+    kernels = SRC.parent / "kernels"
+    assert not list(kernels.glob("*.py")), sorted(p.name for p in kernels.glob("*.py"))
+    assert (kernels / "kvcert_kernels" / "__init__.py").is_file()
+
+
+def test_the_checkout_root_is_no_kernels_package_and_kvcert_kernels_imports_without_triton():
+    """Started in the checkout (a Snakemake run's pre-flight), transformers does not take kernels/ for the
+    Hugging Face ``kernels`` package, a model config loads, and without Triton (the CPU install: Triton is
+    the ``gpu`` extra) ``kvcert_kernels`` still imports."""
     import subprocess
     import sys
 
     code = ("import sys; sys.modules['triton'] = None\n"  # as if Triton were not installed
-            "import kernels, kvcert_kernels\n"
+            "import kvcert_kernels\n"
+            "from transformers.utils.import_utils import is_kernels_available\n"
             "from transformers import AutoConfig\n"
             "from kvcert.embedded import embedded_model_path\n"
-            "print(type(AutoConfig.from_pretrained(embedded_model_path())).__name__)")
+            "print(is_kernels_available(), type(AutoConfig.from_pretrained(embedded_model_path())).__name__)")
     done = subprocess.run([sys.executable, "-c", code], cwd=SRC.parent, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == "LlamaConfig", done.stderr[-2000:]
+    assert done.returncode == 0 and done.stdout.strip() == "False LlamaConfig", done.stderr[-2000:]

@@ -196,17 +196,26 @@ def _run_in(checkout: Path, prereg: Path, *args: str):
                           cwd=checkout, capture_output=True, text=True, timeout=900, env=run_env())
 
 
-def test_a_moved_checkout_with_its_finished_run_reruns_nothing(tmp_path):
+@pytest.fixture(scope="module")
+def finished_checkout(tmp_path_factory):
+    """(pre-registration, checkout copy): a copy of the pipeline's files whose generation side has run once, in
+    place (both tests below start from it: one copies it elsewhere, the other edits it)."""
+    from smoke_pipeline import make_prereg
+
+    base = tmp_path_factory.mktemp("checkout")
+    prereg = make_prereg(base / "preregistration")
+    checkout = _checkout_copy(base / "first" / "kvcert")
+    done = _run_in(checkout, prereg, "--cores", "2", "--", *SHARDS)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return prereg, checkout
+
+
+def test_a_moved_checkout_with_its_finished_run_reruns_nothing(finished_checkout, tmp_path):
     """Job params do not depend on where the checkout lives: a finished run, copied with
     its checkout to another folder (times kept), has nothing left to do there."""
     import shutil
 
-    from smoke_pipeline import make_prereg
-
-    prereg = make_prereg(tmp_path / "preregistration")
-    first = _checkout_copy(tmp_path / "first" / "kvcert")
-    done = _run_in(first, prereg, "--cores", "2", "--", *SHARDS)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    prereg, first = finished_checkout
     moved = tmp_path / "elsewhere" / "deeper" / "kvcert"
     shutil.copytree(first, moved, copy_function=shutil.copy2, symlinks=True)
     again = _run_in(moved, prereg, "--cores", "2", "--", *SHARDS)
@@ -214,16 +223,11 @@ def test_a_moved_checkout_with_its_finished_run_reruns_nothing(tmp_path):
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:] + again.stderr[-2000:]
 
 
-def test_reruns_follow_content_not_file_times(tmp_path):
+def test_reruns_follow_content_not_file_times(finished_checkout):
     """A refused pre-registration edit, once restored, reruns nothing; a config rewritten
     with the same content reruns nothing; a config whose content changes reruns exactly
-    the jobs that read it."""
-    from smoke_pipeline import make_prereg
-
-    prereg = make_prereg(tmp_path / "preregistration")
-    checkout = _checkout_copy(tmp_path / "kvcert")
-    done = _run_in(checkout, prereg, "--cores", "2", "--", *SHARDS)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    the jobs that read it. (It edits the finished checkout: it comes after the test that copies it.)"""
+    prereg, checkout = finished_checkout
 
     def nothing_to_do():
         out = _run_in(checkout, prereg, "-n", "--", *SHARDS)

@@ -60,6 +60,11 @@ def grid_jobs(**kw) -> list[dict]:
                                   for b in (0.125, 0.25, 0.5)]
 
 
+def specs_of(configs: list[dict]) -> list[GenerationSpec]:
+    """What run_specs takes: each config as a GenerationSpec (validated where it enters)."""
+    return [GenerationSpec.from_dict(c) for c in configs]
+
+
 def mismatches(a, b, path="") -> list[str]:
     """Where two records differ: exact for everything but floats, which agree within RTOL."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -170,6 +175,7 @@ _KILLER = textwrap.dedent("""
     import os, signal, sys, json
     import kvcert.generation.shards as shards
     from kvcert.generation.runner import run_specs, load_records
+    from kvcert.generation.spec import GenerationSpec
     write, count = shards.ShardWriter.write, [0]
     def killing_write(self, record):
         count[0] += 1
@@ -179,7 +185,8 @@ _KILLER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGKILL)
         write(self, record)
     shards.ShardWriter.write = killing_write
-    run_specs(json.loads(sys.argv[1]), load_records(sys.argv[2]), sys.argv[3], progress=False)
+    run_specs([GenerationSpec.from_dict(c) for c in json.loads(sys.argv[1])], load_records(sys.argv[2]), sys.argv[3],
+              progress=False)
 """)
 
 
@@ -190,7 +197,7 @@ def test_sigkill_mid_example_resumes_to_the_uninterrupted_shard(model_dir, token
     write_jsonl(records, manifest)
     model_spec = {"name": "tiny", "path": str(model_dir)}
     configs = grid_jobs(model=model_spec, max_new_tokens=4)
-    uninterrupted = run_specs(configs, records, tmp_path / "ref.jsonl", progress=False)
+    uninterrupted = run_specs(specs_of(configs), records, tmp_path / "ref.jsonl", progress=False)
 
     out = tmp_path / "killed.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -199,7 +206,7 @@ def test_sigkill_mid_example_resumes_to_the_uninterrupted_shard(model_dir, token
     assert proc.returncode == -9, proc.stderr[-2000:]
     partial = out.with_name(out.name + ".partial")
     assert not out.exists() and len(partial.read_text().split("\n")) == KILL_AFTER + 1  # 3 lines and a cut one
-    resumed = run_specs(configs, records, out, progress=False)
+    resumed = run_specs(specs_of(configs), records, out, progress=False)
     ref, got = read_records(uninterrupted), read_records(resumed)
     assert [r["example_id"] + r["condition"] + r["method"] for r in got] == \
         [r["example_id"] + r["condition"] + r["method"] for r in ref]
@@ -211,8 +218,8 @@ def test_shard_forked_and_batch1_agree(model_dir, tokenizer, tmp_path):
     configs = grid_jobs(model={"name": "tiny", "path": str(model_dir)}, max_new_tokens=3)
     configs.append({**job("streaming", "poisson", 0.25, model={"name": "tiny", "path": str(model_dir)},
                           max_new_tokens=3), "chunk_tokens": 64, "seed": 8})  # chunked: the batch-1 path
-    forked = read_records(run_specs(configs, records, tmp_path / "forked.jsonl", progress=False))
-    batch1 = read_records(run_specs(configs, records, tmp_path / "batch1.jsonl", progress=False, forked=False))
+    forked = read_records(run_specs(specs_of(configs), records, tmp_path / "forked.jsonl", progress=False))
+    batch1 = read_records(run_specs(specs_of(configs), records, tmp_path / "batch1.jsonl", progress=False, forked=False))
     assert_same(batch1, forked)
 
 

@@ -282,6 +282,49 @@ def test_compression_ratio_is_kvpress_fraction_removed():
         EvictionPress(budget=0.5, compression_ratio=0.5)
 
 
+def test_the_budget_is_checked_once_where_it_enters():
+    """generation_budget is the one conversion from compression_ratio and the one range check of a
+    generation's budget: a spec, kvcert run's budget= / compression_ratio= and generate_answer all go through
+    it, with the same message."""
+    from kvcert.generation.spec import generation_budget
+    from kvcert.pipeline.oneoff import budget_of
+
+    assert generation_budget(0.25) == 0.25 and generation_budget(compression_ratio=0.75) == pytest.approx(0.25)
+    assert generation_budget(default=0.5) == 0.5 and generation_budget(1) == 1  # as given: a spec's hash keeps it
+    for bad in (0.0, 1.5, -0.1, True, "0.5", None):
+        with pytest.raises(ValueError, match=r"budget: must be a fraction in \(0, 1\]"):
+            generation_budget(bad)
+    with pytest.raises(ValueError, match=r"budget: must be a fraction in \(0, 1\], got 1.5"):
+        GenerationSpec.from_dict({**job(), "budget": 1.5})
+    with pytest.raises(ValueError, match=r"budget: must be a fraction in \(0, 1\], got 1.5"):
+        budget_of({"budget": "1.5"}, "snapkv-poisson")
+    assert budget_of({"compression_ratio": "0.75"}, "snapkv-poisson") == pytest.approx(0.25)
+    assert budget_of({"budget": "0.5"}, "full") == 1.0
+    with pytest.raises(ValueError, match="not both"):
+        budget_of({"budget": "0.5", "compression_ratio": "0.5"}, "full")
+
+
+def test_a_generation_has_one_key(tmp_path, loaded, records):
+    """GenerationKey is a generation's one identity: the key the runner plans from a spec and a task record
+    is the key of the record written (GenerationKey.of), the shard writer's key, and equal to the plain tuple
+    the loader builds; run_specs takes GenerationSpecs, not mappings."""
+    from kvcert.analysis.load import generation_key
+    from kvcert.generation.record import GenerationKey
+    from kvcert.generation.runner import run_specs
+    from kvcert.generation.shards import record_key
+
+    specs = [GenerationSpec.from_dict(job("full")), GenerationSpec.from_dict(job())]
+    out = run_specs(specs, records[:1], tmp_path / "s.jsonl", model_and_tokenizer=loaded, progress=False)
+    written = read_records(out)
+    planned = [GenerationKey.planned(s, records[0]) for s in specs]
+    assert [GenerationKey.of(r) for r in written] == [record_key(r) for r in written] == planned
+    assert [generation_key(r) for r in written] == planned and hash(tuple(planned[1])) == hash(planned[1])
+    assert planned[1].budget == 0.25 and isinstance(planned[1].seed, int)
+    assert str(planned[1]) == f"tiny/needle/{records[0].metadata['target_tokens']}/{records[0].id}/aware/snapkv-poisson/0.25/7"
+    with pytest.raises(TypeError, match="GenerationSpec"):
+        run_specs([job()], records[:1], tmp_path / "t.jsonl", model_and_tokenizer=loaded, progress=False)
+
+
 def test_resume_never_mixes_preregistrations(tmp_path, loaded, records, capsys):
     """A partial shard left from before an amendment is set aside, not resumed: the shard
     ends with records of the current pre-registration only, and a line says so."""

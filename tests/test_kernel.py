@@ -1,4 +1,4 @@
-"""The fused certified decode kernel (kernels/, package kvcert_kernels) against float64 torch.
+"""The fused certified decode kernel (kernels/kvcert_kernels/, package kvcert_kernels) against float64 torch.
 
 With a CUDA device (and TRITON_INTERPRET unset) the tests run the compiled kernels on
 the GPU. Without one they run in Triton's CPU interpreter, which needs
@@ -481,7 +481,7 @@ def test_the_kernels_package_imports_nothing_of_kvcert():
     """kvcert imports kvcert_kernels (kvcert.attention), never the other way round."""
     import ast
 
-    for path in sorted((Path(__file__).resolve().parents[1] / "kernels").glob("*.py")):
+    for path in sorted((Path(__file__).resolve().parents[1] / "kernels").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])

@@ -25,7 +25,8 @@ from kvcert.tasks.locomo import (
 from kvcert.tasks.prompting import build_prompt_ids
 
 from conftest import model_for
-from kvcert.training.tokenizer import CHAT_TEMPLATE  # the embedded model's: one template for every test tokenizer
+from kvcert.training.tokenizer import (  # the embedded model's chat specials: one definition for every test tokenizer
+    ASSISTANT, BOS, CHAT_TEMPLATE, EOS, PAD, UNK, USER)
 
 
 def _sample() -> dict:
@@ -68,7 +69,7 @@ def _sample() -> dict:
     }
 
 
-SPECIALS = ["<s>", "<|end|>", "<pad>", "<unk>", "<|user|>", "<|assistant|>"]
+SPECIALS = [BOS, EOS, PAD, UNK, USER, ASSISTANT]
 
 
 @pytest.fixture(scope="module")
@@ -77,13 +78,13 @@ def tok() -> PreTrainedTokenizerFast:
     sample = _sample()
     corpus = [render_conversation(sample)]
     corpus += [question_prompt(qa, random.Random(seed))[0] for qa in sample["qa"] for seed in range(4)]
-    backend = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    backend = Tokenizer(models.WordLevel(unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     backend.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=SPECIALS,
                                                                   show_progress=False))
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="<|end|>", pad_token="<pad>",
-        unk_token="<unk>", additional_special_tokens=["<|user|>", "<|assistant|>"],
+        tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+        unk_token=UNK, additional_special_tokens=[USER, ASSISTANT],
     )
     wrapped.chat_template = CHAT_TEMPLATE
     return wrapped

@@ -31,7 +31,8 @@ from kvcert.tasks.longbench_metrics import (
 from kvcert.tasks.prompting import build_prompt_ids
 
 from conftest import model_for
-from kvcert.training.tokenizer import CHAT_TEMPLATE  # the embedded model's: one template for every test tokenizer
+from kvcert.training.tokenizer import (  # the embedded model's chat specials: one definition for every test tokenizer
+    ASSISTANT, BOS, CHAT_TEMPLATE, EOS, PAD, USER)
 
 # Re-encoding the two decoded halves of a truncated prompt gives the kept tokens
 # back except where the halves meet (the junction may fall inside a word): we allow
@@ -298,7 +299,7 @@ def test_hub_id_goes_through_datasets_lazily(monkeypatch):
 
 WORDS = ("river stone lamp garden window orange quiet silver harbor candle forest meadow "
          "north bridge copper field").split()
-SPECIALS = ["<s>", "<|end|>", "<pad>", "<|user|>", "<|assistant|>"]
+SPECIALS = [BOS, EOS, PAD, USER, ASSISTANT]
 
 
 @pytest.fixture(scope="module")
@@ -314,11 +315,11 @@ def tok() -> PreTrainedTokenizerFast:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     backend.train_from_iterator(corpus, trainer)
     backend.post_processor = processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", backend.token_to_id("<s>"))]
+        single=f"{BOS} $A", special_tokens=[(BOS, backend.token_to_id(BOS))]
     )
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="<|end|>", pad_token="<pad>",
-        additional_special_tokens=["<|user|>", "<|assistant|>"], clean_up_tokenization_spaces=False,
+        tokenizer_object=backend, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+        additional_special_tokens=[USER, ASSISTANT], clean_up_tokenization_spaces=False,
     )
     wrapped.chat_template = CHAT_TEMPLATE
     return wrapped

@@ -53,13 +53,13 @@ def test_paper_plan_matches_dry_run(paper_env):
     assert out.returncode == 0, out.stderr[-2000:]
     stats = job_stats(out.stdout)
     expected = plan.jobs_per_rule()
-    assert stats["total"] == plan.jobs
+    assert stats["total"] == plan.job_count
     for rule, count in expected.items():
         assert stats[rule] == count, rule
     plan_cli = subprocess.run([sys.executable, "-m", "kvcert.cli", "plan", "--experiment", "paper"],
                               cwd=REPO, capture_output=True, text=True, timeout=120)
     last = plan_cli.stdout.strip().splitlines()[-1]
-    assert last.startswith(f"generations={plan.generations} jobs={plan.jobs} gpu_hours=")
+    assert last.startswith(f"generations={plan.generations} jobs={plan.job_count} gpu_hours=")
     fields = dict(f.split("=") for f in last.split())
     assert float(fields["gpu_hours"]) > float(fields["gpu_hours_roofline"]) > 0  # the roofline bounds the estimate
 
@@ -182,16 +182,49 @@ def test_a_model_folder_moved_elsewhere_keeps_every_rerun_trigger():
     KVCERT_MODEL_DIR) gives the same shard config hash, data config hash and record config hashes;
     another model folder (or a Hub id) does not. The content is model_digest's (the model param)."""
     from kvcert.pipeline.config import experiment_grid
-    from kvcert.pipeline.jobs import manifest_config_hash, shard_config_hash
+    from kvcert.pipeline.jobs import manifest_config_hash
 
     configs, prereg = REPO / "configs", REPO / "preregistration"
-    shard = build_plan("smoke", experiment_grid("smoke", configs, prereg)[1]).shards[0]
+    plan = build_plan("smoke", experiment_grid("smoke", configs, prereg)[1])
+    shard = plan.shards[0]
     here, there = "/scratch/a/models/tiny", "/home/b/cache kvcert/models/tiny/"
-    assert (shard_config_hash("smoke", shard, configs, prereg, here)
-            == shard_config_hash("smoke", shard, configs, prereg, there)
-            != shard_config_hash("smoke", shard, configs, prereg, "/scratch/a/models/other"))
+    assert (plan.job(shard, configs, prereg, here).config_hash
+            == plan.job(shard, configs, prereg, there).config_hash
+            != plan.job(shard, configs, prereg, "/scratch/a/models/other").config_hash)
     assert manifest_config_hash(configs, "embedded", "needle", here) == manifest_config_hash(configs, "embedded", "needle", there)
     assert manifest_config_hash(configs, "embedded", "needle", here) != manifest_config_hash(configs, "embedded", "needle")
+
+
+def test_the_plan_hands_out_typed_jobs(tmp_path):
+    """Plan.jobs: one Job per shard, in the plan's order — its runs' GenerationSpecs (validated where they
+    enter), their config hash (the hash of the record hashes: the Snakefile's rerun trigger), and its planned
+    records keyed by GenerationKey, read from the manifest under the results folder."""
+    from kvcert.generation.record import GenerationKey
+    from kvcert.generation.spec import GenerationSpec
+    from kvcert.pipeline.config import experiment_grid
+    from kvcert.pipeline.jobs import specs_hash
+    from kvcert.provenance import config_hash
+    from kvcert.tasks.records import TaskRecord, write_jsonl
+
+    configs, prereg = REPO / "configs", REPO / "preregistration"
+    plan = build_plan("smoke", experiment_grid("smoke", configs, prereg)[1])
+    for shard in plan.shards:  # a stand-in manifest per (task, length): the plan's examples, their ids
+        examples = plan.manifest(shard.model, shard.task, shard.length).examples
+        write_jsonl([TaskRecord(id=f"{shard.task}-{i}", task=shard.task, context="c", question="q", answers=["a"],
+                                metadata={"target_tokens": shard.length or None}) for i in range(examples)],
+                    tmp_path / shard.manifest)
+    jobs = plan.jobs(configs, prereg, results=tmp_path)
+    assert [j.shard for j in jobs] == plan.shards
+    for job in jobs:
+        assert len(job.specs) == len(job.shard.runs) and all(isinstance(s, GenerationSpec) for s in job.specs)
+        assert [float(s.budget) for s in job.specs] == [r.budget for r in job.shard.runs]
+        assert job.config_hash == specs_hash(job.specs) == plan.job(job.shard, configs, prereg).config_hash
+        planned = job.planned_records()
+        assert len(planned) == job.shard.generations and all(type(k) is GenerationKey for k in planned)
+        assert set(planned.values()) == {config_hash(s.hashed_dict()) for s in job.specs}
+        assert set(job.references()) == {e.id for e in job.examples()}
+    with pytest.raises(ValueError, match="no manifest"):
+        plan.job(plan.shards[0], configs, prereg).planned_records()
 
 
 @pytest.mark.parametrize("experiment", ["smoke", "rehearsal", "paper", "real"])

@@ -158,13 +158,14 @@ def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, t
 def test_a_partial_holding_another_cells_records_is_set_aside_not_sealed(tmp_path, tiny_model, capsys):
     from kvcert.generation.runner import run_specs
     from kvcert.generation.shards import ShardWriter, read_records
+    from kvcert.generation.spec import GenerationSpec
     from kvcert.tasks import generate as generate_task
 
     model, tokenizer = tiny_model
     needle = generate_task("needle", tokenizer, n_examples=2, target_tokens=200, seed=1)
     other = [replace(r, task="multikey") for r in needle]  # another cell's records under the same ids
-    config = {"model": {"name": "tiny", "path": "unused"}, "method": {"name": "full"}, "condition": "full",
-              "max_new_tokens": 3}
+    config = GenerationSpec.from_dict({"model": {"name": "tiny", "path": "unused"}, "method": {"name": "full"},
+                                       "condition": "full", "max_new_tokens": 3})
     foreign = run_specs([config], other, tmp_path / "other.jsonl", "p", (model, tokenizer), progress=False)
     out = tmp_path / "shard.jsonl"
     out.with_name(out.name + ".partial").write_text(foreign.read_text())

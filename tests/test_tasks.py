@@ -10,6 +10,7 @@ from transformers import PreTrainedTokenizerFast
 
 from kvcert.tasks import SYNTHETIC_TASKS, TASKS, TaskRecord, build_prompt_ids, is_correct, register_task, score
 from kvcert.tasks import lookalike, metrics, multikey, multiturn, needle
+from kvcert.training.tokenizer import ASSISTANT, BOS, EOS, UNK, USER  # the embedded model's chat specials
 from kvcert.tasks.records import RecordError, read_jsonl, write_jsonl
 from kvcert.training.tokenizer import build_tokenizer
 
@@ -165,7 +166,7 @@ def test_needle_prompt_follows_ruler(tok, task):
     ids, start = build_prompt_ids(tok, record)
     prefix_ids = tok(record.answer_prefix, add_special_tokens=False)["input_ids"]
     assert ids[-len(prefix_ids):] == prefix_ids
-    assert ids[-len(prefix_ids) - 1] == tok.convert_tokens_to_ids("<|assistant|>")
+    assert ids[-len(prefix_ids) - 1] == tok.convert_tokens_to_ids(ASSISTANT)
     assert start < len(ids) - len(prefix_ids)
 
 
@@ -202,24 +203,24 @@ def test_prompt_split_matches_template(tok):
         tokenize=False, add_generation_prompt=True)
     assert ids == tok(whole, add_special_tokens=False)["input_ids"]
     assert ids[0] == tok.bos_token_id and ids[1] != tok.bos_token_id
-    assert ids[-1] == tok.convert_tokens_to_ids("<|assistant|>")
+    assert ids[-1] == tok.convert_tokens_to_ids(ASSISTANT)
     question_ids = tok(record.question, add_special_tokens=False)["input_ids"]
     assert ids[start:start + len(question_ids)] == question_ids
     assert tok.decode(ids[:start], skip_special_tokens=True).strip().endswith(
         tok.decode(tok(record.context.split()[-1])["input_ids"]))
 
 
-SPECIALS = ["<s>", "<unk>", "<|user|>", "<|assistant|>", "<|end|>"]
+SPECIALS = [BOS, UNK, USER, ASSISTANT, EOS]
 
 
 def _wordlevel(pre_tokenizer, template: str | None, normalizer=None) -> PreTrainedTokenizerFast:
     words = SPECIALS + "▁ Hello world . What is it ?".split()
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizer
     if normalizer is not None:
         backend.normalizer = normalizer
     backend.add_special_tokens(SPECIALS)
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", unk_token="<unk>")
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BOS, unk_token=UNK)
     if template is not None:
         wrapped.chat_template = template
     return wrapped
@@ -230,8 +231,8 @@ def _record(context="Hello world.", question="What is it?") -> TaskRecord:
                       answers=["it"], metadata={"target_tokens": 10})
 
 
-SIMPLE_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|user|>{{ m['content'] }}<|end|>{% endfor %}"
-                   "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+SIMPLE_TEMPLATE = ("{{ bos_token }}{% for m in messages %}" + USER + "{{ m['content'] }}" + EOS + "{% endfor %}"
+                   "{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}")
 
 
 def test_prompt_split_falls_back_to_offsets():
@@ -243,8 +244,8 @@ def test_prompt_split_falls_back_to_offsets():
     text = tok.apply_chat_template([{"role": "user", "content": "Hello world.\n\nWhat is it?"}],
                                    tokenize=False, add_generation_prompt=True)
     assert ids == tok(text, add_special_tokens=False)["input_ids"]
-    assert tok.convert_ids_to_tokens(ids[start:]) == ["What", "is", "it", "?", "<|end|>", "<|assistant|>"]
-    assert tok.convert_ids_to_tokens(ids[:start]) == ["<s>", "<|user|>", "▁", "Hello", "world", "."]
+    assert tok.convert_ids_to_tokens(ids[start:]) == ["What", "is", "it", "?", EOS, ASSISTANT]
+    assert tok.convert_ids_to_tokens(ids[:start]) == [BOS, USER, "▁", "Hello", "world", "."]
     simple = _wordlevel(pre_tokenizers.Whitespace(), SIMPLE_TEMPLATE)
     assert build_prompt_ids(simple, _record())[1] == 5
 

@@ -73,8 +73,26 @@ def test_tiers_run_in_order_and_a_failing_tier_stops_the_later_ones(tmp_path):
     assert unknown.returncode == 2 and "unknown tier 'fast'" in unknown.stderr
 
 
+def test_with_two_workers_a_failure_in_one_stops_the_later_tiers_in_the_other(tmp_path):
+    """pytest-xdist: one worker's failing unit test keeps the other worker from starting a later tier's test."""
+    folder = suite(tmp_path, "def test_unit_fails():\n    assert False, 'a unit test fails'\n")
+    (folder / "tests" / "test_other.py").write_text(
+        "import pytest, time\n"
+        "def test_unit_slowly():\n    time.sleep(3)\n"
+        "@pytest.mark.slow\ndef test_slow():\n    open('ran-slow', 'w').close()\n")
+    out = tiers(folder, "unit", "slow", KVCERT_TEST_WORKERS="2")
+    assert out.returncode == 1, out.stdout
+    assert "(2 workers)" in out.stdout and not (folder / "ran-slow").exists(), out.stdout
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("tier unit (") and "1 failed" in line and "1 passed" in line for line in lines), out.stdout
+    assert "tier slow: not run (1 tests), tier unit failed before it" in lines, out.stdout
+    alone = tiers(folder, "unit", KVCERT_TEST_WORKERS="0")  # one process, no xdist
+    assert alone.returncode == 1 and "workers)" not in alone.stdout and "1 failed, 1 passed" in alone.stdout
+
+
 @pytest.mark.parametrize("markers", [set(c) for n in range(len(MARKERS) + 1)
-                                     for c in itertools.combinations(MARKERS, n)], ids=str)
+                                     for c in itertools.combinations(MARKERS, n)],
+                         ids=lambda markers: "+".join(sorted(markers)) or "none")  # the same ids in every xdist worker
 def test_a_tests_tier_is_the_one_the_documented_expressions_select(markers):
     """Every combination of markers lands in one tier, and in the one docs/testing.md's expressions give it
     where they give exactly one (two of them can select a test carrying both slurm and gpu_compile)."""

@@ -107,14 +107,15 @@ def test_entity_and_question_targets(tok, task):
     look at the whole sentence stating the fact asked about."""
     import random
 
-    from kvcert.training.data import ENTITY_WINDOW, TASK_MODULES
+    from kvcert.tasks import get_task
+    from kvcert.training.data import ENTITY_WINDOW
 
     builder = SequenceBuilder(tok, max_questions=3)
     seq = builder.task_sequence(random.Random(1), task, 700, seed=5, index=4)
     ids, roles = seq.ids, seq.roles
     tokens = tok.convert_ids_to_tokens(ids)
-    record = TASK_MODULES[task].make_record(tok, 700, 5, 4, **_options_of(task, 700))
-    keys = {qa.key for qa in TASK_MODULES[task].questions_for(record)}
+    record = get_task(task).make_record(tok, 700, 5, 4, **_options_of(task, 700))
+    keys = {qa.key for qa in get_task(task).questions_for(record)}
     key_ends = sorted({e for key in keys for e in builder._key_ends(ids, key)})
     assert seq.entity and key_ends
     for query, (target,) in seq.entity:  # the most recent key, within the window

@@ -131,7 +131,7 @@ class EvictionPress:
 
     def score(self, obs: LayerObservation) -> torch.Tensor:
         """The scorer's importance of every slot of ``obs``. A scorer with a ``compression_ratio``
-        (a kvpress press, :mod:`kvcert.kvpress_bridge`: StreamingLLMPress's scores depend on it)
+        (a kvpress press, :mod:`kvcert.scorers.kvpress_scorer`: StreamingLLMPress's scores depend on it)
         is first given this press's, 1 − the kept fraction."""
         if hasattr(self.scorer, "compression_ratio"):
             n = obs.key.shape[2]

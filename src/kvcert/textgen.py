@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .checks import kept_budget
 
 KVPRESS_ORDER = "streaming"  # the condition that compresses the context before the question, as kvpress does
 
@@ -51,7 +50,7 @@ def generate_answer(model: Any, tokenizer: Any, context: str, question: str, *, 
     (:mod:`kvcert.methods`: ``snapkv-poisson``, ``adakv-topk``, ``snapkv-kvpress``, …) or ``full``."""
     from .generation.engine import Engine
     from .generation.forked import generate
-    from .generation.spec import CertificateSpec, GenerationSpec, MethodSpec
+    from .generation.spec import CertificateSpec, GenerationSpec, MethodSpec, generation_budget
     from .integration import enable_certified_attention
     from .methods import method_config
     from .models import ModelSpec
@@ -61,7 +60,7 @@ def generate_answer(model: Any, tokenizer: Any, context: str, question: str, *, 
         condition, method_spec, kept = "full", MethodSpec(), 1.0
     else:
         method_spec = MethodSpec.from_dict(method_config(method))
-        kept = kept_budget(budget, compression_ratio, default=0.25)
+        kept = generation_budget(budget, compression_ratio, default=0.25)
     if model.config._attn_implementation != "kvcert":
         enable_certified_attention(model)
     spec = GenerationSpec(model=ModelSpec(name=getattr(model.config, "_name_or_path", "") or "model"),

@@ -153,12 +153,14 @@ class Engine:
         self.model_path = model_folder_label(spec.model.path)
 
     # --- pieces ----------------------------------------------------------------------
-    def press(self, record_id: str, budget: float) -> EvictionPress | None:
+    def press(self, record_id: str) -> EvictionPress | None:
+        """The spec's press for the example ``record_id`` (its budget, its seed for that example); None for the
+        full cache."""
         m = self.spec.method
         if m.is_full:
             return None
         return EvictionPress(
-            scorer=get_scorer(m.scorer, **m.scorer_options), budget=float(budget), sampler=m.sampler,
+            scorer=get_scorer(m.scorer, **m.scorer_options), budget=float(self.spec.budget), sampler=m.sampler,
             allocation=m.allocation, design=m.design, seed=example_seed(self.spec.seed, record_id),
             rounding=m.rounding,
         )
@@ -197,11 +199,13 @@ class Engine:
         cache.pop_steps()
         return self.forward(question, cache)
 
-    def record(self, record, spec: GenerationSpec, ids: list[int], question_start: int, tokens: list[int],
+    def record(self, record, ids: list[int], question_start: int, tokens: list[int],
                logprobs: list[float], trace: CertificateTrace, kept_fraction: list[float], signals: StepSignals,
                evicted: dict | None, *, prefill_seconds: float, decode_seconds: float, kv_bytes_peak: int,
                kv_bytes_final: int, sketch_bytes: int, started: str) -> dict:
-        """The JSON-ready generation record of one run (every run of :func:`kvcert.generation.forked.generate`)."""
+        """The JSON-ready generation record of one run of the engine's spec (every run of
+        :func:`kvcert.generation.forked.generate`)."""
+        spec = self.spec
         answer_tokens = [t for t in tokens if t not in self.eos]
         # the raw decoded answer, as LongBench's pred.py writes it: the benchmarks' own
         # post-processing (first line, ...) happens in their scorers, and nothing else

@@ -153,7 +153,7 @@ def _prefill_alone(engine: Engine, i: int, record, ids, question_start, trace, s
     cache = CertifiedCache(record_certificates=spec.method.randomized, record_entropy=not spec.method.is_full)
     sync_device(engine.device)
     t0 = time.perf_counter()
-    logits = engine.prefill(ids, question_start, cache, engine.press(record.id, spec.budget))
+    logits = engine.prefill(ids, question_start, cache, engine.press(record.id))
     sync_device(engine.device)
     done.seconds[i] = time.perf_counter() - t0
     done.kept_fraction[i] = cache.kept_fraction()
@@ -176,7 +176,7 @@ def _prefill_forks(engines, forks, record, ids, question_start, traces, signals,
     for i in forks:
         if conds[i] != "full":
             end = question_start if conds[i] == "streaming" else len(ids) - 1
-            branches[i] = Branch(engines[i].press(record.id, specs[i].budget), end)
+            branches[i] = Branch(engines[i].press(record.id), end)
     prefix = ids[:-1] if any(conds[i] != "streaming" for i in forks) else ids[:question_start]
     shared = ForkingCache(list(branches.values()))
     model(input_ids=torch.tensor([prefix], dtype=torch.long, device=device), cache=shared, use_cache=True,
@@ -261,7 +261,7 @@ def _decode(engines, record, ids, question_start, batches: list[_Batch], traces,
                     sketch = sum(layer.row_sketch_bytes[pos] for layer in batch.cache.layers)
                     peak = max(done.peak.get(i, 0), final)
                 records[i] = engines[i].record(
-                    record, specs[i], ids, question_start, tokens[i], logprobs[i],
+                    record, ids, question_start, tokens[i], logprobs[i],
                     traces[i] or CertificateTrace(specs[i].certificate.delta, specs[i].certificate.aggregations,
                                                   engines[i].num_layers, roundoff),
                     done.kept_fraction[i], signals[i], done.mass[i], prefill_seconds=done.seconds[i],

@@ -9,8 +9,8 @@ every field present, no unknown field) and the test fixtures construct it
 
 Fields, in groups:
 
-* identity — the generation key (``model, task, target_tokens, example_id, condition,
-  method, budget, seed``) and the method's parts (scorer, sampler, allocation);
+* identity — the generation key (:class:`GenerationKey`: ``model, task, target_tokens,
+  example_id, condition, method, budget, seed``) and the method's parts (scorer, sampler, allocation);
 * output — the raw decoded answer, its greedy tokens and their log-probabilities, the
   task's reference answers and score;
 * certificates — the paper's plug-in certificate and the robust one
@@ -30,7 +30,48 @@ Torch-free: the analysis imports it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+class GenerationKey(NamedTuple):
+    """What identifies one generation, the one type of it: the shard writer keys its records by it
+    (:class:`~kvcert.generation.shards.ShardWriter`), the runner plans a shard's with it, a job's planned
+    records (:meth:`kvcert.pipeline.jobs.Job.planned_records`) and the loader's key sets are keyed by it.
+    Normalised: ``target_tokens`` and ``seed`` ints, ``budget`` a float (None where a record has none).
+    A plain tuple of the same values equals it."""
+
+    model: str | None
+    task: str | None
+    target_tokens: int | None
+    example_id: str
+    condition: str | None
+    method: str | None
+    budget: float | None
+    seed: int | None
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> "GenerationKey":
+        """The key of a record (a shard line, :meth:`GenerationRecord.to_dict`)."""
+        tokens, budget, seed = record.get("target_tokens"), record.get("budget"), record.get("seed")
+        return cls(_text(record.get("model")), _text(record.get("task")), None if tokens is None else int(tokens),
+                   str(record["example_id"]), _text(record.get("condition")), _text(record.get("method")),
+                   None if budget is None else float(budget), None if seed is None else int(seed))
+
+    @classmethod
+    def planned(cls, spec: Any, example: Any) -> "GenerationKey":
+        """The key of the record a :class:`~kvcert.generation.spec.GenerationSpec` writes for the task record
+        ``example`` (what :meth:`Engine.record <kvcert.generation.engine.Engine.record>` stamps on it)."""
+        tokens = example.metadata.get("target_tokens")
+        return cls(spec.model.name, example.task, None if tokens is None else int(tokens), example.id,
+                   spec.condition, spec.method.name, float(spec.budget), int(spec.seed))
+
+    def __str__(self) -> str:
+        """``model/task/length/example/condition/method/budget/seed`` (a native length: ``native``)."""
+        return "/".join("native" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in self)
 
 
 def certificate_field(delta: float, steps: dict, anytime_steps: dict, relative_steps: dict,

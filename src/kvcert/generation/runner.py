@@ -23,19 +23,9 @@ from ..provenance import config_hash, provenance
 from ..tasks.records import read_jsonl
 from .engine import Engine
 from .forked import forkable, generate
-from .shards import ShardWriter, read_records, record_key
+from .record import GenerationKey
+from .shards import ShardWriter, read_records
 from .spec import GenerationSpec
-
-
-def expected_key(record_id: str, spec: GenerationSpec) -> str:
-    return record_key({"example_id": record_id, "condition": spec.condition, "method": spec.method.name,
-                       "budget": float(spec.budget), "seed": spec.seed})
-
-
-def identity(record: dict) -> tuple:
-    """What a shard's record must match besides its key: model, task and length."""
-    tokens = record.get("target_tokens")
-    return record.get("model"), record.get("task"), None if tokens is None else int(tokens), record_key(record)
 
 
 def load_records(records_path: str | Path, start: int = 0, stop: int | None = None):
@@ -49,20 +39,20 @@ def load_records(records_path: str | Path, start: int = 0, stop: int | None = No
     return records
 
 
-def foreign_reason(record: dict, prereg_hash: str | None, hashes: set[str], planned: set) -> str | None:
+def foreign_reason(record: dict, prereg_hash: str | None, hashes: set[str], planned: set[GenerationKey]) -> str | None:
     """Why a record found in a shard's partial file is not one of this shard's (None: it is): the hash that
     differs, with the one it should carry, or its key the plan puts in no run of this shard."""
     if record.get("prereg_hash") != prereg_hash:
         return f"made under pre-registration {record.get('prereg_hash')}, not {prereg_hash}"
     if record.get("config_hash") not in hashes:
         return f"made under config {record.get('config_hash')}, not {' or '.join(sorted(hashes))}"
-    if identity(record) not in planned:
-        return f"{'/'.join(map(str, identity(record)))}, a record of another shard"
+    if GenerationKey.of(record) not in planned:
+        return f"{GenerationKey.of(record)}, a record of another shard"
     return None
 
 
 def run_specs(
-    configs: list[dict],
+    specs: list[GenerationSpec],
     records,
     out_path: str | Path,
     prereg_hash: str | None = None,
@@ -70,18 +60,20 @@ def run_specs(
     progress: bool = True,
     forked: bool = True,
 ) -> Path:
-    """Generate every record under every config into the shard ``out_path`` (resumable)."""
-    specs = [GenerationSpec.from_dict(c) for c in configs]
+    """Generate every record of ``records`` under every spec (:class:`GenerationSpec`, validated where it
+    was built) into the shard ``out_path`` (resumable)."""
+    specs = list(specs)
+    if not all(isinstance(s, GenerationSpec) for s in specs):
+        raise TypeError("run_specs: give GenerationSpec objects (GenerationSpec.from_dict of a config mapping)")
     if len({s.model for s in specs}) != 1:
         raise ValueError("configs: the runs of one shard must use the same model")
-    keys = [expected_key(r.id, s) for r in records for s in specs]
-    if len(set(keys)) != len(keys):
+    keys = [GenerationKey.planned(s, r) for r in records for s in specs]
+    planned = set(keys)
+    if len(planned) != len(keys):
         raise ValueError("configs: two runs of the shard are the same setting")
-    planned = {(s.model.name, r.task, r.metadata.get("target_tokens"), expected_key(r.id, s))
-               for r in records for s in specs}
     out_path = Path(out_path)
     if out_path.exists():  # a finished shard: nothing to do if it holds exactly these records
-        done = {identity(r) for r in read_records(out_path)}
+        done = {GenerationKey.of(r) for r in read_records(out_path)}
         if done == planned:
             return out_path
         raise ValueError(f"{out_path}: the finished shard holds other records than planned; delete it to regenerate")
@@ -99,13 +91,13 @@ def run_specs(
             print(f"{writer.partial}: {len(foreign)} records set aside as {aside.name} "
                   f"(the first {next(iter(foreign.values()))}); the {len(writer.done)} records of this shard "
                   "are kept", file=sys.stderr)
-        todo = [(r, s) for r in records for s in specs if not writer.is_done(expected_key(r.id, s))]
+        todo = [(r, s) for r in records for s in specs if not writer.is_done(GenerationKey.planned(s, r))]
         if todo:
             model, tokenizer = model_and_tokenizer or load_model(specs[0].model)
             engines = [Engine(model, tokenizer, s, provenance(s.hashed_dict(), prereg_hash)) for s in specs]
             bar = progress_display(len(todo), "generate " + "/".join(out_path.parts[-5:]), "generations", progress)
             for record in records:
-                missing = [e for e in engines if not writer.is_done(expected_key(record.id, e.spec))]
+                missing = [e for e in engines if not writer.is_done(GenerationKey.planned(e.spec, record))]
                 if not missing:
                     continue
                 forks = [e for e in engines if forkable(e)] if forked else []
@@ -133,6 +125,6 @@ def run_job(
     progress: bool = True,
 ) -> Path:
     """One config over a whole manifest (``kvcert generate``)."""
-    GenerationSpec.from_dict(config)  # config errors before the records are read
+    spec = GenerationSpec.from_dict(config)  # config errors before the records are read
     records = load_records(records_path)
-    return run_specs([config], records, out_path, prereg_hash, model_and_tokenizer, progress)
+    return run_specs([spec], records, out_path, prereg_hash, model_and_tokenizer, progress)

@@ -3,9 +3,9 @@
 A shard is written to ``<name>.partial`` one record per line, each line flushed as it
 is written. A rerun reads the partial file, keeps every complete record, recovers from
 a truncated last line (a kill in the middle of a write) by cutting it off, and skips
-the ids already done, so no record is lost, duplicated or recomputed. Only when every
-expected record is present is the shard declared done, by an atomic rename to its
-final name. :func:`read_records` reads a finished shard and names the file and line of
+the generations already done (keyed by their :class:`~kvcert.generation.record.GenerationKey`),
+so no record is lost, duplicated or recomputed. Only when every expected record is present
+is the shard declared done, by an atomic rename to its final name. :func:`read_records` reads a finished shard and names the file and line of
 anything that does not parse.
 
 A finished shard is *sealed*: beside it, ``<name>.seal.json`` holds its record count and
@@ -25,14 +25,12 @@ from pathlib import Path
 from typing import Iterable
 
 from ..atomic import write_text
+from .record import GenerationKey
 
-def record_key(record: dict) -> str:
-    """What identifies a generation inside a shard: example and run."""
-    budget = record.get("budget")
-    return "|".join(
-        str(x) for x in (record["example_id"], record.get("condition"), record.get("method"),
-                         f"{budget:g}" if isinstance(budget, (int, float)) else budget, record.get("seed"))
-    )
+
+def record_key(record: dict) -> GenerationKey:
+    """What identifies a generation inside a shard: its :class:`~kvcert.generation.record.GenerationKey`."""
+    return GenerationKey.of(record)
 
 
 class CorruptShardError(ValueError):
@@ -131,7 +129,7 @@ class ShardWriter:
     def __init__(self, final_path: str | Path):
         self.final = Path(final_path)
         self.partial = partial_path(self.final)
-        self.done: dict[str, dict] = {}
+        self.done: dict[GenerationKey, dict] = {}
         self.recovered_tail = False
         self._fh = None
         self._lock = None
@@ -172,7 +170,7 @@ class ShardWriter:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def set_aside(self, keys: Iterable[str] | None = None) -> Path:
+    def set_aside(self, keys: Iterable[GenerationKey] | None = None) -> Path:
         """Move the records of ``keys`` (default: all) out of the partial file into ``<partial>.stale``
         (kept, never read), and go on with the others: a partial file that mixes this shard's own records
         with foreign ones keeps its own."""
@@ -186,13 +184,13 @@ class ShardWriter:
         self._fh = open(self.partial, "a", buffering=1)
         return aside
 
-    def is_done(self, key: str) -> bool:
+    def is_done(self, key: GenerationKey) -> bool:
         return key in self.done
 
     def write(self, record: dict) -> None:
         key = record_key(record)
         if key in self.done:
-            raise ValueError(f"{self.partial}: record {key!r} already written")
+            raise ValueError(f"{self.partial}: record {key} already written")
         self._fh.write(json.dumps(record, sort_keys=True) + "\n")
         self._fh.flush()
         self.done[key] = record
@@ -206,7 +204,7 @@ class ShardWriter:
             self._lock.close()  # closing drops the flock
             self._lock = None
 
-    def finalize(self, expected_keys: Iterable[str]) -> Path:
+    def finalize(self, expected_keys: Iterable[GenerationKey]) -> Path:
         """Atomically publish the shard once every expected record key is present."""
         if self._fh is not None:
             self._fh.close()
@@ -215,10 +213,10 @@ class ShardWriter:
             expected = set(expected_keys)
             missing = [i for i in expected if i not in self.done]
             if missing:
-                raise RuntimeError(f"{self.partial}: {len(missing)} records missing (e.g. {missing[0]!r}); rerun to resume")
+                raise RuntimeError(f"{self.partial}: {len(missing)} records missing (e.g. {missing[0]}); rerun to resume")
             extra = [k for k in self.done if k not in expected]
             if extra:  # never sealed into the shard: records of another shard or cell
-                raise RuntimeError(f"{self.partial}: {len(extra)} records this shard does not plan (e.g. {extra[0]!r}); "
+                raise RuntimeError(f"{self.partial}: {len(extra)} records this shard does not plan (e.g. {extra[0]}); "
                                    "delete the file and rerun")
             write_seal(self.final, self.partial, len(self.done))
             os.replace(self.partial, self.final)

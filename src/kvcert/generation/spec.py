@@ -3,12 +3,19 @@
 One job = one model × condition × method × budget × seed, applied to a list of task
 records. Every mistake — an unknown key, an out-of-range budget, an unknown scorer —
 raises a ``ValueError`` with one line naming the key and how to fix it.
+
+The budget enters here: :func:`generation_budget` is its one conversion from kvpress's
+``compression_ratio`` and its one range check, for the pipeline's specs
+(:meth:`GenerationSpec.from_dict`, :meth:`GenerationSpec.__post_init__`), ``kvcert run``'s
+``budget=`` / ``compression_ratio=`` and :func:`kvcert.generate_answer`; the engine hands the
+spec's own budget to its press.
 """
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import asdict, dataclass, field
+from numbers import Real
 from typing import Any
 
 from ..allocation import ALLOCATIONS
@@ -19,6 +26,17 @@ from ..models import ModelSpec
 from ..scorers import KVPRESS_PREFIX, SCORERS, scorer_options
 
 CONDITIONS = ("full", "aware", "streaming")
+
+
+def generation_budget(budget: Any = None, compression_ratio: Any = None, default: Any = None) -> float:
+    """A generation's budget, the fraction of the cache kept, checked where it enters: ``budget`` (kvcert's
+    convention) or ``compression_ratio`` (kvpress's: the fraction *removed*, ``budget = 1 − it``), at most one of
+    the two (neither: ``default``); a fraction in (0, 1], else ``ValueError`` in one line. The value itself is
+    returned as given (a ratio converted), so a spec's hash does not move."""
+    value = kept_budget(budget, compression_ratio, default)
+    if isinstance(value, bool) or not isinstance(value, Real) or not (0.0 < float(value) <= 1.0):
+        raise ValueError(f"budget: must be a fraction in (0, 1], got {value!r}")
+    return value
 
 
 def _reject_unknown(section: str, given: dict, allowed: set[str]) -> None:
@@ -111,8 +129,7 @@ class GenerationSpec:
     def __post_init__(self) -> None:
         if self.condition not in CONDITIONS:
             raise ValueError(f"condition: {self.condition!r} is not one of {CONDITIONS}")
-        if isinstance(self.budget, bool) or not isinstance(self.budget, (int, float)) or not (0.0 < float(self.budget) <= 1.0):
-            raise ValueError(f"budget: must be a fraction in (0, 1], got {self.budget!r}")
+        generation_budget(self.budget)
         if self.method.is_full != (self.condition == "full"):
             raise ValueError("condition: 'full' goes with method 'full' (and only with it)")
         if self.condition == "full" and float(self.budget) != 1.0:
@@ -141,7 +158,7 @@ class GenerationSpec:
         """Build from a plain mapping (e.g. a composed hydra config), rejecting unknown keys."""
         data = dict(data)
         if "compression_ratio" in data:  # kvpress's convention: the fraction removed
-            data["budget"] = kept_budget(data.get("budget"), data.pop("compression_ratio"))
+            data["budget"] = generation_budget(data.get("budget"), data.pop("compression_ratio"))
         _reject_unknown("", data, {f for f in cls.__dataclass_fields__} | {"compression_ratio"})
         model = dict(data.pop("model", {}) or {})
         _reject_unknown("model", model, set(ModelSpec.__dataclass_fields__))

@@ -282,7 +282,6 @@ def check_finished_shards(experiment: str, plan, prereg: str | Path, configs: Pa
     import json
 
     from ..provenance import config_hash
-    from .jobs import shard_specs
 
     problems, cache = [], {}
     for shard in plan.shards:
@@ -295,7 +294,7 @@ def check_finished_shards(experiment: str, plan, prereg: str | Path, configs: Pa
             made = json.loads(first).get("config_hash") if first.strip() else None
         except ValueError:
             continue  # a damaged shard: scoring names it
-        specs = shard_specs(experiment, shard, configs, prereg, (model_paths or {}).get(shard.model), cache)
+        specs = plan.job(shard, configs, prereg, (model_paths or {}).get(shard.model), cache=cache).specs
         planned = sorted({config_hash(s.hashed_dict()) for s in specs})
         if made is not None and made not in planned:
             problems.append(f"{path}: made under config {made}, but its job composes {planned[0]}"

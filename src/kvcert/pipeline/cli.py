@@ -66,7 +66,7 @@ def plan_command(args) -> int:
         print(f"  cell {cell:<10} {n:>8} generations")
     hours = gpu_hours(plan, exp["seconds_per_generation"], exp["fork_speedup"])
     roof = _roofline_lines(args, exp, plan)
-    print(f"generations={plan.generations} jobs={plan.jobs} gpu_hours={hours:.1f} gpu_hours_roofline={roof:.2f}")
+    print(f"generations={plan.generations} jobs={plan.job_count} gpu_hours={hours:.1f} gpu_hours_roofline={roof:.2f}")
     return 0
 
 
@@ -150,8 +150,8 @@ def manifest_command(args) -> int:
 
 def shard_command(args) -> int:
     from ..prereg import check_clock, read_verified
-    from ..generation.runner import load_records, run_specs
-    from .jobs import manifest_config_hash, shard_configs
+    from ..generation.runner import run_specs
+    from .jobs import manifest_config_hash
     from .manifest import check_manifest
 
     config_dir = _folders(args)
@@ -159,8 +159,8 @@ def shard_command(args) -> int:
     shard = plan.shard(args.model, args.cell, args.task, args.length, args.index)
     check_manifest(args.manifest, plan.manifest(shard.model, shard.task, shard.length),
                    manifest_config_hash(config_dir, shard.model, shard.task, args.model_path))
-    records = load_records(args.manifest, shard.start, shard.stop)
-    configs = shard_configs(args.experiment, shard, config_dir, args.prereg, args.model_path)
+    job = plan.job(shard, config_dir, args.prereg, args.model_path, args.manifest)
+    records = job.examples()
     prereg_hash = None
     if args.verified:
         verified = read_verified(args.verified)
@@ -170,7 +170,7 @@ def shard_command(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    run_specs(configs, records, args.out, prereg_hash=prereg_hash, progress=not args.quiet,
+    run_specs(job.specs, records, args.out, prereg_hash=prereg_hash, progress=not args.quiet,
               forked=getattr(args, "forked", True))
     print(f"{args.out}: {shard.generations} generations")
     return 0

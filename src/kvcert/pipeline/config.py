@@ -48,10 +48,15 @@ def load_experiment(name: str, configs: str | Path) -> dict:
     return schema_defaults(data, schema)
 
 
+def load_grid(prereg: str | Path, grid_file: str) -> dict:
+    path = Path(prereg) / grid_file
+    if not path.exists():
+        raise FileNotFoundError(f"grid: {path} does not exist")
+    return yaml.safe_load(path.read_text())
+
+
 def experiment_grid(name: str, configs: str | Path, prereg: str | Path) -> tuple[dict, dict]:
     """(settings, design grid) of experiment ``name``: the grid is the pre-registered file it names."""
-    from .plan import load_grid
-
     exp = load_experiment(name, configs)
     return exp, load_grid(prereg, exp["grid"])
 

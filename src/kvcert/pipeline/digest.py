@@ -7,7 +7,7 @@ place. So the Snakefile gives each job, as params, the digests of what it depend
 
 - the pre-registration hash of the newest freeze (:func:`kvcert.prereg.verify`): the
   same after an edit is restored, new after an amendment;
-- the config hash its records carry (:func:`kvcert.pipeline.jobs.shard_config_hash`: the
+- the config hash its records carry (:attr:`kvcert.pipeline.jobs.Job.config_hash`: the
   typed specs of a generate job's runs) and, for a manifest or replay job, the hash of the
   configs it reads (:func:`kvcert.pipeline.jobs.manifest_config_hash`,
   :func:`kvcert.pipeline.jobs.replay_config_hash`): a changed ``dtype`` or

@@ -1,38 +1,45 @@
 """The plan's jobs, typed: what one generate job runs and writes, computed without running it.
 
 ``Experiment → Plan → Job → GenerationSpec → GenerationRecord → scores → ClaimResult``: the plan
-(:mod:`kvcert.pipeline.plan`) lists each shard's runs (condition, method, budget, seed); here
-each run becomes the :class:`~kvcert.generation.spec.GenerationSpec` its job runs, built from
-the config files themselves — the model's, the task's, the method's (or the method grammar's,
+(:mod:`kvcert.pipeline.plan`) lists each shard's runs (condition, method, budget, seed) and hands out
+its jobs (:meth:`Plan.jobs <kvcert.pipeline.plan.Plan.jobs>`, :meth:`Plan.job
+<kvcert.pipeline.plan.Plan.job>`): a :class:`Job` is a shard with the
+:class:`~kvcert.generation.spec.GenerationSpec` of each of its runs, built from the config files
+themselves — the model's, the task's, the method's (or the method grammar's,
 :mod:`kvcert.methods`), the certificate's aggregations of ``configs/config.yaml`` — and the
 frozen analysis plan's retention design and δ. No hydra composition happens on this path
 (``kvcert run`` composes with hydra for its overrides; a test checks the two give the same
 spec for every run), so a job's specs cost milliseconds, and each value is validated once,
 where it enters (:meth:`GenerationSpec.from_dict`).
 
-* :func:`shard_specs` — the specs of one planned shard: what ``kvcert shard`` runs;
-* :func:`shard_config_hash` — one hash of a shard's runs (the hash of the config hashes its
-  records carry): the Snakefile's rerun trigger, so a job reruns exactly when what its records
-  would carry changes (a model's dtype or source, a task's answer budget, a method), and an
-  operational setting (a planning estimate) reruns nothing;
-* :func:`planned_records` — what the job writes: for each example of the shard's slice of its
-  manifest and each run, the record's generation key and the config hash stamped on it; scoring
-  compares every shard with it (:class:`kvcert.analysis.load.PlannedShard`);
-* :func:`replay_config_hash` — the configs a replay table is made under (stamped in it, checked by the claims);
-* :func:`manifest_references` — the manifest's reference answers and metadata per example, which
-  a record's score is derived from.
+A job carries
+
+* ``specs`` — what ``kvcert shard`` runs (:func:`kvcert.generation.runner.run_specs`);
+* ``config_hash`` — one hash of its runs (the hash of the config hashes its records carry): the
+  Snakefile's rerun trigger, so a job reruns exactly when what its records would carry changes (a
+  model's dtype or source, a task's answer budget, a method), and an operational setting (a planning
+  estimate) reruns nothing;
+* :meth:`Job.planned_records` — what it writes: for each example of the shard's slice of its manifest
+  and each run, the record's :class:`~kvcert.generation.record.GenerationKey` and the config hash
+  stamped on it; scoring compares every shard with it (:class:`kvcert.analysis.load.PlannedShard`);
+* :meth:`Job.references` — the manifest's reference answers and metadata per example, which a
+  record's score is derived from.
+
+Beside the jobs: :func:`replay_config_hash` — the configs a replay table is made under (stamped in
+it, checked by the claims); :func:`manifest_config_hash` — what a manifest job reads.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from ..analysis_plan import AnalysisPlan
 from .compose import analysis_plan, generation_config
-from .plan import Run, Shard
 
 
 @lru_cache(maxsize=None)
@@ -71,12 +78,13 @@ def task_answer_tokens(config_dir: str | Path, task: str) -> int:
     return int(task_for_config(cfg).answer_tokens(cfg) or 32)
 
 
-def run_config(config_dir: str | Path, model: str, task: str, run: Run, plan: AnalysisPlan,
+def run_config(config_dir: str | Path, model: str, task: str, run: Any, plan: AnalysisPlan,
                model_path: str | None = None) -> dict:
     """The generation config (:meth:`GenerationSpec.from_dict`'s mapping) of one planned run of ``model`` on
     ``task``: the model's, task's and method's config files, the run's condition, budget, seed and chunking,
     the certificate's aggregations of ``config.yaml``, and the analysis plan's design and δ (``plan``).
-    ``model_path`` overrides the model's path (a retrained embedded model)."""
+    ``model_path`` overrides the model's path (a retrained embedded model). ``run``: a
+    :class:`kvcert.pipeline.plan.Run`."""
     from ..methods import method_config
 
     primary = config_file(config_dir, "", "config")
@@ -96,32 +104,68 @@ def run_config(config_dir: str | Path, model: str, task: str, run: Run, plan: An
     return generation_config(composed, plan, None)
 
 
-def shard_configs(experiment: str, shard: Shard, config_dir: str | Path, prereg: str | Path,
-                  model_path: str | None = None, cache: dict | None = None) -> list[dict]:
-    """The generation config of every run of ``shard`` (``model_path`` overrides the model's path).
-    ``cache``: a dict kept across the shards of one call (the analysis plan is read once)."""
-    cache = {} if cache is None else cache
-    if ("plan", str(prereg)) not in cache:
+def _analysis_plan(prereg: str | Path, cache: dict) -> AnalysisPlan:
+    if ("plan", str(prereg)) not in cache:  # every job of a call reads it: once
         cache[("plan", str(prereg))] = analysis_plan(prereg)
-    plan = cache[("plan", str(prereg))]
-    return [run_config(config_dir, shard.model, shard.task, run, plan, model_path) for run in shard.runs]
+    return cache[("plan", str(prereg))]
 
 
-def shard_specs(experiment: str, shard: Shard, config_dir: str | Path, prereg: str | Path,
-                model_path: str | None = None, cache: dict | None = None) -> list:
-    """The :class:`~kvcert.generation.spec.GenerationSpec` of every run of ``shard``: what its job runs."""
-    from ..generation.spec import GenerationSpec
-
-    return [GenerationSpec.from_dict(c) for c in shard_configs(experiment, shard, config_dir, prereg, model_path, cache)]
-
-
-def shard_config_hash(experiment: str, shard: Shard, config_dir: str | Path, prereg: str | Path,
-                      model_path: str | None = None, cache: dict | None = None) -> str:
-    """One hash (16 hex digits) of the config hashes the shard's records carry: the job's rerun trigger."""
+def specs_hash(specs) -> str:
+    """One hash (16 hex digits) of the config hashes the records of ``specs`` carry: a job's rerun trigger."""
     from ..provenance import config_hash
 
-    hashes = [config_hash(s.hashed_dict()) for s in shard_specs(experiment, shard, config_dir, prereg, model_path, cache)]
+    hashes = [config_hash(s.hashed_dict()) for s in specs]
     return hashlib.sha256("\n".join(hashes).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, eq=False)
+class Job:
+    """One generate job (the module docstring): ``shard`` (a :class:`kvcert.pipeline.plan.Shard`), the
+    :class:`~kvcert.generation.spec.GenerationSpec` of each of its runs (in the shard's order), their
+    ``config_hash``, and the ``manifest`` its examples are read from (None: not known here; then
+    :meth:`planned_records` and :meth:`references` need it given)."""
+
+    shard: Any
+    specs: tuple
+    config_hash: str
+    manifest: Path | None = None
+    cache: dict = field(default_factory=dict, repr=False)  # manifests read once across the jobs of one call
+
+    def examples(self, manifest: str | Path | None = None) -> list:
+        """The shard's slice of its manifest: the task records its job generates."""
+        where = manifest if manifest is not None else self.manifest
+        if where is None:
+            raise ValueError(f"{self.shard.path}: no manifest given to read its examples from")
+        return _manifest_records(where, self.cache)[self.shard.start:self.shard.stop]
+
+    def planned_records(self, manifest: str | Path | None = None) -> dict:
+        """{:class:`~kvcert.generation.record.GenerationKey`: config hash} of every record the job writes."""
+        from ..generation.record import GenerationKey
+        from ..provenance import config_hash
+
+        hashes = [config_hash(s.hashed_dict()) for s in self.specs]
+        return {GenerationKey.planned(spec, example): digest
+                for example in self.examples(manifest) for spec, digest in zip(self.specs, hashes)}
+
+    def references(self, manifest: str | Path | None = None) -> dict[str, tuple[list, dict]]:
+        """{example id: (its reference answers, its metadata)} of the job's examples: what a record's score is
+        derived from, taken from the manifest (the plan's data), not from the record."""
+        return {r.id: (list(r.answers), dict(r.metadata)) for r in self.examples(manifest)}
+
+
+def make_job(shard: Any, config_dir: str | Path, prereg: str | Path, model_path: str | None = None,
+             manifest: str | Path | None = None, cache: dict | None = None) -> Job:
+    """The :class:`Job` of a planned ``shard`` (:meth:`kvcert.pipeline.plan.Plan.job` calls it): its specs from
+    the config files and the analysis plan of ``prereg`` (``model_path`` overrides the model's path: a
+    retrained embedded model). ``cache``: a dict kept across the jobs of one call (the analysis plan and each
+    manifest are read once)."""
+    from ..generation.spec import GenerationSpec
+
+    cache = {} if cache is None else cache
+    plan = _analysis_plan(prereg, cache)
+    specs = tuple(GenerationSpec.from_dict(run_config(config_dir, shard.model, shard.task, run, plan, model_path))
+                  for run in shard.runs)
+    return Job(shard, specs, specs_hash(specs), None if manifest is None else Path(manifest), cache)
 
 
 def manifest_config_hash(config_dir: str | Path, model: str, task: str, model_path: str | None = None) -> str:
@@ -157,28 +201,13 @@ def _manifest_records(manifest: str | Path, cache: dict) -> list:
     return cache[("manifest", str(manifest))]
 
 
-def planned_records(experiment: str, shard: Shard, manifest: str | Path, config_dir: str | Path,
-                    prereg: str | Path, model_path: str | None = None, cache: dict | None = None) -> dict[tuple, str]:
-    """{generation key (as :func:`kvcert.analysis.load.generation_key` normalises it): config hash}
-    of every record the job of ``shard`` writes, from the examples of ``manifest``."""
-    from ..provenance import config_hash
-
-    cache = {} if cache is None else cache
-    records = _manifest_records(manifest, cache)[shard.start:shard.stop]
-    specs = shard_specs(experiment, shard, config_dir, prereg, model_path, cache)
-    hashes = [config_hash(s.hashed_dict()) for s in specs]
-    planned = {}
-    for record in records:
-        tokens = record.metadata.get("target_tokens")
-        for spec, digest in zip(specs, hashes):
-            key = (spec.model.name, record.task, None if tokens is None else int(tokens), record.id, spec.condition,
-                   spec.method.name, float(spec.budget), int(spec.seed))
-            planned[key] = digest
-    return planned
+def planned_records(experiment: str, shard: Any, manifest: str | Path, config_dir: str | Path,
+                    prereg: str | Path, model_path: str | None = None, cache: dict | None = None) -> dict:
+    """:meth:`Job.planned_records` of ``shard``'s job, from the examples of ``manifest`` (the scoring step's
+    call, :func:`kvcert.analysis.steps.planned_shards`; ``experiment`` is not read)."""
+    return make_job(shard, config_dir, prereg, model_path, manifest, cache).planned_records()
 
 
-def manifest_references(manifest: str | Path, shard: Shard, cache: dict | None = None) -> dict[str, tuple[list, dict]]:
-    """{example id: (its reference answers, its metadata)} of the manifest records of ``shard``: what a record's
-    score is derived from, taken from the manifest (the plan's data), not from the record."""
-    cache = {} if cache is None else cache
-    return {r.id: (list(r.answers), dict(r.metadata)) for r in _manifest_records(manifest, cache)[shard.start:shard.stop]}
+def manifest_references(manifest: str | Path, shard: Any, cache: dict | None = None) -> dict[str, tuple[list, dict]]:
+    """:meth:`Job.references` of ``shard``, from ``manifest`` (the scoring step's call)."""
+    return Job(shard, (), "", Path(manifest), {} if cache is None else cache).references()

@@ -3,6 +3,8 @@ pre-registration.
 
     kvcert run model.path=/ckpt task=longbench_hotpotqa method=snapkv-poisson budget=0.25 limit=20
     kvcert run task=needle,multikey method=snapkv-poisson,adakv-topk budget=0.125,0.25 limit=20
+    kvcert run task=ruler model=smollm2-135m-instruct limit=20          # RULER's synthetic suite
+    kvcert run task=ruler:niah_single_1,vt method=snapkv-poisson budget=0.25
     kvcert run --list
 
 composes ``configs/config.yaml`` with the overrides (``model=…``, ``task=…``,
@@ -16,8 +18,13 @@ with a table per (task, setting) — the share that passes (score ≥ the task's
 the claims count it), the mean task score, the mean relative certificate ε/‖ô‖, each with a
 90 % bootstrap interval over records, and the kept fraction — and writes
 ``<out>/results.json``: the command, the records' files, those metrics with their intervals,
-and every composed generation config. Keys of its own: ``budget`` (fraction of the cache
-kept) or ``compression_ratio`` (kvpress's convention: the fraction *removed*; give exactly
+and every composed generation config. ``task=ruler`` names RULER's synthetic suite (``task=ruler:a,b``
+a part of it; :mod:`kvcert.tasks.ruler`), 4096 tokens unless ``length`` says otherwise; a run with
+RULER's tasks also prints (and writes, ``ruler``) the table kvpress prints for RULER — each task's
+string match × 100 and their average, per setting —, and a run with LongBench-E data sets
+(``longbench_<name>_e``) their scores by LongBench-E's length buckets (0–4k, 4–8k, 8k+;
+``longbench_e``), as LongBench's ``eval.py --e`` reports them. Keys of its own: ``budget`` (fraction
+of the cache kept) or ``compression_ratio`` (kvpress's convention: the fraction *removed*; give exactly
 one), ``limit``, ``length`` (prompt tokens: the task's default — 512 for synthetic tasks,
 6144 for LongBench, LoCoMo's own), ``data_seed``, ``out``, ``threads``.
 
@@ -77,19 +84,18 @@ def parse_overrides(items: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def budget_of(own: dict[str, str], method_name: str) -> float:
-    """The kept fraction from ``budget`` or ``compression_ratio`` (one of the two)."""
+    """The kept fraction from ``budget`` or ``compression_ratio`` (one of the two), converted and checked as
+    every generation's budget is (:func:`kvcert.generation.spec.generation_budget`); the full cache keeps 1."""
     from ..checks import kept_budget
+    from ..generation.spec import generation_budget
 
+    budget, ratio = _number(own.get("budget")), _number(own.get("compression_ratio"), "compression_ratio")
     if method_name == "full":
-        if "budget" in own or "compression_ratio" in own:
-            kept_budget(_number(own.get("budget")), _number(own.get("compression_ratio"), "compression_ratio"))
+        kept_budget(budget, ratio)  # refuses both given; the full cache keeps everything whatever was given
         return 1.0
-    budget = kept_budget(_number(own.get("budget")), _number(own.get("compression_ratio"), "compression_ratio"))
-    if budget is None:
+    if budget is None and ratio is None:
         raise ValueError("budget=<fraction kept> (or compression_ratio=<fraction removed>) is needed with a method")
-    if not 0.0 < budget <= 1.0:
-        raise ValueError(f"budget: the fraction kept must lie in (0, 1], got {budget}")
-    return budget
+    return float(generation_budget(budget, ratio))
 
 
 def _number(text: str | None, name: str = "budget") -> float | None:
@@ -237,6 +243,20 @@ def sweep(items: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*axes)]
 
 
+def expand_tasks(items: list[str]) -> list[str]:
+    """The override list with RULER's suite spelled out: ``task=ruler`` → every RULER task, ``task=ruler:a,b``
+    → ``ruler_a``, ``ruler_b`` (:func:`kvcert.tasks.ruler.expand`); other items as they are."""
+    from ..tasks.ruler import expand
+
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if sep and key == "task" and "ruler" in value:
+            item = "task=" + ",".join(expand([v.strip() for v in value.split(",")]))
+        out.append(item)
+    return out
+
+
 def compose_setting(items: list[str], configs: Path) -> tuple[dict, dict]:
     """(the composed config of one setting, its own keys) from one override list (no sweep)."""
     from .compose import compose_config
@@ -287,6 +307,7 @@ def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[tup
     from .compose import analysis_plan, generation_config
 
     plan = analysis_plan(prereg)
+    items = expand_tasks(items)
     check_registered_keys(items, plan, prereg)
     tasks: dict[str, tuple[dict, list[dict]]] = {}
     own_keys: dict = {}
@@ -380,11 +401,81 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _setting(r: dict) -> str:
+    return "full" if r["method"] == "full" else f"{r['method']} {r['condition']} {r['budget']:g}"
+
+
+def ruler_means(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Per setting, the mean score in [0, 1] of each RULER task among ``records`` (RULER's order)."""
+    from ..tasks.ruler import PREFIX, RULER_TASKS
+
+    groups: dict[str, dict[str, list[float]]] = {}
+    for r in records:
+        if r["task"].startswith(PREFIX) and r["task"][len(PREFIX):] in RULER_TASKS and r["score"] is not None:
+            groups.setdefault(_setting(r), {}).setdefault(r["task"], []).append(float(r["score"]))
+    order = [PREFIX + name for name in RULER_TASKS]
+    return {setting: {t: sum(v) / len(v) for t in order if (v := tasks.get(t))} for setting, tasks in groups.items()}
+
+
+def ruler_summary(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Per setting, each RULER task's ``string_match`` (mean × 100, RULER's rounding) and their ``average``, as the
+    table shows them (results.json's ``ruler``)."""
+    out = {}
+    for setting, means in ruler_means(records).items():
+        scores = {t: round(100 * m, 2) for t, m in means.items()}
+        out[setting] = {**scores, "average": round(sum(scores.values()) / len(scores), 2)}
+    return out
+
+
+def ruler_tables(records: list[dict]) -> str:
+    """RULER's summary of a run's records of RULER tasks, per setting (:func:`kvcert.tasks.ruler.summary_table`:
+    each task's mean string match × 100 and their average); empty where the run has none."""
+    from ..tasks.ruler import summary_table
+
+    return "\n".join(f"RULER, {setting}:\n" + summary_table(means) for setting, means in ruler_means(records).items())
+
+
+def longbench_e_buckets(records: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per setting and LongBench-E data set (``longbench_<name>_e``) among ``records``: the scores × 100 by length
+    bucket, as ``eval.py --e`` reports them (:func:`kvcert.tasks.longbench_metrics.bucket_scores`, on the rows' own
+    ``length`` field)."""
+    from ..tasks.longbench_metrics import bucket_scores
+
+    groups: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+    for r in records:
+        meta = r.get("metadata") or {}
+        if r["task"].startswith("longbench_") and r["task"].endswith("_e") and r["score"] is not None \
+                and meta.get("longbench_length") is not None:
+            scores, lengths = groups.setdefault((_setting(r), r["task"]), ([], []))
+            scores.append(float(r["score"]))
+            lengths.append(float(meta["longbench_length"]))
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (setting, task), (scores, lengths) in groups.items():
+        out.setdefault(setting, {})[task] = bucket_scores(scores, lengths)
+    return out
+
+
+def longbench_e_tables(records: list[dict]) -> str:
+    """:func:`longbench_e_buckets` as a text table; empty where the run has no LongBench-E record."""
+    from ..tasks.longbench_metrics import LENGTH_BUCKETS
+
+    buckets = longbench_e_buckets(records)
+    if not buckets:
+        return ""
+    names = [n for n, _ in LENGTH_BUCKETS]
+    lines = [f"LongBench-E by length (eval.py --e): {'task':<32} {'setting':<28} " + " ".join(f"{n:>7}" for n in names)]
+    for setting, tasks in buckets.items():
+        for task, scores in tasks.items():
+            lines.append(f"{'':<37}{task:<32} {setting:<28} " + " ".join(f"{scores[n]:>7.2f}" for n in names))
+    return "\n".join(lines)
+
+
 def listing(configs: Path) -> str:
     """``kvcert run --list``: the tasks, methods, models and conditions a run can name."""
     import yaml
 
     from ..methods import GRAMMAR, shipped_methods
+    from ..tasks.ruler import RULER_TASKS
 
     def names(group: str) -> list[str]:
         return sorted(p.stem for p in (configs / group).glob("*.yaml"))
@@ -401,6 +492,8 @@ def listing(configs: Path) -> str:
         "conditions: aware (compressed after the question; the default with a method), streaming "
         "(compressed before it: kvpress's order), full",
         "sweeps: comma-separated values of " + ", ".join(SWEEP_KEYS) + " run every combination",
+        "RULER: task=ruler runs RULER's synthetic suite (" + ", ".join(RULER_TASKS) + "; at 4096 tokens unless "
+        "length= says otherwise), task=ruler:niah_single_1,vt a part of it; each task is also ruler_<name>",
     ])
 
 
@@ -486,9 +579,9 @@ def run_command(args) -> int:
         print(f"loading the model {model_spec.path}", file=sys.stderr, flush=True)
     model, tokenizer = load_model(model_spec)
     shards, records_out = {}, []
-    for task_cfg, gen_configs, _ in plan:
+    for task_cfg, _, specs in plan:
         name = task_cfg["name"]
-        shard = run_specs(gen_configs, built[name], out / "generations" / f"{name}.jsonl", prereg_hash=None,
+        shard = run_specs(specs, built[name], out / "generations" / f"{name}.jsonl", prereg_hash=None,
                           model_and_tokenizer=(model, tokenizer), progress=not args.quiet)
         shards[name] = str(shard)
         records_out += read_records(shard)
@@ -503,6 +596,8 @@ def run_command(args) -> int:
                   for name in names},
         "bootstrap": BOOTSTRAP,
         "metrics": rows,
+        **({"ruler": ruler} if (ruler := ruler_summary(records_out)) else {}),
+        **({"longbench_e": by_length} if (by_length := longbench_e_buckets(records_out)) else {}),
         "configs": [c for _, cs, _ in plan for c in cs],
     }
     write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
@@ -510,5 +605,8 @@ def run_command(args) -> int:
         f"{name}: {len(built[name])} records at {lengths[name][0] or 'native'} tokens" for name in names)
         + "; one-off run outside the pre-registration (claims never score it)")
     print(format_table(rows))
+    for table in (ruler_tables(records_out), longbench_e_tables(records_out)):
+        if table:
+            print(table)
     print(f"results: {out / 'results.json'} (records, metrics with intervals, the composed configs)")
     return 0

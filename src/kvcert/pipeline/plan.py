@@ -9,6 +9,10 @@ Cells: ``main`` (the grid's tasks × lengths × conditions × budgets × methods
 A *manifest* holds the task records of one (model, task, length): the generation cells
 share one (the most examples any of them asks for), the replay reads its own — exactly
 the examples and seed its grid entry registers.
+
+The plan hands out its generate jobs typed (:meth:`Plan.jobs`, :meth:`Plan.job`): a
+:class:`kvcert.pipeline.jobs.Job` is a shard with its runs' generation specs, their config
+hash and its planned records.
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Mapping
 
 import yaml
+
+from .config import load_grid  # noqa: F401  (its home is kvcert.pipeline.config)
 
 NATIVE_LENGTH = 0  # tasks with their own length (LoCoMo)
 
@@ -121,8 +128,27 @@ class Plan:
         }
 
     @property
-    def jobs(self) -> int:
+    def job_count(self) -> int:
+        """Every job of the workflow, all rules together (:meth:`jobs_per_rule`)."""
         return sum(self.jobs_per_rule().values())
+
+    def job(self, shard: Shard, configs: str | Path, prereg: str | Path, model_path: str | None = None,
+            manifest: str | Path | None = None, cache: dict | None = None):
+        """The generate job of ``shard`` (:class:`kvcert.pipeline.jobs.Job`): its runs' specs from ``configs`` and
+        the analysis plan of ``prereg``, their config hash; ``model_path`` overrides the model's path (a retrained
+        model), ``manifest`` is where its examples are (:meth:`Job.planned_records <kvcert.pipeline.jobs.Job.planned_records>`);
+        ``cache``: a dict kept across calls (the analysis plan and each manifest read once)."""
+        from .jobs import make_job
+
+        return make_job(shard, configs, prereg, model_path, manifest, cache)
+
+    def jobs(self, configs: str | Path, prereg: str | Path, model_paths: Mapping[str, str] | None = None,
+             results: str | Path | None = None, cache: dict | None = None) -> list:
+        """The generate job of every shard (:meth:`job`), in the plan's order; ``model_paths`` {model: path}
+        overrides models' paths, ``results`` is the folder the manifests lie under (``<results>/<shard.manifest>``)."""
+        cache = {} if cache is None else cache
+        return [self.job(s, configs, prereg, (model_paths or {}).get(s.model),
+                         None if results is None else Path(results) / s.manifest, cache) for s in self.shards]
 
 
 def _runs(conditions, methods, budgets, seeds, chunk=None) -> tuple[Run, ...]:
@@ -142,13 +168,6 @@ def _split(cell, model, task, length, examples, runs, per_shard_generations) -> 
         Shard(cell, model, task, length, i, i * per_shard, min(examples, (i + 1) * per_shard), runs)
         for i in range(count)
     ]
-
-
-def load_grid(prereg: str | Path, grid_file: str) -> dict:
-    path = Path(prereg) / grid_file
-    if not path.exists():
-        raise FileNotFoundError(f"grid: {path} does not exist")
-    return yaml.safe_load(path.read_text())
 
 
 def fetched_models(grid: dict, configs: str | Path | None) -> list[str]:

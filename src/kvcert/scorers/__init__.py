@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import LayerObservation, Scorer, attention_probs, window_probs
 from .h2o import H2OScorer
+from .kvpress_scorer import PREFIX, KvpressScorer, press_options
 from .knorm import KeyNormScorer
 from .snapkv import SnapKVScorer
 from .streaming_llm import StreamingLLMScorer
@@ -16,14 +17,12 @@ SCORERS: dict[str, type[Scorer]] = {
 }
 
 
-KVPRESS_PREFIX = "kvpress:"  # ``kvpress:<ScorerPress class>``: a kvpress press as a scorer (kvcert.kvpress_bridge)
+KVPRESS_PREFIX = PREFIX  # ``kvpress:<ScorerPress class>``: a kvpress press as a scorer (kvpress_scorer.py)
 
 
 def scorer_options(name: str) -> set[str]:
     """The option names a scorer takes (its dataclass fields; a kvpress press's own fields)."""
     if name.startswith(KVPRESS_PREFIX):
-        from ..kvpress_bridge import press_options
-
         return press_options(name)
     if name not in SCORERS:
         raise ValueError(f"scorer: unknown scorer {name!r}; choose one of {sorted(SCORERS)} or kvpress:<ScorerPress>")
@@ -32,13 +31,11 @@ def scorer_options(name: str) -> set[str]:
 
 def get_scorer(name: str | Scorer, **options) -> Scorer:
     """A scorer instance from its name (or the instance itself); ``kvpress:<Class>`` names a
-    kvpress ``ScorerPress`` (:mod:`kvcert.kvpress_bridge`)."""
+    kvpress ``ScorerPress`` (:mod:`kvcert.scorers.kvpress_scorer`)."""
     if isinstance(name, Scorer):
         return name
     if isinstance(name, str) and name.startswith(KVPRESS_PREFIX):
-        from ..kvpress_bridge import kvpress_scorer
-
-        return kvpress_scorer(name, **options)
+        return KvpressScorer(press_name=name, options=dict(options))
     if name not in SCORERS:
         raise ValueError(f"scorer: unknown scorer {name!r}; choose one of {sorted(SCORERS)} or kvpress:<ScorerPress>")
     return SCORERS[name](**options)
@@ -46,5 +43,5 @@ def get_scorer(name: str | Scorer, **options) -> Scorer:
 
 __all__ = [
     "KVPRESS_PREFIX", "LayerObservation", "Scorer", "SCORERS", "get_scorer", "scorer_options", "attention_probs", "window_probs",
-    "H2OScorer", "KeyNormScorer", "SnapKVScorer", "StreamingLLMScorer", "TOVAScorer", "ValueAwareScorer",
+    "H2OScorer", "KeyNormScorer", "KvpressScorer", "SnapKVScorer", "StreamingLLMScorer", "TOVAScorer", "ValueAwareScorer",
 ]

@@ -24,7 +24,7 @@ class LayerObservation:
     log_pi: [B, Hkv, L] fp32 log inclusion probabilities (None: all certain, no padding).
     module, hidden_states, position_embeddings: the attention module, its input hidden
     states [B, Q, hidden] and its RoPE (cos, sin) in this forward, for scorers that read
-    weights or hidden states (a kvpress press, :mod:`kvcert.kvpress_bridge`); None where the
+    weights or hidden states (a kvpress press, :mod:`kvcert.scorers.kvpress_scorer`); None where the
     observation was built outside a forward.
     """
 

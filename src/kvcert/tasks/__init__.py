@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from kvcert.tasks import locomo, longbench, lookalike, metrics, multikey, multiturn, multiturn_chat, needle
+from kvcert.tasks import locomo, longbench, lookalike, metrics, multikey, multiturn, multiturn_chat, needle, ruler
 from kvcert.tasks.metrics import AnswerMetric
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import RecordError, TaskRecord, progress_of, read_jsonl, write_jsonl
@@ -70,7 +70,8 @@ class Task:
     generator ``generate(tokenizer, n_examples, target_tokens, seed, **options)`` and its answer
     metric ``metric(prediction, answers)``; ``make_record(tokenizer, target_tokens, seed, index)``: its
     one example ``index`` (what ``generate`` builds one by one; a build shows its progress through it);
-    ``loader``: a family's ``build``."""
+    ``questions_for(record)``: every fact of a synthetic record asked as a question (the embedded model's
+    training data, :mod:`kvcert.training.data`); ``loader``: a family's ``build``."""
 
     name: str
     kind: str
@@ -84,6 +85,7 @@ class Task:
     uses_chat: Callable[[Mapping], bool] = _chat
     capacity: Callable[[Mapping], tuple[int, str] | None] = _generated
     make_record: Callable[..., TaskRecord] | None = None
+    questions_for: Callable[[TaskRecord], list] | None = None
     prefix: str | None = None
 
     def build(self, task_cfg: Mapping, tokenizer: Any, length: int, examples: int, seed: int,
@@ -196,7 +198,11 @@ def score_record(record: TaskRecord, prediction: str) -> float:
 for _module, _metric in ((needle, metrics.string_match_all), (multikey, metrics.recall), (multiturn, metrics.recall),
                          (multiturn_chat, metrics.recall), (lookalike, metrics.string_match_all)):
     register_task(Task(_module.TASK, "synthetic", generate=_module.generate, metric=_metric,
-                       make_record=_module.make_record))
+                       make_record=_module.make_record, questions_for=_module.questions_for))
+for _spec in ruler.RULER_TASKS.values():  # RULER's synthetic tasks, ruler_<name> (kvcert.tasks.ruler)
+    register_task(Task(_spec.registered, "synthetic", default_length=ruler.DEFAULT_LENGTH,
+                       generate=ruler.generator(_spec.name), metric=metrics.string_match_all,
+                       make_record=ruler.record_maker(_spec.name)))
 register_task(Task("longbench", "longbench", default_length=6144, loader=longbench.build_records,
                    scorer=longbench.score_longbench_record, check=longbench.check_config,
                    answer_tokens=longbench.config_answer_tokens, uses_chat=longbench.config_uses_chat,
@@ -208,9 +214,11 @@ register_task(Task("unscored", "free", metric=metrics.unscored))  # generate_ans
 #: the synthetic tasks (generated, no data needed) — the embedded default runs these (not
 #: ``multiturn_chat``: ``multiturn``'s records on the model's chat template, a task for chat models).
 SYNTHETIC_TASKS: tuple[str, ...] = ("needle", "multikey", "multiturn", "lookalike")
+#: RULER's synthetic tasks as registered (``kvcert run task=ruler`` runs them all; kvcert.tasks.ruler)
+RULER_TASKS: tuple[str, ...] = tuple(spec.registered for spec in ruler.RULER_TASKS.values())
 
 __all__ = [
-    "MAX_GENERATED", "RecordError", "SYNTHETIC_TASKS", "TASKS", "Task", "TaskRecord",
+    "MAX_GENERATED", "RULER_TASKS", "RecordError", "SYNTHETIC_TASKS", "TASKS", "Task", "TaskRecord",
     "build_prompt_ids", "generate", "get_task", "is_correct", "read_jsonl",
     "register_task", "score", "score_record", "task_for_config", "task_of", "write_jsonl",
 ]

@@ -44,6 +44,7 @@ against ``"x"``), and neither do these functions or the generation engine.
 
 from __future__ import annotations
 
+import math
 import re
 import string
 import warnings
@@ -258,3 +259,37 @@ def score_task(dataset: str, predictions: Sequence[str], answers_list: Sequence[
         raise ValueError(f"no predictions to score for {dataset!r}")
     total = sum(score_sample(dataset, p, a, all_classes) for p, a in zip(predictions, answers_list))
     return round(100 * total / len(predictions), 2)
+
+
+# ------------------------------------------------------------------ LongBench-E: scored by length
+
+#: eval.py --e's buckets of a row's ``length`` field (its words; characters for the Chinese sets)
+LENGTH_BUCKETS: tuple[tuple[str, float], ...] = (("0-4k", 4000), ("4-8k", 8000), ("8k+", math.inf))
+
+
+def length_bucket(length: float) -> str:
+    """The LongBench-E bucket of a row's ``length``: below 4000, below 8000, else 8k+."""
+    for name, below in LENGTH_BUCKETS:
+        if length < below:
+            return name
+    raise ValueError(f"length {length!r} is not a number")
+
+
+def bucket_scores(scores: Sequence[float], lengths: Sequence[float]) -> dict[str, float]:
+    """eval.py ``scorer_e``'s summary of per-sample scores in [0, 1]: per bucket ``round(100 · mean, 2)``
+    (NaN for an empty bucket, as ``np.mean([])`` gives), the buckets in order."""
+    if len(scores) != len(lengths):
+        raise ValueError(f"{len(scores)} scores but {len(lengths)} lengths")
+    groups: dict[str, list[float]] = {name: [] for name, _ in LENGTH_BUCKETS}
+    for score, length in zip(scores, lengths):
+        groups[length_bucket(length)].append(float(score))
+    return {name: round(100 * sum(v) / len(v), 2) if v else math.nan for name, v in groups.items()}
+
+
+def score_task_e(dataset: str, predictions: Sequence[str], answers_list: Sequence[Sequence[str]],
+                 lengths: Sequence[float], all_classes: Sequence[str] | None = None) -> dict[str, float]:
+    """A LongBench-E data set as ``eval.py --e`` scores it (``scorer_e``): each sample's best score over its
+    answers (the first-line cut where eval.py makes it), then :func:`bucket_scores` by the rows' ``length``."""
+    if len(predictions) != len(answers_list):
+        raise ValueError(f"{len(predictions)} predictions but {len(answers_list)} answer lists for {dataset!r}")
+    return bucket_scores([score_sample(dataset, p, a, all_classes) for p, a in zip(predictions, answers_list)], lengths)

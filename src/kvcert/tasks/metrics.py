@@ -2,6 +2,8 @@
 
 - :func:`string_match_all` — RULER's needle metric: the fraction of the references
   found (as substrings) in the lower-cased prediction.
+- :func:`string_match_part` — RULER's QA metric: 1 if any reference is found (as a
+  substring) in the lower-cased prediction.
 - :func:`recall` — token recall of the best gold answer: the fraction of its
   normalised tokens that occur in the normalised prediction.
 - :func:`normalize_answer` — LongBench's normalisation: lower-case, drop punctuation,
@@ -40,6 +42,14 @@ def string_match_all(prediction: str, references: list[str]) -> float:
         raise ValueError("string_match_all needs at least one reference")
     lowered = prediction.lower()
     return sum(1.0 for ref in references if ref.lower() in lowered) / len(references)
+
+
+def string_match_part(prediction: str, references: list[str]) -> float:
+    """RULER ``string_match_part`` for one sample: 1 if any reference is in the prediction."""
+    if not references:
+        raise ValueError("string_match_part needs at least one reference")
+    lowered = prediction.lower()
+    return max(1.0 if ref.lower() in lowered else 0.0 for ref in references)
 
 
 def recall(prediction: str, answers: list[str]) -> float:

@@ -53,12 +53,11 @@ from typing import Any, Sequence
 
 import torch
 
-from kvcert.tasks import lookalike, multikey, multiturn, needle
+from kvcert.tasks import SYNTHETIC_TASKS, get_task, lookalike, multiturn
 from kvcert.tasks.prompting import build_prompt_ids, encode_rendered, render_chat, user_message
 
 TRAIN_SEED_OFFSET = 1_000_000
 NONE, ANSWER, AUX = 0, 1, 2
-TASK_MODULES = {"needle": needle, "lookalike": lookalike, "multikey": multikey, "multiturn": multiturn}
 ENTITY_WINDOW = 12  # entity targets reach this many tokens past a key
 COPY_SEGMENT = (16, 64)  # default (min, max) length of a copy sequence's repeated segment
 COPY_RETRIEVALS = 48  # supervised retrievals per copy sequence, at most
@@ -93,8 +92,10 @@ FILL_LENGTH: dict[str, dict[str, Any]] = {"needle": {"answer_tokens": 0}, "looka
 
 
 def train_options(task: str, rng: random.Random, length: int, max_facts: int) -> dict[str, Any]:
-    """Generator options of one training record (the evaluation defaults lie inside;
-    :data:`FILL_LENGTH`)."""
+    """Generator options of one training record of ``task``, one of the registry's synthetic tasks
+    (:data:`kvcert.tasks.SYNTHETIC_TASKS`; the evaluation defaults lie inside; :data:`FILL_LENGTH`)."""
+    if task not in SYNTHETIC_TASKS:
+        raise KeyError(f"no training options for task {task!r}; the embedded model learns {', '.join(SYNTHETIC_TASKS)}")
     if task == "needle":
         return {"num_needles": rng.randint(1, max_facts), **FILL_LENGTH["needle"]}
     if task == "multikey":
@@ -179,9 +180,9 @@ class SequenceBuilder:
     def task_sequence(self, rng: random.Random, task: str, length: int, seed: int,
                       index: int, max_facts: int = 8) -> Sequence_:
         options = train_options(task, rng, length, max_facts)
-        module = TASK_MODULES[task]
-        record = module.make_record(self.tokenizer, length, seed, index, **options)
-        every_qa = module.questions_for(record)
+        spec = get_task(task)  # the registry's synthetic task (train_options refuses any other)
+        record = spec.make_record(self.tokenizer, length, seed, index, **options)
+        every_qa = spec.questions_for(record)
         first, rest = every_qa[0], every_qa[1:]
         rng.shuffle(rest)
         qas = [first, *rest[: self.max_questions - 1]]

@@ -9,10 +9,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvcert.tasks import SYNTHETIC_TASKS
 from kvcert.training.data import Phase
 from kvcert.training.model import ArchitectureSpec
 
-ALL_TASKS = {"needle": 1.0, "lookalike": 1.0, "multikey": 1.0, "multiturn": 1.0}
+#: every synthetic task of the registry, each as often (a batch draws its rows by weight over sorted names)
+ALL_TASKS = {name: 1.0 for name in SYNTHETIC_TASKS}
+#: the regime table's tasks (provenance.json's `regime`): the synthetic ones but multiturn
+REGIME_TASKS = tuple(name for name in SYNTHETIC_TASKS if name != "multiturn")
 
 
 @dataclass(frozen=True)
@@ -44,9 +48,9 @@ class Recipe:
     checkpoint_every: int = 50
     eval_lengths: tuple[int, ...] = (512, 2048)
     eval_examples: int = 100
-    eval_tasks: tuple[str, ...] = field(default=("needle", "lookalike", "multikey", "multiturn"))
+    eval_tasks: tuple[str, ...] = field(default=SYNTHETIC_TASKS)
     regime_examples: int = 32  # records per task and length of the regime table (provenance)
-    regime_tasks: tuple[str, ...] = field(default=("needle", "lookalike", "multikey"))
+    regime_tasks: tuple[str, ...] = field(default=REGIME_TASKS)
 
     @property
     def total_steps(self) -> int:

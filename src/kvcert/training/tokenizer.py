@@ -20,14 +20,18 @@ from transformers import PreTrainedTokenizerFast
 
 from kvcert.tasks import lookalike, multikey, multiturn, needle
 
+#: the chat specials, defined here once (the test tokenizers take theirs from here too): ``<|end|>``
+#: closes a turn and is the EOS token; a role's token is ``<|role|>``
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "<|end|>"
-ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+ROLES = ("system", "user", "assistant")
+ROLE_TOKENS = tuple(f"<|{role}|>" for role in ROLES)
+SYSTEM, USER, ASSISTANT = ROLE_TOKENS
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS, *ROLE_TOKENS)
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}" + EOS + "\n"
+    "{% endfor %}{% if add_generation_prompt %}" + ASSISTANT + "\n{% endif %}"
 )
 
 

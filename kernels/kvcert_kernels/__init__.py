@@ -1,4 +1,4 @@
-"""kvcert_kernels: Triton kernels for kvcert (the repository's top-level ``kernels/`` folder).
+"""kvcert_kernels: Triton kernels for kvcert (the repository's ``kernels/kvcert_kernels/`` folder).
 
 * :func:`certified_decode` — fused decode attention over the compacted cache: the
   Hájek-corrected output, its log-sum-exp, the variance estimate V̂ and the range term
@@ -11,10 +11,8 @@ kernel`` (:mod:`kvcert.bench.kernel_timing`, GPU timing with ``triton.testing.do
 
 See ``kernels/NOTES.md`` for the design and what has been verified where.
 
-Without Triton (the CPU install: Triton is the ``gpu`` extra) the package still imports — a
-process whose working directory is the checkout finds this folder as ``kernels``, the name under
-which transformers probes for the Hugging Face ``kernels`` package — and its functions say how to
-get Triton when called.
+Without Triton (the CPU install: Triton is the ``gpu`` extra) the package still imports, and its
+functions say how to get Triton when called.
 """
 
 __all__ = ["certified_decode", "decode_bytes", "default_num_splits", "interpreting"]
