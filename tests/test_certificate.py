@@ -269,12 +269,13 @@ def test_the_decode_fast_path_equals_the_general_path_and_the_float64_reference(
     g = torch.Generator().manual_seed(1)
     sketch = build_sketch(torch.randn(2, 2, 32, 16, generator=g).to(dtype), torch.randn(2, 2, 32, 16, generator=g).to(dtype),
                           torch.ones(2, 2, 32, dtype=torch.bool), torch.randn(2, 2, 32, generator=g), centre, 16) if with_sketch else None
-    kwargs = dict(certificate=True, one_minus=one_minus, dev=dev, centre=centre, sketch=sketch)
+    kwargs = dict(certificate=True, one_minus=one_minus, dev=dev, centre=centre, sketch=sketch, entropy=True)
     monkeypatch.setattr(attention, "_FAST_DECODE", True)
     fast = hajek_attention(query, key, value, log_pi, 0.25, **kwargs)
     monkeypatch.setattr(attention, "_FAST_DECODE", False)
     general = hajek_attention(query, key, value, log_pi, 0.25, **kwargs)
-    for name in ("output", "variance", "range_term", "shadow_sum", "shadow_range"):
+    assert fast.entropy is not None and torch.isfinite(fast.entropy).all()
+    for name in ("output", "variance", "range_term", "shadow_sum", "shadow_range", "entropy"):
         a, b = getattr(fast, name), getattr(general, name)
         assert (a is None) == (b is None) == (name.startswith("shadow") and not with_sketch), name
         if a is not None:

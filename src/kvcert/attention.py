@@ -205,7 +205,7 @@ def _variance(c_term, bv, out, a, l, centre, r, value, combine: torch.dtype = to
 
 
 def _certified_decode(qg, key, value, log_pi, one_minus, dev, centre, acc_dtype, out_dtype,
-                      query, sketch, defer: bool = False) -> AttentionResult:
+                      query, sketch, defer: bool = False, entropy: bool = False) -> AttentionResult:
     """One query per head with the certificate (a decode step over a cache with a sampled tail), in as
     few tensor operations as the certificate allows — on a CPU a decode step's attention is a few
     hundred small operations, and their count, not their arithmetic, is its cost. The same sums as the
@@ -214,7 +214,8 @@ def _certified_decode(qg, key, value, log_pi, one_minus, dev, centre, acc_dtype,
     :func:`_variance` (float64); qg [B, Hkv, G, D] scaled, log_pi / one_minus / dev [B, Hkv, L].
 
     ``defer`` (without a sketch): return the output with the sums (``pending``) instead of V̂ and b̂_c, for
-    :func:`combine_pending` to combine with the other layers' of the same forward."""
+    :func:`combine_pending` to combine with the other layers' of the same forward. ``entropy``: also the
+    entropy of the weights, H = log l − Σ_j p_j (z_j − m) / l, as the general path computes it."""
     b, hkv, group, _ = qg.shape
     length = key.shape[-2]
     if key.dtype == acc_dtype and log_pi.dtype == acc_dtype:  # z = q·K − log π in one product (the same bits)
@@ -227,6 +228,10 @@ def _certified_decode(qg, key, value, log_pi, one_minus, dev, centre, acc_dtype,
     pr = torch.empty(b, hkv, 2 * group, z.shape[-1], dtype=acc_dtype, device=z.device)  # [p; r], no concatenation
     p = torch.exp(z.sub_(m), out=pr[:, :, :group])
     l = p.sum(-1, keepdim=True)
+    ent = None
+    if entropy:  # z holds z − m; masked keys (−inf) at a finite floor so that e^{z−m}(z−m) is 0 there, not NaN
+        h = torch.log(l) - torch.linalg.vecdot(p, z.clamp_(min=-1e30)).unsqueeze(-1) / l
+        ent = h.squeeze(-1).to(torch.float32).reshape(b, hkv * group, 1)
     wp = p * _as(one_minus, acc_dtype).unsqueeze(-2)  # (1 − π) p
     r = torch.mul(wp, p, out=pr[:, :, group:])  # r = (1 − π) p²
     num = _as(torch.matmul(_as(pr, value.dtype), value), acc_dtype)  # [p; r]·V in one pass over the values
@@ -239,7 +244,7 @@ def _certified_decode(qg, key, value, log_pi, one_minus, dev, centre, acc_dtype,
     a = r.sum(-1, keepdim=True)
     hq = hkv * group
     if defer and sketch is None:
-        return AttentionResult(out.to(out_dtype).reshape(b, hq, 1, -1),
+        return AttentionResult(out.to(out_dtype).reshape(b, hq, 1, -1), entropy=ent,
                                pending=PendingCertificate(num, l, c_term, a, m0, m1, centre, r, value))
     centre32 = _as(centre, acc_dtype).unsqueeze(-2)
     out_dev = torch.linalg.vector_norm(out - centre32, dim=-1)
@@ -248,10 +253,10 @@ def _certified_decode(qg, key, value, log_pi, one_minus, dev, centre, acc_dtype,
     output = out.to(out_dtype).reshape(b, hq, 1, -1)
     variance, range_term = var.reshape(b, hq, 1), rng.reshape(b, hq, 1)
     if sketch is None:
-        return AttentionResult(output, variance, range_term)
+        return AttentionResult(output, variance, range_term, entropy=ent)
     lse = (m + torch.log(l)).reshape(b, hq, 1)
     sv, sr = sketch_terms(qg.reshape(b, hq, 1, -1), sketch, 1.0, lse, out_dev.reshape(b, hq, 1))
-    return AttentionResult(output, variance, range_term, sv, sr)
+    return AttentionResult(output, variance, range_term, sv, sr, entropy=ent)
 
 
 def _plain_decode(qc, key, value, acc_dtype, entropy: bool, out_dtype) -> AttentionResult:
@@ -325,9 +330,9 @@ def hajek_attention(
     if n_q == 1 and log_pi is None and extra_mask is None and not certificate:
         return _plain_decode(qg.reshape(b, hkv, group, d), key, value, acc_dtype, entropy, query.dtype)
     if (n_q == 1 and certificate and log_pi is not None and one_minus is not None and dev is not None
-            and centre is not None and extra_mask is None and not entropy and _FAST_DECODE):
+            and centre is not None and extra_mask is None and _FAST_DECODE):
         return _certified_decode(qg.reshape(b, hkv, group, d), key, value, log_pi, one_minus, dev, centre, acc_dtype,
-                                 query.dtype, query, sketch if use_sketch else None, defer)
+                                 query.dtype, query, sketch if use_sketch else None, defer, entropy)
     bias = None if log_pi is None else log_pi.to(acc_dtype).unsqueeze(-2)
     if certificate:
         if one_minus is None:
