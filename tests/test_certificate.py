@@ -269,12 +269,13 @@ def test_the_decode_fast_path_equals_the_general_path_and_the_float64_reference(
     g = torch.Generator().manual_seed(1)
     sketch = build_sketch(torch.randn(2, 2, 32, 16, generator=g).to(dtype), torch.randn(2, 2, 32, 16, generator=g).to(dtype),
                           torch.ones(2, 2, 32, dtype=torch.bool), torch.randn(2, 2, 32, generator=g), centre, 16) if with_sketch else None
-    kwargs = dict(certificate=True, one_minus=one_minus, dev=dev, centre=centre, sketch=sketch)
+    kwargs = dict(certificate=True, one_minus=one_minus, dev=dev, centre=centre, sketch=sketch, entropy=True)
     monkeypatch.setattr(attention, "_FAST_DECODE", True)
     fast = hajek_attention(query, key, value, log_pi, 0.25, **kwargs)
     monkeypatch.setattr(attention, "_FAST_DECODE", False)
     general = hajek_attention(query, key, value, log_pi, 0.25, **kwargs)
-    for name in ("output", "variance", "range_term", "shadow_sum", "shadow_range"):
+    assert fast.entropy is not None and torch.isfinite(fast.entropy).all()
+    for name in ("output", "variance", "range_term", "shadow_sum", "shadow_range", "entropy"):
         a, b = getattr(fast, name), getattr(general, name)
         assert (a is None) == (b is None) == (name.startswith("shadow") and not with_sketch), name
         if a is not None:
@@ -282,3 +283,31 @@ def test_the_decode_fast_path_equals_the_general_path_and_the_float64_reference(
     ref, shape = grouped_reference(query.double(), key.double(), value.double(), log_pi.double(), 0.25, centre.double())
     torch.testing.assert_close(fast.variance.reshape(shape).double(), ref.variance, rtol=1e-4, atol=1e-9)
     torch.testing.assert_close(fast.range_term.reshape(shape).double(), ref.range_bound, rtol=1e-4, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_deferred_certificates_combined_per_forward_equal_each_layers_own(dtype):
+    """``defer``: a decode step returns its certificate's sums and :func:`kvcert.attention.combine_pending` combines
+    the steps of a forward's layers stacked — the same bits as each step's own combination, for steps of different
+    lengths and shapes (combined apart), and for a step with a shaky row (one tail token holding the attention:
+    :func:`kvcert.attention._variance` recomputes it)."""
+    from kvcert.attention import combine_pending, squared_deviation
+
+    steps = [random_retained(seed=s, q=1, length=n, dtype=dtype) for s, n in ((5, 257), (6, 120), (7, 257))]
+    steps.append(random_retained(seed=8, b=1, hq=6, hkv=2, q=1, length=64, dtype=dtype))
+    query, key, value, log_pi = steps[1]
+    key[0, 0, 30] = query[0, 0, 0] * 40.0  # one sampled token takes the attention of query head 0
+    log_pi[0, 0, 30] = math.log(0.5)
+    eager, pending = [], []
+    for query, key, value, log_pi in steps:
+        centre = value.mean(2)
+        kwargs = dict(certificate=True, one_minus=torch.expm1(log_pi).neg().clamp(min=0).to(dtype),
+                      dev=squared_deviation(value, centre).sqrt(), centre=centre)
+        eager.append(hajek_attention(query, key, value, log_pi, 0.25, **kwargs))
+        res = hajek_attention(query, key, value, log_pi, 0.25, defer=True, **kwargs)
+        assert res.variance is None and res.pending is not None
+        assert torch.equal(res.output, eager[-1].output)
+        pending.append(res.pending)
+    for res, (var, rng, norm) in zip(eager, combine_pending(pending)):
+        assert torch.equal(var, res.variance) and torch.equal(rng, res.range_term)
+        assert torch.equal(norm, torch.linalg.vector_norm(res.output, dim=-1))

@@ -42,6 +42,68 @@ class AttentionResult:
     shadow_sum: torch.Tensor | None = None
     shadow_range: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
+    #: with ``defer``: the sums of a decode step whose certificate :func:`combine_pending` computes later
+    pending: "PendingCertificate | None" = None
+
+
+@dataclass
+class PendingCertificate:
+    """A decode step's certificate sums, not yet combined (:func:`_certified_decode` with ``defer``): num =
+    [ô; B] [B, Hkv, 2G, D] (ô already divided by l), l, C, A [B, Hkv, G, 1], m0, m1 [B, Hkv, G], centre
+    [B, Hkv, D]; r [B, Hkv, G, L] and the values for :func:`_variance`'s recomputation of a shaky row."""
+
+    num: torch.Tensor
+    l: torch.Tensor
+    c_term: torch.Tensor
+    a: torch.Tensor
+    m0: torch.Tensor
+    m1: torch.Tensor
+    centre: torch.Tensor
+    r: torch.Tensor
+    value: torch.Tensor
+
+
+def combine_pending(pending: list[PendingCertificate]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(V̂, b̂_c, ‖ô‖) [B, Hq, 1] of each pending decode step (:class:`PendingCertificate`), combined as
+    :func:`_certified_decode` combines one (V̂ as :func:`_variance` does, in the sums' dtype), but with
+    the steps of one forward's layers stacked: the combination is some twenty operations on [G]-sized
+    arrays, each costing its dispatch on a CPU, so one forward pays them once instead of once per layer.
+    Steps of different shapes or dtypes are combined apart."""
+    with torch.no_grad():  # a certificate is a measurement, never part of a graph
+        return _combine_pending(pending)
+
+
+def _combine_pending(pending: list[PendingCertificate]) -> list:
+    results: list = [None] * len(pending)
+    groups: dict[tuple, list[int]] = {}
+    for i, p in enumerate(pending):
+        groups.setdefault((tuple(p.num.shape), p.num.dtype, p.num.device), []).append(i)
+    for idx in groups.values():
+        ps = [pending[i] for i in idx]
+        group = ps[0].l.shape[-2]
+        stack = torch.stack if len(ps) > 1 else (lambda ts: ts[0].unsqueeze(0))
+        num, l, c_term, a = (stack([getattr(p, f) for p in ps]) for f in ("num", "l", "c_term", "a"))
+        m0, m1 = stack([p.m0 for p in ps]), stack([p.m1 for p in ps])
+        centre = _as(stack([p.centre for p in ps]), num.dtype).unsqueeze(-2)  # [n, B, Hkv, 1, D]
+        out, bv = num[..., :group, :], num[..., group:, :]
+        out_c = out - centre
+        out_dev = torch.linalg.vector_norm(out_c, dim=-1)
+        size = c_term + a * torch.linalg.vecdot(out_c, out_c).unsqueeze(-1)
+        var = size - 2.0 * torch.linalg.vecdot(bv - a * centre, out_c).unsqueeze(-1)
+        shaky = (var < SHAKY_VARIANCE * size).flatten(1).any(1).tolist()
+        var = (var / (l * l)).clamp_(min=0).squeeze(-1)
+        rng = (m1 + m0 * out_dev) / l.squeeze(-1)
+        norm = torch.linalg.vector_norm(out, dim=-1)
+        n, b, hkv = num.shape[:3]
+        shape = (n, b, hkv * group, 1)
+        var, rng, norm = var.reshape(shape).unbind(0), rng.reshape(shape).unbind(0), norm.reshape(shape).unbind(0)
+        for j, (i, p) in enumerate(zip(idx, ps)):
+            v = var[j]
+            if shaky[j]:  # a row of this step is shaky: the general combination, with its recomputation
+                v = _variance(p.c_term, p.num[:, :, group:], p.num[:, :, :group], p.a, p.l,
+                              _as(p.centre, num.dtype).unsqueeze(-2), p.r, p.value, combine=num.dtype).reshape(v.shape)
+            results[i] = (v, rng[j], norm[j])
+    return results
 
 
 def squared_deviation(value: torch.Tensor, centre: torch.Tensor | None) -> torch.Tensor:
@@ -143,22 +205,35 @@ def _variance(c_term, bv, out, a, l, centre, r, value, combine: torch.dtype = to
 
 
 def _certified_decode(qg, key, value, log_pi, one_minus, dev, centre, acc_dtype, out_dtype,
-                      query, sketch) -> AttentionResult:
+                      query, sketch, defer: bool = False, entropy: bool = False) -> AttentionResult:
     """One query per head with the certificate (a decode step over a cache with a sampled tail), in as
     few tensor operations as the certificate allows — on a CPU a decode step's attention is a few
     hundred small operations, and their count, not their arithmetic, is its cost. The same sums as the
     general path (module docstring): p = e^{z − m}, l = Σ p, ô = p·V / l; r = (1 − π) p², A = Σ r,
     B = r·V, C = Σ r ‖v − c‖²; b̂_c = (max (1 − π) p ‖v − c‖ + max (1 − π) p · ‖ô − c‖) / l; V̂ from
-    :func:`_variance` (float64); qg [B, Hkv, G, D] scaled, log_pi / one_minus / dev [B, Hkv, L]."""
+    :func:`_variance` (float64); qg [B, Hkv, G, D] scaled, log_pi / one_minus / dev [B, Hkv, L].
+
+    ``defer`` (without a sketch): return the output with the sums (``pending``) instead of V̂ and b̂_c, for
+    :func:`combine_pending` to combine with the other layers' of the same forward. ``entropy``: also the
+    entropy of the weights, H = log l − Σ_j p_j (z_j − m) / l, as the general path computes it."""
     b, hkv, group, _ = qg.shape
-    z = _as(torch.matmul(qg, key.transpose(-1, -2)), acc_dtype)  # [B, Hkv, G, L]
-    z.sub_(_as(log_pi, acc_dtype).unsqueeze(-2))
+    length = key.shape[-2]
+    if key.dtype == acc_dtype and log_pi.dtype == acc_dtype:  # z = q·K − log π in one product (the same bits)
+        z = torch.baddbmm(log_pi.reshape(b * hkv, 1, length), qg.reshape(b * hkv, group, -1),
+                          key.reshape(b * hkv, length, -1).transpose(-1, -2), beta=-1).reshape(b, hkv, group, length)
+    else:
+        z = _as(torch.matmul(qg, key.transpose(-1, -2)), acc_dtype)  # [B, Hkv, G, L]
+        z.sub_(_as(log_pi, acc_dtype).unsqueeze(-2))
     m = z.amax(-1, keepdim=True)
-    p = z.sub_(m).exp_()
+    pr = torch.empty(b, hkv, 2 * group, z.shape[-1], dtype=acc_dtype, device=z.device)  # [p; r], no concatenation
+    p = torch.exp(z.sub_(m), out=pr[:, :, :group])
     l = p.sum(-1, keepdim=True)
+    ent = None
+    if entropy:  # z holds z − m; masked keys (−inf) at a finite floor so that e^{z−m}(z−m) is 0 there, not NaN
+        h = torch.log(l) - torch.linalg.vecdot(p, z.clamp_(min=-1e30)).unsqueeze(-1) / l
+        ent = h.squeeze(-1).to(torch.float32).reshape(b, hkv * group, 1)
     wp = p * _as(one_minus, acc_dtype).unsqueeze(-2)  # (1 − π) p
-    pr = torch.cat([p, wp * p], dim=2)  # [p; r], r = (1 − π) p²
-    r = pr[:, :, group:]
+    r = torch.mul(wp, p, out=pr[:, :, group:])  # r = (1 − π) p²
     num = _as(torch.matmul(_as(pr, value.dtype), value), acc_dtype)  # [p; r]·V in one pass over the values
     out, bv = num[:, :, :group].div_(l), num[:, :, group:]
     m0 = wp.amax(-1)
@@ -167,18 +242,21 @@ def _certified_decode(qg, key, value, log_pi, one_minus, dev, centre, acc_dtype,
     m1 = wpd.amax(-1)
     c_term = torch.matmul(wpd.mul_(p), dev.unsqueeze(-1))  # Σ r ‖v − c‖²
     a = r.sum(-1, keepdim=True)
+    hq = hkv * group
+    if defer and sketch is None:
+        return AttentionResult(out.to(out_dtype).reshape(b, hq, 1, -1), entropy=ent,
+                               pending=PendingCertificate(num, l, c_term, a, m0, m1, centre, r, value))
     centre32 = _as(centre, acc_dtype).unsqueeze(-2)
     out_dev = torch.linalg.vector_norm(out - centre32, dim=-1)
     var = _variance(c_term, bv, out, a, l, centre32, r, value, combine=acc_dtype).squeeze(-1)
     rng = (m1 + m0 * out_dev) / l.squeeze(-1)
-    hq = hkv * group
     output = out.to(out_dtype).reshape(b, hq, 1, -1)
     variance, range_term = var.reshape(b, hq, 1), rng.reshape(b, hq, 1)
     if sketch is None:
-        return AttentionResult(output, variance, range_term)
+        return AttentionResult(output, variance, range_term, entropy=ent)
     lse = (m + torch.log(l)).reshape(b, hq, 1)
     sv, sr = sketch_terms(qg.reshape(b, hq, 1, -1), sketch, 1.0, lse, out_dev.reshape(b, hq, 1))
-    return AttentionResult(output, variance, range_term, sv, sr)
+    return AttentionResult(output, variance, range_term, sv, sr, entropy=ent)
 
 
 def _plain_decode(qc, key, value, acc_dtype, entropy: bool, out_dtype) -> AttentionResult:
@@ -214,6 +292,7 @@ def hajek_attention(
     dev: torch.Tensor | None = None,
     sketch: EvictionSketch | None = None,
     entropy: bool = False,
+    defer: bool = False,
 ) -> AttentionResult:
     """Grouped Hájek attention (and optionally V̂, b̂_c); see the module docstring for layouts.
 
@@ -229,7 +308,9 @@ def hajek_attention(
     the attention weights each query uses, H = −Σ_j p_j log p_j with p = softmax(s − log π)
     over the keys it sees (padding excluded) — the H2O-style cache-side comparison signal —
     computed in the same pass as H = log l − Σ_j e^{z_j − m} (z_j − m) / l (z = s − log π,
-    m = max_j z_j, l = Σ_j e^{z_j − m}); on the kernel path, the kernel's.
+    m = max_j z_j, l = Σ_j e^{z_j − m}); on the kernel path, the kernel's. ``defer``: a decode step of the
+    torch path without a sketch may return its certificate's sums (``pending``, V̂ and b̂_c None) for
+    :func:`combine_pending`.
     """
     use_sketch = certificate and sketch is not None
     if use_decode_kernel(query, key, value, extra_mask):
@@ -246,13 +327,13 @@ def hajek_attention(
     group = hq // hkv
     acc_dtype = torch.promote_types(query.dtype, torch.float32)  # fp32 accumulation, fp64 if given fp64
     qg = (query * scaling).reshape(b, hkv, group, n_q, d)
-    bias = None if log_pi is None else log_pi.to(acc_dtype).unsqueeze(-2)
     if n_q == 1 and log_pi is None and extra_mask is None and not certificate:
         return _plain_decode(qg.reshape(b, hkv, group, d), key, value, acc_dtype, entropy, query.dtype)
     if (n_q == 1 and certificate and log_pi is not None and one_minus is not None and dev is not None
-            and centre is not None and extra_mask is None and not entropy and _FAST_DECODE):
+            and centre is not None and extra_mask is None and _FAST_DECODE):
         return _certified_decode(qg.reshape(b, hkv, group, d), key, value, log_pi, one_minus, dev, centre, acc_dtype,
-                                 query.dtype, query, sketch if use_sketch else None)
+                                 query.dtype, query, sketch if use_sketch else None, defer, entropy)
+    bias = None if log_pi is None else log_pi.to(acc_dtype).unsqueeze(-2)
     if certificate:
         if one_minus is None:
             lp = torch.zeros(b, hkv, length, device=key.device, dtype=acc_dtype) if log_pi is None else log_pi

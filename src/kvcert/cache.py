@@ -93,7 +93,7 @@ class CompactLayer(CacheLayerMixin):
         self.undecided = 0  # trailing slots appended since the last compaction (π = 1, not yet decided)
         self.sketch: EvictionSketch | None = None
         self.score_mass: ScoreMass | None = None  # what compaction evicted of the scorer's importance
-        self._k = self._v = self._lp = self._om = self._dev = None
+        self._k = self._v = self._lp = self._om = self._dev = self._aux = None
 
     # --- storage -------------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -106,9 +106,9 @@ class CompactLayer(CacheLayerMixin):
     def _allocate(self, b, h, capacity, d, dtype, dv) -> None:
         self._k = torch.empty(b, h, capacity, d, dtype=dtype, device=self.device)
         self._v = torch.empty(b, h, capacity, dv, dtype=dtype, device=self.device)
-        self._lp = torch.zeros(b, h, capacity, dtype=torch.float32, device=self.device)
-        self._om = torch.zeros(b, h, capacity, dtype=torch.float32, device=self.device)
-        self._dev = torch.zeros(b, h, capacity, dtype=torch.float32, device=self.device)
+        # log π, 1 − π and ‖v − c‖ in one [3, B, H, capacity] block: an append zeroes its slot of all three at once
+        self._aux = torch.zeros(3, b, h, capacity, dtype=torch.float32, device=self.device)
+        self._lp, self._om, self._dev = self._aux.unbind(0)
 
     def fork(self, end: int) -> "CompactLayer":
         """A batch-1 layer holding the first ``end`` slots of this uncompressed layer (a fork of a shared
@@ -132,8 +132,8 @@ class CompactLayer(CacheLayerMixin):
 
     def _refresh_views(self) -> None:
         n = self.length
-        self._views = (self._k[:, :, :n], self._v[:, :, :n])
-        self.log_pi, self.one_minus, self.dev = self._lp[:, :, :n], self._om[:, :, :n], self._dev[:, :, :n]
+        self._views = (self._k.narrow(2, 0, n), self._v.narrow(2, 0, n))
+        self.log_pi, self.one_minus, self.dev = self._lp.narrow(2, 0, n), self._om.narrow(2, 0, n), self._dev.narrow(2, 0, n)
 
     # --- keys and values: what the layer holds; assigning a prefix crops ------------------
     @property
@@ -208,12 +208,18 @@ class CompactLayer(CacheLayerMixin):
         n = key_states.shape[2]
         if self.length + n > self.capacity:
             self._grow(self.length + n)
-        end = self.length + n
-        self._k[:, :, self.length : end] = key_states
-        self._v[:, :, self.length : end] = value_states
-        self._lp[:, :, self.length : end] = 0.0
-        self._om[:, :, self.length : end] = 0.0  # certain tokens never enter V̂ or b̂
-        self._dev[:, :, self.length : end] = 0.0
+        end, start = self.length + n, self.length
+        # narrow + copy_ / fill_: a decode step appends one slot to five tensors, and Python indexing costs
+        # several times the write
+        self._k.narrow(2, start, n).copy_(key_states)
+        self._v.narrow(2, start, n).copy_(value_states)
+        aux = self._aux
+        if aux is not None and self._lp._base is aux and self._om._base is aux and self._dev._base is aux:
+            aux.narrow(3, start, n).fill_(0.0)  # log π = 0; 1 − π = 0: certain tokens never enter V̂ or b̂
+        else:  # the three were replaced one by one (a fork's views, a reorder)
+            self._lp.narrow(2, start, n).fill_(0.0)
+            self._om.narrow(2, start, n).fill_(0.0)
+            self._dev.narrow(2, start, n).fill_(0.0)
         self.length = end
         self.seen += n
         self.kept += n

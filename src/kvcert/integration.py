@@ -90,11 +90,14 @@ def kvcert_attention_forward(
             extra_mask=extra,
             sketch=layer.sketch if certify else None,
             entropy=entropy,
+            defer=certify,
         )
         output = res.output
         if entropy and res.entropy is not None:
             recorder.entropy_of(module.layer_idx, res.entropy)
-        if certify:
+        if certify and res.pending is not None:  # combined with the other layers' when the forward ends
+            recorder.defer(module.layer_idx, res.pending)
+        elif certify:
             norm = torch.linalg.vector_norm(output.float(), dim=-1)
             recorder.certificate(module.layer_idx, res.variance, res.range_term, norm, res.shadow_sum,
                                  res.shadow_range)

@@ -49,11 +49,14 @@ class StepRecorder:
         self.captured: dict[int, LayerObservation] = {}
         self.step_log: list[StepCertificates] = []
         self._current: StepCertificates | None = None
+        self._pending: list = []  # (layer, PendingCertificate) of this forward, combined at its end
 
     def begin_forward(self) -> None:
         self._current = StepCertificates()
+        self._pending = []
 
     def end_forward(self) -> None:
+        self.flush()
         if self._current is not None and (self._current.variance or self._current.entropy):
             self.step_log.append(self._current)
         self._current = None
@@ -70,10 +73,35 @@ class StepRecorder:
         step.range_term[layer_idx] = range_term.detach()
         if output_norm is not None:
             step.output_norm[layer_idx] = output_norm.detach()
-        zero = torch.zeros_like(variance)
+        zero = torch.zeros_like(variance) if shadow_sum is None or shadow_range is None else None
         step.shadow_sum[layer_idx] = zero if shadow_sum is None else shadow_sum.detach()
         step.shadow_range[layer_idx] = zero if shadow_range is None else shadow_range.detach()
         step.num_queries = variance.shape[-1]
+
+    def defer(self, layer_idx: int, pending) -> None:
+        """Record a layer's certificate from its decode step's sums (:class:`kvcert.attention.PendingCertificate`),
+        combined with the other layers' of this forward when it ends (:meth:`flush`)."""
+        self._pending.append((layer_idx, pending))
+
+    def flush(self) -> None:
+        """Combine the deferred certificates of this forward (:func:`kvcert.attention.combine_pending`, all
+        layers at once) and record them as :meth:`certificate` does."""
+        if not self._pending:
+            return
+        from .attention import combine_pending
+
+        pending, self._pending = self._pending, []
+        results = combine_pending([p for _, p in pending])
+        shapes = {(tuple(r[0].shape), r[0].dtype) for r in results}
+        if len(shapes) == 1:  # one zero tensor for every layer's shadow terms (no sketch: Σ t_j = max t_j = 0)
+            zeros = results[0][0].new_zeros((len(results), *results[0][0].shape)).unbind(0)
+        else:
+            zeros = [torch.zeros_like(r[0]) for r in results]
+        step = self._step()
+        for (layer_idx, _), (variance, range_term, norm), z in zip(pending, results, zeros):
+            step.variance[layer_idx], step.range_term[layer_idx], step.output_norm[layer_idx] = variance, range_term, norm
+            step.shadow_sum[layer_idx] = step.shadow_range[layer_idx] = z
+        step.num_queries = 1
 
     def entropy_of(self, layer_idx: int, entropy: torch.Tensor) -> None:
         self._step().entropy[layer_idx] = entropy.detach()
