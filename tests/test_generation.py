@@ -306,9 +306,8 @@ def test_the_budget_is_checked_once_where_it_enters():
 
 def test_a_generation_has_one_key(tmp_path, loaded, records):
     """GenerationKey is a generation's one identity: the key the runner plans from a spec and a task record
-    is the key of the record written (GenerationKey.of), the shard writer's key, and equal to the plain tuple
-    the loader builds; run_specs takes GenerationSpecs, not mappings."""
-    from kvcert.analysis.load import generation_key
+    is the key of the record written (GenerationKey.of, also the loader's), the shard writer's key, and equal to
+    the plain tuple of its values; run_specs takes GenerationSpecs, not mappings."""
     from kvcert.generation.record import GenerationKey
     from kvcert.generation.runner import run_specs
     from kvcert.generation.shards import record_key
@@ -318,7 +317,7 @@ def test_a_generation_has_one_key(tmp_path, loaded, records):
     written = read_records(out)
     planned = [GenerationKey.planned(s, records[0]) for s in specs]
     assert [GenerationKey.of(r) for r in written] == [record_key(r) for r in written] == planned
-    assert [generation_key(r) for r in written] == planned and hash(tuple(planned[1])) == hash(planned[1])
+    assert tuple(planned[1]) == planned[1] and hash(tuple(planned[1])) == hash(planned[1])
     assert planned[1].budget == 0.25 and isinstance(planned[1].seed, int)
     assert str(planned[1]) == f"tiny/needle/{records[0].metadata['target_tokens']}/{records[0].id}/aware/snapkv-poisson/0.25/7"
     with pytest.raises(TypeError, match="GenerationSpec"):

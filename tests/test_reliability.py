@@ -33,9 +33,10 @@ def prereg(tmp_path_factory):
 
 
 def planned(records):
-    from kvcert.analysis.load import PlannedShard, generation_key
+    from kvcert.analysis.load import PlannedShard
+    from kvcert.generation.record import GenerationKey
 
-    return PlannedShard({generation_key(r): r["config_hash"] for r in records})
+    return PlannedShard({GenerationKey.of(r): r["config_hash"] for r in records})
 
 
 def reseal(path: Path, records) -> Path:
@@ -89,11 +90,12 @@ def test_two_same_size_shards_swapped_between_cells_are_refused(prereg, tmp_path
 
 
 def test_a_config_hash_other_than_the_composed_one_is_refused_naming_both(prereg, tmp_path):
-    from kvcert.analysis.load import PlannedShard, generation_key
+    from kvcert.analysis.load import PlannedShard
+    from kvcert.generation.record import GenerationKey
 
     folder, fr = prereg
     records = [make_record("a", prereg_hash=fr.prereg_hash)]
-    plan = PlannedShard({generation_key(records[0]): "b16fp32b16fp32aa"}, "configs/model/m.yaml")
+    plan = PlannedShard({GenerationKey.of(records[0]): "b16fp32b16fp32aa"}, "configs/model/m.yaml")
     shard = reseal(tmp_path / "s.jsonl", records)
     with pytest.raises(RecordRefused, match=r"config_hash c0ffee differs from b16fp32b16fp32aa, the hash of the "
                                              r"config its job composes now \(configs/model/m\.yaml\).*delete"):

@@ -69,7 +69,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis_plan import AnalysisPlan, ComparisonPart, SignalPart
-from ..generation.record import GenerationRecord
+from ..generation.record import GenerationKey, GenerationRecord
 from ..generation.shards import ShardSealError, check_seal, read_records, seal_path
 from ..tasks import score_record
 from ..prereg import Freeze, load_plan, parse_utc, read_verified, verify
@@ -89,21 +89,14 @@ class RecordRefused(ValueError):
     """A generation record the analysis will not score (missing field, foreign pre-registration, duplicate)."""
 
 
-def generation_key(record: Mapping) -> tuple:
-    """A record's :data:`GENERATION_KEY`, normalised (budget a float, seed an int)."""
-    tokens = record["target_tokens"]
-    return (str(record["model"]), str(record["task"]), None if tokens is None else int(tokens),
-            str(record["example_id"]), str(record["condition"]), str(record["method"]), float(record["budget"]),
-            int(record["seed"]))
-
-
 def _key_text(key: tuple) -> str:
     return "/".join("native" if v is None else f"{v:g}" if isinstance(v, float) else str(v) for v in key)
 
 
 @dataclass(frozen=True)
 class PlannedShard:
-    """What the plan puts in one shard: {:func:`generation_key`: the config hash its job composes now}.
+    """What the plan puts in one shard: {:class:`~kvcert.generation.record.GenerationKey`: the config hash its job
+    composes now}.
 
     ``configs`` names where the hashes come from (for the message); ``references`` {example id: (reference
     answers, metadata)} are the manifest's (``manifest``), which a record's score is derived from: a record
@@ -120,7 +113,7 @@ class PlannedShard:
         fix = f"delete {shard} and {seal_path(shard).name} and rerun to regenerate it"
         seen = set()
         for number, record in enumerate(records, start=1):
-            key = generation_key(record)
+            key = GenerationKey.of(record)
             if key not in self.records:
                 raise RecordRefused(
                     f"{shard}:{number}: record {_key_text(key)} is not one the plan puts in this shard "
