@@ -12,11 +12,12 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: module (or package prefix) → its stage; the first matching prefix wins
 STAGES = [
-    ("kvcert.provenance", 0), ("kvcert.checks", 0), ("kvcert.progress", 0), ("kvcert.atomic", 0),
+    ("kvcert.provenance", 0), ("kvcert.checks", 0), ("kvcert.budget", 0), ("kvcert.progress", 0), ("kvcert.atomic", 0),
     ("kvcert.tables", 0),  # Parquet tables with their provenance, plain JSON: what the replay and analysis steps write
     ("kvcert.prereg", 1), ("kvcert.analysis_plan", 1),  # the typed analysis_plan, read by generation and analysis
     ("kvcert.pipeline.config", 1), ("kvcert.pipeline.compose", 1),
     ("kvcert.pipeline.digest", 1), ("kvcert.pipeline.console", 1),
+    ("kvcert.names", 1), ("kvcert.design_params", 1),  # what a method config may name and set (torch-free)
     ("kvcert.paths", 1), ("kvcert.methods", 1), ("kvcert.sources", 1), ("kvcert.embedded", 1),  # where configs, models and data come from; method names
     ("kvcert.model_store", 1),  # the models `kvcert model fetch` takes from PyPI (the embedded model's counterpart)
     ("kvcert.tasks", 2),
@@ -136,3 +137,43 @@ def test_the_checkout_root_is_no_kernels_package_and_kvcert_kernels_imports_with
             "print(is_kernels_available(), type(AutoConfig.from_pretrained(embedded_model_path())).__name__)")
     done = subprocess.run([sys.executable, "-c", code], cwd=SRC.parent, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "False LlamaConfig", done.stderr[-2000:]
+
+
+def test_planning_and_the_statistics_steps_run_without_torch():
+    """Snakemake's planning (the plan, each generate job's specs and config hash: the Snakefile's params) and
+    the statistics steps (score, claims, report) never import torch or transformers: every ``snakemake`` start
+    and every scoring job would pay for it. Run with both refused at import."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "class Refuse:\n"  # importing either raises, naming the import
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('torch', 'transformers'):\n"
+            "            raise ImportError(f'{name} imported')\n"
+            "sys.meta_path.insert(0, Refuse())\n"
+            "from kvcert.paths import configs_dir, prereg_dir\n"
+            "from kvcert.pipeline.config import experiment_grid\n"
+            "from kvcert.pipeline.plan import build_plan\n"
+            "import kvcert.analysis.cli, kvcert.analysis.steps, kvcert.analysis.report, kvcert.pipeline.cli\n"
+            "_, grid = experiment_grid('smoke', configs_dir(), prereg_dir())\n"
+            "plan = build_plan('smoke', grid, configs_dir())\n"
+            "jobs = [plan.job(s, configs_dir(), prereg_dir()) for s in plan.shards]\n"
+            "print(len(jobs), len({j.config_hash for j in jobs}), sum(len(j.specs) for j in jobs))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=SRC.parent, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shards, hashes, specs = map(int, done.stdout.split())
+    assert shards >= 1 and hashes >= 1 and specs >= shards
+
+
+def test_a_registry_that_differs_from_its_names_is_refused_at_import():
+    """kvcert.names holds what the registries implement (so a spec validates without torch); a registry that
+    implements other names than it lists fails on import, naming both."""
+    import pytest
+
+    from kvcert.names import check_implemented
+
+    check_implemented("allocation policies", ("uniform", "adakv"), {"adakv": 1, "uniform": 2})
+    with pytest.raises(ImportError, match=r"kvcert.names lists \['adakv', 'uniform'\] but the implementations are "
+                                          r"\['adakv', 'pyramid', 'uniform'\]"):
+        check_implemented("allocation policies", ("uniform", "adakv"), {"adakv": 1, "uniform": 2, "pyramid": 3})

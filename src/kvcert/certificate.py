@@ -69,8 +69,7 @@ from dataclasses import dataclass
 import torch
 
 from .checks import check_delta
-
-AGGREGATIONS = ("max", "mean", "rms")
+from .names import AGGREGATIONS
 
 
 def log_term(delta: float) -> float:

@@ -11,6 +11,8 @@ from numbers import Integral, Real
 
 import torch
 
+from .budget import ROUNDINGS
+
 
 class NonFiniteError(ValueError):
     """A tensor holds NaN or ±inf where finite numbers belong (a model's broken weights surface so)."""
@@ -54,11 +56,6 @@ def check_ndim(name: str, tensor: torch.Tensor, ndim: int, layout: str) -> None:
         raise ValueError(f"{name}: expected shape {layout}, got {tuple(tensor.shape)}")
 
 
-#: how a fractional budget becomes a token count: kvcert's nearest integer, or kvpress's
-#: ``int(N · (1 − compression_ratio))``
-ROUNDINGS = ("round", "floor")
-
-
 def resolve_budget(budget: float | int | torch.Tensor, num_tokens: int, rounding: str = "round") -> torch.Tensor | int:
     """Turn a budget into a number of kept tokens.
 
@@ -92,16 +89,3 @@ def resolve_budget(budget: float | int | torch.Tensor, num_tokens: int, rounding
         return max(1, min(num_tokens, tokens))
     raise ValueError(f"budget: must be a fraction in (0, 1] or a token count, got {type(budget).__name__}")
 
-
-def kept_budget(budget, compression_ratio, default=None):
-    """The cache budget from ``budget`` (kvcert's convention: the fraction *kept*, or a
-    token count) or ``compression_ratio`` (kvpress's: the fraction *removed*, so
-    ``budget = 1 − compression_ratio``); at most one of the two, else ``default``."""
-    if compression_ratio is None:
-        return default if budget is None else budget
-    if budget is not None:
-        raise ValueError("budget: give budget (fraction kept) or compression_ratio (fraction removed), not both")
-    if isinstance(compression_ratio, bool) or not isinstance(compression_ratio, Real) \
-            or not (0.0 <= float(compression_ratio) < 1.0):
-        raise ValueError(f"compression_ratio: the fraction removed must lie in [0, 1), got {compression_ratio!r}")
-    return 1.0 - float(compression_ratio)

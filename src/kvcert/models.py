@@ -9,32 +9,12 @@ in one line before anything is loaded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from .sources import DTYPE_NAMES, EMBEDDED, resolve_model_path  # noqa: F401 (re-exported: where a model comes from)
+from .sources import DTYPE_NAMES, EMBEDDED, ModelSpec, resolve_model_path  # noqa: F401 (re-exported: where a model comes from)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 assert tuple(DTYPES) == DTYPE_NAMES
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Where a model comes from and how to run it.
-
-    name: label written into every record. path: "embedded", a local directory, or a
-    Hub id written "hf:org/name". dtype: float32 | bfloat16 | float16. device: auto | cpu | cuda[:n].
-    """
-
-    name: str = EMBEDDED
-    path: str = EMBEDDED
-    dtype: str = "float32"
-    device: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"model.dtype: must be one of {sorted(DTYPES)}, got {self.dtype!r}")
 
 
 def pick_device(device: str) -> torch.device:

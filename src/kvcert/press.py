@@ -26,7 +26,8 @@ import torch
 
 from .allocation import get_allocation
 from .cache import CompactLayer, ScoreMass
-from .checks import ROUNDINGS, kept_budget, resolve_budget
+from .budget import ROUNDINGS, kept_budget
+from .checks import resolve_budget
 from .design import (DEFAULT_DESIGN, SAMPLERS, RetentionDesign, cpu_generator, inclusion_probabilities, layer_budget,
                      sample_retention)
 from .scorers import Scorer, get_scorer

@@ -13,6 +13,7 @@ of retrying the network. Nothing here downloads anything.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 HUB_PREFIX = "hf:"
@@ -20,6 +21,25 @@ EMBEDDED = "embedded"
 #: the dtypes a model config may name (kvcert.models maps them to torch's)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 FETCH_PREFIX = "fetch:"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where a model comes from and how to run it.
+
+    name: label written into every record. path: "embedded", a local directory, or a
+    Hub id written "hf:org/name". dtype: float32 | bfloat16 | float16. device: auto | cpu | cuda[:n].
+    """
+
+    name: str = EMBEDDED
+    path: str = EMBEDDED
+    dtype: str = "float32"
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"model.dtype: must be one of {sorted(DTYPE_NAMES)}, got {self.dtype!r}")
+
 
 #: what a path is for -> (environment variable of the shipped configs, what it holds)
 ENV_VARS: dict[str, tuple[str, str]] = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..names import ALLOCATIONS as NAMES, check_implemented
 from .adakv import allocate_adakv
 from .pyramid import allocate_pyramid
 from .uniform import allocate_uniform
@@ -15,6 +16,7 @@ ALLOCATIONS: dict[str, Callable] = {
     "pyramid": allocate_pyramid,
     "adakv": allocate_adakv,
 }
+check_implemented("allocation policies", NAMES, ALLOCATIONS)
 
 
 def get_allocation(name: str) -> Callable:

@@ -20,23 +20,12 @@ from pathlib import Path
 from ..models import load_model, resolve_model_path
 from ..progress import progress as progress_display
 from ..provenance import config_hash, provenance
-from ..tasks.records import read_jsonl
+from ..tasks.records import load_records  # noqa: F401  (re-exported: kvcert shard reads a manifest so)
 from .engine import Engine
 from .forked import forkable, generate
 from .record import GenerationKey
 from .shards import ShardWriter, read_records
 from .spec import GenerationSpec
-
-
-def load_records(records_path: str | Path, start: int = 0, stop: int | None = None):
-    records_path = Path(records_path)
-    if not records_path.exists():
-        raise FileNotFoundError(f"records: {records_path} does not exist; build the task manifest first")
-    records = read_jsonl(records_path)[start:stop]
-    ids = [r.id for r in records]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"records: {records_path} holds duplicate ids")
-    return records
 
 
 def foreign_reason(record: dict, prereg_hash: str | None, hashes: set[str], planned: set[GenerationKey]) -> str | None:

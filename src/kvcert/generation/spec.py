@@ -9,6 +9,9 @@ The budget enters here: :func:`generation_budget` is its one conversion from kvp
 (:meth:`GenerationSpec.from_dict`, :meth:`GenerationSpec.__post_init__`), ``kvcert run``'s
 ``budget=`` / ``compression_ratio=`` and :func:`kvcert.generate_answer`; the engine hands the
 spec's own budget to its press.
+
+Nothing here imports torch: the names a config may use come from :mod:`kvcert.names`, so that
+Snakemake plans a run and the scoring step reads the plan without loading it.
 """
 
 from __future__ import annotations
@@ -18,12 +21,10 @@ from dataclasses import asdict, dataclass, field
 from numbers import Real
 from typing import Any
 
-from ..allocation import ALLOCATIONS
-from ..checks import ROUNDINGS, kept_budget
-from ..certificate import AGGREGATIONS
-from ..design import SAMPLERS, RetentionDesign
-from ..models import ModelSpec
-from ..scorers import KVPRESS_PREFIX, SCORERS, scorer_options
+from ..budget import ROUNDINGS, kept_budget
+from ..design_params import RetentionDesign
+from ..names import AGGREGATIONS, ALLOCATIONS, KVPRESS_PREFIX, SAMPLERS, SCORER_OPTIONS
+from ..sources import ModelSpec
 
 CONDITIONS = ("full", "aware", "streaming")
 
@@ -37,6 +38,16 @@ def generation_budget(budget: Any = None, compression_ratio: Any = None, default
     if isinstance(value, bool) or not isinstance(value, Real) or not (0.0 < float(value) <= 1.0):
         raise ValueError(f"budget: must be a fraction in (0, 1], got {value!r}")
     return value
+
+
+def _scorer_options(scorer: str) -> set[str]:
+    """The options a scorer takes: from :data:`kvcert.names.SCORER_OPTIONS` (no torch); a ``kvpress:`` scorer's are
+    its press's fields, read from kvpress (imported only for such a scorer)."""
+    if scorer.startswith(KVPRESS_PREFIX):
+        from ..scorers.kvpress_scorer import press_options
+
+        return press_options(scorer)
+    return set(SCORER_OPTIONS[scorer])
 
 
 def _reject_unknown(section: str, given: dict, allowed: set[str]) -> None:
@@ -69,8 +80,8 @@ class MethodSpec:
     def __post_init__(self) -> None:
         if self.name == "full":
             return
-        if not isinstance(self.scorer, str) or not (self.scorer in SCORERS or self.scorer.startswith(KVPRESS_PREFIX)):
-            raise ValueError(f"method.scorer: {self.scorer!r} is not one of {sorted(SCORERS)} "
+        if not isinstance(self.scorer, str) or not (self.scorer in SCORER_OPTIONS or self.scorer.startswith(KVPRESS_PREFIX)):
+            raise ValueError(f"method.scorer: {self.scorer!r} is not one of {sorted(SCORER_OPTIONS)} "
                              f"nor {KVPRESS_PREFIX}<a kvpress ScorerPress>")
         if self.sampler not in SAMPLERS:
             raise ValueError(f"method.sampler: {self.sampler!r} is not one of {SAMPLERS}")
@@ -79,7 +90,7 @@ class MethodSpec:
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"method.rounding: {self.rounding!r} is not one of {ROUNDINGS}")
         if self.scorer_options:
-            _reject_unknown("method.scorer_options", self.scorer_options, scorer_options(self.scorer))
+            _reject_unknown("method.scorer_options", self.scorer_options, _scorer_options(self.scorer))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MethodSpec":

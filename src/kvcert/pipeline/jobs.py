@@ -194,7 +194,7 @@ def replay_config_hash(config_dir: str | Path, model: str, task: str, method: st
 
 
 def _manifest_records(manifest: str | Path, cache: dict) -> list:
-    from ..generation.runner import load_records
+    from ..tasks.records import load_records
 
     if ("manifest", str(manifest)) not in cache:  # every shard of a manifest reads it: once
         cache[("manifest", str(manifest))] = load_records(manifest)

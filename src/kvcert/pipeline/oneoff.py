@@ -86,7 +86,7 @@ def parse_overrides(items: list[str]) -> tuple[list[str], dict[str, str]]:
 def budget_of(own: dict[str, str], method_name: str) -> float:
     """The kept fraction from ``budget`` or ``compression_ratio`` (one of the two), converted and checked as
     every generation's budget is (:func:`kvcert.generation.spec.generation_budget`); the full cache keeps 1."""
-    from ..checks import kept_budget
+    from ..budget import kept_budget
     from ..generation.spec import generation_budget
 
     budget, ratio = _number(own.get("budget")), _number(own.get("compression_ratio"), "compression_ratio")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ..names import KVPRESS_PREFIX, SCORER_OPTIONS, check_implemented
 from .base import LayerObservation, Scorer, attention_probs, window_probs
 from .h2o import H2OScorer
-from .kvpress_scorer import PREFIX, KvpressScorer, press_options
+from .kvpress_scorer import KvpressScorer, press_options
 from .knorm import KeyNormScorer
 from .snapkv import SnapKVScorer
 from .streaming_llm import StreamingLLMScorer
@@ -16,8 +17,9 @@ SCORERS: dict[str, type[Scorer]] = {
     for cls in (StreamingLLMScorer, H2OScorer, SnapKVScorer, TOVAScorer, KeyNormScorer, ValueAwareScorer)
 }
 
-
-KVPRESS_PREFIX = PREFIX  # ``kvpress:<ScorerPress class>``: a kvpress press as a scorer (kvpress_scorer.py)
+check_implemented("scorers", SCORER_OPTIONS, SCORERS)
+for _name, _cls in SCORERS.items():
+    check_implemented(f"scorer {_name}'s options", SCORER_OPTIONS[_name], _cls.__dataclass_fields__)
 
 
 def scorer_options(name: str) -> set[str]:

@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
+from ..names import KVPRESS_PREFIX as PREFIX
 from .base import LayerObservation, Scorer
-
-PREFIX = "kvpress:"
 
 
 def _kvpress():

@@ -183,6 +183,18 @@ def read_jsonl(path: str | Path) -> list[TaskRecord]:
 _BOMS = {b"\xff\xfe": "a UTF-16 little-endian byte-order mark", b"\xfe\xff": "a UTF-16 big-endian byte-order mark"}
 
 
+def load_records(records_path: str | Path, start: int = 0, stop: int | None = None) -> list[TaskRecord]:
+    """The records of a manifest (``start:stop``), refused in one line where it is missing or repeats an id."""
+    records_path = Path(records_path)
+    if not records_path.exists():
+        raise FileNotFoundError(f"records: {records_path} does not exist; build the task manifest first")
+    records = read_jsonl(records_path)[start:stop]
+    ids = [r.id for r in records]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"records: {records_path} holds duplicate ids")
+    return records
+
+
 def not_utf8(path: Path, offset: int, byte: int, line: int, head: bytes = b"") -> RecordError:
     """The one-line error of a data file whose ``byte`` at ``offset`` (on ``line``) is not UTF-8: the file,
     the byte and its position, and the remedy (``head``: the file's first bytes, to name a UTF-16 mark)."""
