@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist (tests/tiers.sh): the CPUs shared out among the workers,
+    # for torch and for numpy's BLAS alike (read when each loads, so before either is imported; the commands a test
+    # starts inherit it, and Snakemake sets a job's own): two BLAS threads on a core another worker keeps busy make a
+    # small matrix product several times slower than one
+    _THREADS = str(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, _THREADS)
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest-xdist (tests/tiers.sh): the CPUs shared out among the workers
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,  # noqa: E402
+                          Qwen2ForCausalLM)
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(int(_THREADS))
 
 ARCHITECTURES = {
     "llama": (LlamaConfig, LlamaForCausalLM),

@@ -32,24 +32,31 @@ def _suffix(variant: str) -> str:
     return "" if variant == "plugin" else f"_{variant}"
 
 
-def _tightness_hist(rows: pd.DataFrame, codes: np.ndarray, n_cells: int, radius: str) -> tuple[np.ndarray, np.ndarray]:
-    """log10(ε/error) of every draw with a positive error, and its histogram per cell [cells, bins] (clipped to the bins)."""
+def _tightness_hist(rows: pd.DataFrame, codes: np.ndarray, n_cells: int,
+                    radius: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """log10(ε/error) of every draw with a positive error, its histogram per cell over the bins some draw fell in
+    [cells, bins used] (clipped to :data:`TIGHTNESS_BINS`), and those bins' centres. Leaving out the empty bins
+    changes no median (a cumulative sum first reaches half its total in a bin that holds draws) and makes each
+    resample's median a product over the bins used instead of all 1000."""
     lr = log_tightness(rows, radius)
     ok = np.isfinite(lr)
     idx = np.clip(np.searchsorted(TIGHTNESS_BINS, lr[ok]) - 1, 0, len(TIGHTNESS_BINS) - 2)
-    hist = np.zeros((n_cells, len(TIGHTNESS_BINS) - 1))
+    used, idx = np.unique(idx, return_inverse=True)
+    hist = np.zeros((n_cells, len(used)))
     np.add.at(hist, (codes[ok], idx), 1.0)
-    return lr, hist
+    centres = 0.5 * (TIGHTNESS_BINS[1:] + TIGHTNESS_BINS[:-1])
+    return lr, hist, centres[used]
 
 
-def _weighted_median_ratio(w: np.ndarray, hist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _weighted_median_ratio(w: np.ndarray, hist: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """10^(median log10 ε/err) per resample row from per-cell histograms (bin centres)."""
+    if hist.shape[1] == 0:  # no draw with a positive error
+        return np.full(w.shape[0], np.nan), np.zeros(w.shape[0], dtype=bool)
     h = w @ hist  # [b, bins]
     total = h.sum(axis=1)
     ok = total > 0
     cum = np.cumsum(h, axis=1)
     k = np.argmax(cum >= 0.5 * total[:, None], axis=1)
-    centres = 0.5 * (TIGHTNESS_BINS[1:] + TIGHTNESS_BINS[:-1])
     return np.where(ok, 10.0 ** centres[k], np.nan), ok
 
 
@@ -98,7 +105,7 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan, variant: str = "plugin") -> 
     later_cells = cell.loc[kinds == "later", ["budget", "layer"]]
     worst_groups = [((cell["budget"] == b) & (cell["layer"] == layer) & (kinds == "later")).to_numpy(float)
                     for b, layer in later_cells.drop_duplicates().itertuples(index=False)]
-    lr, hist = _tightness_hist(rows, codes, len(cell), radius)
+    lr, hist, centres = _tightness_hist(rows, codes, len(cell), radius)
 
     def worst(w):
         per = [ratio(w, hits * g, n * g) for g in worst_groups]
@@ -110,13 +117,13 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan, variant: str = "plugin") -> 
     recipes = {f"coverage{sfx}": lambda w: ratio(w, hits, n),
                f"coverage_anytime{sfx}": lambda w: ratio(w, path_hits, path_n),
                f"coverage_anytime_step{sfx}": lambda w: ratio(w, hits_any, n),
-               f"tightness{sfx}": lambda w: _weighted_median_ratio(w, hist),
+               f"tightness{sfx}": lambda w: _weighted_median_ratio(w, hist, centres),
                f"coverage{sfx}_diverged": lambda w: ratio(w, hits_div, n_div)}
     for k in np.unique(kinds):
         m = (kinds == k).astype(float)
         recipes[f"coverage{sfx}_{k}"] = lambda w, m=m: ratio(w, hits * m, n * m)
         recipes[f"coverage_anytime_step{sfx}_{k}"] = lambda w, m=m: ratio(w, hits_any * m, n * m)
-        recipes[f"tightness{sfx}_{k}"] = lambda w, m=m: _weighted_median_ratio(w * m, hist)
+        recipes[f"tightness{sfx}_{k}"] = lambda w, m=m: _weighted_median_ratio(w * m, hist, centres)
         if path_n[kinds == k].sum() > 0:
             recipes[f"coverage_anytime{sfx}_{k}"] = lambda w, m=m: ratio(w, path_hits * m, path_n * m)
     if worst_groups:
