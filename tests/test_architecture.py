@@ -141,21 +141,24 @@ def test_the_checkout_root_is_no_kernels_package_and_kvcert_kernels_imports_with
 
 def test_planning_and_the_statistics_steps_run_without_torch():
     """Snakemake's planning (the plan, each generate job's specs and config hash: the Snakefile's params) and
-    the statistics steps (score, claims, report) never import torch or transformers: every ``snakemake`` start
-    and every scoring job would pay for it. Run with both refused at import."""
+    the statistics steps (score, claims with the signals, report; the typed analysis plan; the replay step's
+    module) never import torch, transformers or Triton: every ``snakemake`` start and every scoring job would pay
+    for it. Run with the three refused at import, so the import that would load one fails, naming it."""
     import subprocess
     import sys
 
     code = ("import sys\n"
             "class Refuse:\n"  # importing either raises, naming the import
             "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name.split('.')[0] in ('torch', 'transformers'):\n"
+            "        if name.split('.')[0] in ('torch', 'transformers', 'triton'):\n"
             "            raise ImportError(f'{name} imported')\n"
             "sys.meta_path.insert(0, Refuse())\n"
             "from kvcert.paths import configs_dir, prereg_dir\n"
             "from kvcert.pipeline.config import experiment_grid\n"
             "from kvcert.pipeline.plan import build_plan\n"
-            "import kvcert.analysis.cli, kvcert.analysis.steps, kvcert.analysis.report, kvcert.pipeline.cli\n"
+            "import kvcert.analysis.cli, kvcert.analysis.steps, kvcert.analysis.claims, kvcert.analysis.report\n"
+            "import kvcert.analysis.signals, kvcert.analysis.report_signals, kvcert.analysis_plan, kvcert.pipeline.cli\n"
+            "import kvcert.generation.replay_step\n"  # the replay step's module (its model side is replay.py)
             "_, grid = experiment_grid('smoke', configs_dir(), prereg_dir())\n"
             "plan = build_plan('smoke', grid, configs_dir())\n"
             "jobs = [plan.job(s, configs_dir(), prereg_dir()) for s in plan.shards]\n"
