@@ -36,8 +36,7 @@ def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 
 def _pip(python: Path, *args: str) -> None:
-    # --no-compile: the throwaway venv runs a few of transformers' thousand modules, compiled when first imported
-    done = _run([str(python), "-m", "pip", "install", "-q", "--no-compile", *args])
+    done = _run([str(python), "-m", "pip", "install", "-q", *args])
     if done.returncode:
         text = done.stdout + done.stderr
         if any(sign in text for sign in UNREACHABLE):
