@@ -292,6 +292,30 @@ def test_layouts_strides_and_caller_buffers(seed):
 
 
 @kernel_test
+def test_calls_that_share_a_workspace_each_match_the_reference(seed):
+    """The split-K partial state lives in a workspace later calls of the same shape reuse (no poison): a
+    second call on other inputs, with and without the certificate and the entropy, still matches float64;
+    every part of the workspace starts on a 16-byte boundary (the kernels are compiled for aligned
+    pointers); a poisoned call takes fresh buffers, never the shared ones."""
+    module = importlib.import_module("kvcert_kernels.certified_decode")
+    for i, (certificate, entropy) in enumerate(((True, False), (True, False), (False, True), (True, True))):
+        q, k, v, lp, c, lengths = make_case(seed + i, torch.float32, group=2)
+        scale = q.shape[-1] ** -0.5
+        res = certified_decode(q, k, v, lp, c, scale, lengths=lengths, num_splits=3, block_n=BLOCK_N,
+                               certificate=certificate, entropy=entropy)
+        ref, vs = reference(q, k, v, lp, c, scale, lengths)
+        check_all(res[:4], ref, torch.float32, seed + i, certificate=certificate, var_scale=vs)
+    rows = q.shape[0] * k.shape[1] * 3 * 2
+    shared = module._workspace(q.device, rows, v.shape[-1], True, True, False)
+    assert module._workspace(q.device, rows, v.shape[-1], True, True, False) is shared
+    assert all(t.data_ptr() % 16 == 0 for t in shared)
+    assert len({t.data_ptr() for t in shared}) == 9
+    fresh = module._workspace(q.device, rows, v.shape[-1], True, True, True)
+    assert all(torch.isnan(t).all() for t in fresh)
+    assert not {t.data_ptr() for t in fresh} & {t.data_ptr() for t in shared}
+
+
+@kernel_test
 def test_empty_head_convention(seed):
     """A head with no valid slot: output 0, lse −inf, V̂ = b̂_c = 0 (no NaN)."""
     q, k, v, lp, c, lengths = make_case(seed, torch.float32, batch=1, hkv=2)

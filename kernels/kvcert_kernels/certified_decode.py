@@ -446,9 +446,16 @@ def interpreting() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
+_MODE_CHECKED = False
+
+
 def _check_mode() -> None:
     """The interpreter needs ``TRITON_INTERPRET=1`` before ``triton.language`` is imported
-    (its own helpers, tl.zeros, tl.sum..., are jitted at import); fail clearly otherwise."""
+    (its own helpers, tl.zeros, tl.sum..., are jitted at import); fail clearly otherwise.
+    Checked once per process: neither the imports nor the variable's effect can change after."""
+    global _MODE_CHECKED
+    if _MODE_CHECKED:
+        return
     from triton.runtime.interpreter import InterpretedFunction
 
     lang = isinstance(tl.zeros, InterpretedFunction)
@@ -458,6 +465,7 @@ def _check_mode() -> None:
             "certified_decode: TRITON_INTERPRET was changed after triton (or kvcert_kernels) was imported; "
             "set it before the first import of triton"
         )
+    _MODE_CHECKED = True
 
 
 def _next_pow2(n: int, floor: int = 16) -> int:
@@ -550,13 +558,85 @@ class Launch:
         return self.kernel[self.grid](*self.args, **self.kwargs)
 
 
+_SMS: dict = {}
+
+
+def _multiprocessors(device: torch.device) -> int:
+    """The device's streaming multiprocessors (asked once per device)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+# --- the per-call host work ------------------------------------------------------------------------------
+# On a GPU a decode step's kernel time at batch 1 is tens of microseconds, and what the wrapper does on the
+# host each call — buffer allocations through the caching allocator (a few µs each), argument checks, the two
+# launches — was most of the measured time (docs/gpu.md, "Measured on an H200": 0.15 ms flat from 4k to 32k
+# tokens, where SDPA takes 0.017–0.05 ms). So the split-K partial state, which never leaves one call, lives in
+# one workspace per (device, stream, shape) that later calls reuse (calls on one stream run in order, so a
+# later call's stage 1 cannot overwrite a partial state an earlier merge still reads); the three fp32
+# statistics come from one allocation; the stand-ins for absent arguments are made once per device.
+_WORKSPACES: dict = {}
+_WORKSPACE_SLOTS = 16  # distinct (device, stream, shape) workspaces kept; the oldest goes first
+_CONSTANTS: dict = {}
+
+
+def _stream_key(dev: torch.device):
+    """The stream later launches on ``dev`` are queued on (None off CUDA, where a call runs to its end)."""
+    if dev.type != "cuda" or interpreting():
+        return None
+    return torch.cuda.current_stream(dev).cuda_stream
+
+
+def _workspace(dev: torch.device, rows: int, dv: int, certificate: bool, entropy: bool, poison: bool):
+    """The split-K partial state of one call: (m, l, acc, A, B, C, M0, M1, E) fp32, [rows] each but acc and B
+    [rows, dv]; without the certificate A…M1 alias m, without the entropy E does. Each part starts on a
+    128-byte boundary of one allocation (the kernels are compiled for 16-byte aligned pointers). ``poison``:
+    fresh buffers full of NaN (tests), never the shared ones."""
+    names = ["m", "l", "acc"] + (["a", "b", "c", "m0", "m1"] if certificate else []) + (["e"] if entropy else [])
+    sizes = {name: rows * dv if name in ("acc", "b") else rows for name in names}
+    padded = {name: -(-n // 32) * 32 for name, n in sizes.items()}
+    if poison:
+        flat = torch.full((sum(padded.values()),), float("nan"), device=dev, dtype=torch.float32)
+    else:
+        key = (dev, _stream_key(dev), rows, dv, certificate, entropy)
+        found = _WORKSPACES.get(key)
+        if found is not None:
+            return found
+        flat = torch.empty(sum(padded.values()), device=dev, dtype=torch.float32)
+    parts, offset = {}, 0
+    for name in names:
+        part = flat.narrow(0, offset, sizes[name])
+        parts[name] = part.view(rows, dv) if name in ("acc", "b") else part
+        offset += padded[name]
+    m = parts["m"]
+    found = tuple(parts.get(name, m) for name in ("m", "l", "acc", "a", "b", "c", "m0", "m1", "e"))
+    if not poison:
+        if len(_WORKSPACES) >= _WORKSPACE_SLOTS:
+            _WORKSPACES.pop(next(iter(_WORKSPACES)))
+        _WORKSPACES[key] = found
+    return found
+
+
+def _constant(dev: torch.device, name: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor the kernels only read (an absent log π, lengths or centre), made once per device and shape."""
+    key = (dev, name, shape, dtype)
+    t = _CONSTANTS.get(key)
+    if t is None:
+        if len(_CONSTANTS) >= 64:
+            _CONSTANTS.clear()
+        t = _CONSTANTS[key] = torch.zeros(shape, device=dev, dtype=dtype)
+    return t
+
+
 def default_num_splits(batch: int, kv_heads: int, length: int, device: torch.device, block_n: int,
                        ctas_per_sm: int = 4) -> int:
     """Split-K policy: ``ctas_per_sm`` programs per streaming multiprocessor (the resident programs
     the launch configuration is sized for: one wave), ≥ 4 key blocks per split."""
     if device.type != "cuda" or interpreting():
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _multiprocessors(device)
     want = -(-ctas_per_sm * sms // max(1, batch * kv_heads))
     most = max(1, -(-length // (4 * block_n)))
     return int(max(1, min(want, most, 256)))
@@ -683,35 +763,28 @@ def plan_decode(
         output, lse, variance, range_term = out
     else:
         output = torch.empty(query.shape[:-1] + (dv,), device=dev, dtype=query.dtype)
-        lse = torch.empty(stat_shape, device=dev, dtype=torch.float32)
-        variance = torch.empty(stat_shape, device=dev, dtype=torch.float32) if certificate else None
-        range_term = torch.empty(stat_shape, device=dev, dtype=torch.float32) if certificate else None
+        if certificate:  # lse, V̂ and b̂_c from one allocation (each a contiguous slice of it)
+            lse, variance, range_term = torch.empty((3,) + stat_shape, device=dev, dtype=torch.float32).unbind(0)
+        else:
+            lse, variance, range_term = torch.empty(stat_shape, device=dev, dtype=torch.float32), None, None
     o3 = output[:, :, 0] if output.ndim == 4 else output
     for t in (lse, variance, range_term):
         if t is not None and not t.is_contiguous():
             raise ValueError("out: lse, variance and range_term must be contiguous")
     if centre is None:
-        centre_t = torch.zeros(bsz, hkv, dv, device=dev, dtype=torch.float32)
+        centre_t = _constant(dev, "centre", (bsz, hkv, dv), torch.float32)
     else:
-        centre_t = centre.to(torch.float32)
-    lp = log_pi if log_pi is not None else torch.zeros(1, 1, 1, device=dev, dtype=torch.float32)
+        centre_t = centre if centre.dtype == torch.float32 else centre.to(torch.float32)
+    lp = log_pi if log_pi is not None else _constant(dev, "log_pi", (1, 1, 1), torch.float32)
     if lp.dtype != torch.float32:
         lp = lp.to(torch.float32)
-    len_t = lengths if lengths is not None else torch.zeros(1, 1, device=dev, dtype=torch.int32)
+    len_t = lengths if lengths is not None else _constant(dev, "lengths", (1, 1), torch.int32)
     if len_t.dtype not in (torch.int32, torch.int64):
         len_t = len_t.to(torch.int32)
 
     if split:
         rows = bsz * hkv * num_splits * group
-        ws = lambda *shape: (torch.full if poison else torch.empty)(  # noqa: E731
-            shape, *((float("nan"),) if poison else ()), device=dev, dtype=torch.float32
-        )
-        p_m, p_l, p_acc = ws(rows), ws(rows), ws(rows, dv)
-        if certificate:
-            p_a, p_b, p_c, p_m0, p_m1 = ws(rows), ws(rows, dv), ws(rows), ws(rows), ws(rows)
-        else:
-            p_a = p_b = p_c = p_m0 = p_m1 = p_m
-        p_e = ws(rows) if entropy else p_m
+        p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1, p_e = _workspace(dev, rows, dv, certificate, entropy, poison)
     else:
         p_m = p_l = p_acc = p_a = p_b = p_c = p_m0 = p_m1 = p_e = lse
     ent = torch.empty(stat_shape, device=dev, dtype=torch.float32) if entropy else None
