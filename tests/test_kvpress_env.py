@@ -1,7 +1,8 @@
 """kvcert and kvpress in one environment (docs/kvpress.md), built here in a throwaway venv.
 
 The venv sees this environment's packages (kvcert included); into it go the transformers
-release kvpress 0.5.5 accepts (< 5.3, with its own small dependencies), kvpress's small
+release kvpress 0.5.5 accepts (< 5.3, with its own small dependencies, and the ``kernels`` release
+that transformers 5.2 pins), kvpress's small
 imports (cachetools, fire) and kvpress itself with ``--no-deps`` (its other declared
 dependencies are imported by none of the presses used here; a plain install resolves too). There, ``scripts/kvpress_goldens.py`` re-derives every kept set of
 ``tests/fixtures/kvpress/goldens.json`` and ``tests/kvpress_checks.py`` runs kvcert with
@@ -22,7 +23,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 GOLDENS = REPO / "tests" / "fixtures" / "kvpress" / "goldens.json"
 GOLDEN = json.loads(GOLDENS.read_text())
-REQUIREMENTS = ["transformers>=5.2,<5.3", "cachetools>=5.5.2,<6", "fire>=0.6,<0.7"]  # kvpress 0.5.5's pins
+# kvpress 0.5.5's pins, and the Hugging Face ``kernels`` release transformers 5.2 accepts (its own extra's pin):
+# transformers >= 5.25 installs ``kernels`` 0.19, whose LayerRepository refuses the arguments transformers 5.2's
+# import passes ("Either a revision or a version must be specified"), so a newer one seen through the parent
+# environment breaks ``import transformers.modeling_utils`` there
+REQUIREMENTS = ["transformers>=5.2,<5.3", "kernels>=0.10.2,<0.11", "cachetools>=5.5.2,<6", "fire>=0.6,<0.7"]
 # what pip says when it cannot reach an index (as opposed to a resolution failure)
 UNREACHABLE = ("NewConnectionError", "Failed to establish a new connection",
                "Temporary failure in name resolution", "Network is unreachable", "ProxyError")
