@@ -295,17 +295,20 @@ def test_layouts_strides_and_caller_buffers(seed):
 def test_calls_that_share_a_workspace_each_match_the_reference(seed):
     """The split-K partial state lives in a workspace later calls of the same shape reuse (no poison): a
     second call on other inputs, with and without the certificate and the entropy, still matches float64;
-    every part of the workspace starts on a 16-byte boundary (the kernels are compiled for aligned
-    pointers); a poisoned call takes fresh buffers, never the shared ones."""
+    every part of the workspace, and each of the three statistics the call returns from one allocation,
+    starts on a 16-byte boundary for any row count (the kernels are compiled for aligned pointers: the
+    compile tier checks that groups 4, 6 and 7 share one compile); a poisoned call takes fresh buffers,
+    never the shared ones."""
     module = importlib.import_module("kvcert_kernels.certified_decode")
     for i, (certificate, entropy) in enumerate(((True, False), (True, False), (False, True), (True, True))):
-        q, k, v, lp, c, lengths = make_case(seed + i, torch.float32, group=2)
+        q, k, v, lp, c, lengths = make_case(seed + i, torch.float32, group=7)  # 42 rows: not a multiple of 4
         scale = q.shape[-1] ** -0.5
         res = certified_decode(q, k, v, lp, c, scale, lengths=lengths, num_splits=3, block_n=BLOCK_N,
                                certificate=certificate, entropy=entropy)
         ref, vs = reference(q, k, v, lp, c, scale, lengths)
         check_all(res[:4], ref, torch.float32, seed + i, certificate=certificate, var_scale=vs)
-    rows = q.shape[0] * k.shape[1] * 3 * 2
+    assert all(t.data_ptr() % 16 == 0 for t in res[1:4])  # lse, V̂, b̂_c: slices of one allocation, aligned
+    rows = q.shape[0] * k.shape[1] * 3 * 7
     shared = module._workspace(q.device, rows, v.shape[-1], True, True, False)
     assert module._workspace(q.device, rows, v.shape[-1], True, True, False) is shared
     assert all(t.data_ptr() % 16 == 0 for t in shared)

@@ -763,8 +763,11 @@ def plan_decode(
         output, lse, variance, range_term = out
     else:
         output = torch.empty(query.shape[:-1] + (dv,), device=dev, dtype=query.dtype)
-        if certificate:  # lse, V̂ and b̂_c from one allocation (each a contiguous slice of it)
-            lse, variance, range_term = torch.empty((3,) + stat_shape, device=dev, dtype=torch.float32).unbind(0)
+        if certificate:  # lse, V̂ and b̂_c from one allocation, each a contiguous slice on a 128-byte boundary
+            n = bsz * hq
+            stride = -(-n // 32) * 32
+            flat = torch.empty(3 * stride, device=dev, dtype=torch.float32)
+            lse, variance, range_term = (flat.narrow(0, i * stride, n).view(stat_shape) for i in range(3))
         else:
             lse, variance, range_term = torch.empty(stat_shape, device=dev, dtype=torch.float32), None, None
     o3 = output[:, :, 0] if output.ndim == 4 else output
