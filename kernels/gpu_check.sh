@@ -18,7 +18,7 @@
 #   7. the summary OUTDIR/gpu_check.json (GPU, compile verdict, kernel/SDPA ratios per length, measured
 #      efficiency, real-model ms/token), which `kvcert plan --gpu-check OUTDIR/gpu_check.json` reads.
 # Usage: kernels/gpu_check.sh OUTDIR      (PYTHON=... to choose the interpreter; QUICK=1: no sweep)
-# Writes OUTDIR/env.txt, compile.txt, compile.json, tests.txt, bench.txt, bench.json, real_decode.txt,
+# Writes OUTDIR/env.txt, compile.txt, compile.json, tests.txt, bench.txt, bench.json, (model_fetch.txt,) real_decode.txt,
 # real_decode.json, generate.txt, tune.txt, tune.json, gpu_check.json. Installs nothing: if kvcert /
 # kvcert_kernels are not importable it tries an editable install without dependencies or build
 # isolation, else puts src/ and kernels/ on PYTHONPATH. Exit status 0 only if the compile
