@@ -109,6 +109,31 @@ def test_memory_falls_with_budget_and_decode_tokens_are_certain():
     assert cache.get_seq_length() == 1001
 
 
+def test_a_long_decode_grows_storage_by_a_sixteenth_and_keeps_every_slot():
+    """Appending one slot at a time past the reserve: each growth copies every slot in use (keys, values, log π,
+    1 − π, ‖v − c‖ unchanged, bit for bit) and leaves at most capacity/16 plus the reserve unused — never the
+    quarter a 1.25 growth left."""
+    from kvcert.cache import GROWTH
+
+    assert GROWTH == 1.0625
+    g = torch.Generator().manual_seed(11)
+    layer = CompactLayer(reserve=8)
+    k0, v0 = torch.randn(1, 2, 200, 4, generator=g), torch.randn(1, 2, 200, 4, generator=g)
+    layer.update(k0, v0)
+    layer._lp[..., :200] = -torch.rand(1, 2, 200, generator=g)  # stand-ins for a compaction's per-slot terms
+    lp0 = layer._lp[..., :200].clone()
+    capacities, keys, values = {layer.capacity}, [k0], [v0]
+    for _ in range(300):
+        k, v = torch.randn(1, 2, 1, 4, generator=g), torch.randn(1, 2, 1, 4, generator=g)
+        layer.update(k, v)
+        keys.append(k), values.append(v)
+        capacities.add(layer.capacity)
+        assert layer.capacity - layer.length <= layer.length // 16 + layer.reserve + 1
+    assert len(capacities) >= 4  # it grew several times on the way
+    assert torch.equal(layer.keys, torch.cat(keys, 2)) and torch.equal(layer.values, torch.cat(values, 2))
+    assert torch.equal(layer.log_pi[..., :200], lp0) and (layer.log_pi[..., 200:] == 0).all()
+
+
 @torch.no_grad()
 def test_ragged_heads_are_padded_with_infinite_log_pi():
     model = tiny_model("qwen2")

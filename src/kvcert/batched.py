@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .cache import CompactLayer
+from .cache import GROWTH, CompactLayer
 from .design import pack
 from .sketch import EvictionSketch
 
@@ -67,7 +67,7 @@ def _stack_sketches(layers: list[CompactLayer]) -> EvictionSketch | None:
 class BatchedLayer(CompactLayer):
     """The rows of several compacted layers of the same heads and dims as one batch (module docstring)."""
 
-    def __init__(self, reserve: int = 64, growth: float = 1.25):
+    def __init__(self, reserve: int = 64, growth: float = GROWTH):
         super().__init__(reserve=reserve, growth=growth)
         self.row_length: list[int] = []  # per row: its own stored slots (its longest KV head)
         self.row_seen: list[int] = []  # per row: tokens seen

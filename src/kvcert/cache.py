@@ -68,6 +68,13 @@ class ScoreMass:
         return ScoreMass(self.total + other.total, self.evicted + other.evicted, expected)
 
 
+#: a full layer's storage grows to ``GROWTH`` × its capacity plus its reserve. A decode step appends one slot and
+#: reads all C of them, so growth only needs to keep the copies rare — one copy of the layer every C/16 appended
+#: tokens, 16 slots copied per token against the C it reads — and what it leaves unused small: at most C/16
+#: slots plus the reserve (at 1.25 a long generation over a 32k-slot GPU cache could hold 8k slots it never used)
+GROWTH = 1.0625
+
+
 class CompactLayer(CacheLayerMixin):
     """One layer's compacted cache: keys/values [B, Hkv, stored, D] plus log π and ‖v−c‖²."""
 
@@ -75,7 +82,7 @@ class CompactLayer(CacheLayerMixin):
     is_compileable = False
     is_croppable = False
 
-    def __init__(self, reserve: int = 64, growth: float = 1.25):
+    def __init__(self, reserve: int = 64, growth: float = GROWTH):
         super().__init__()
         self.reserve = reserve
         self.growth = growth
