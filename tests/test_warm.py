@@ -1,0 +1,170 @@
+"""Warm starts (kvcert.warm): a local run's jobs in forks of one process that imported torch once.
+
+The unit tests check when a job asks for a warm start at all. The pipeline tests run real ``kvcert`` jobs
+through a real server: the job's streams, folder and exit status are its own; the job's process imports
+no torch (the fork did the work); killing the job's process kills its fork; the server ends with its owner.
+Every pipeline test of a local Snakemake run also runs warm (the Snakefile's ``onstart``), and compares its
+records with the reference run's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kvcert import warm
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_server_name_follows_the_environment_folder_and_path():
+    env = {"OMP_NUM_THREADS": "1", "KVCERT_WARM": "123"}
+    name = warm.server_name(env, "/a", ["/p"])
+    assert name == warm.server_name(dict(env, _="/usr/bin/kvcert"), "/a", ["/p"])  # bash's $_ aside
+    others = {warm.server_name(dict(env, OMP_NUM_THREADS="2"), "/a", ["/p"]), warm.server_name(env, "/b", ["/p"]),
+              warm.server_name(env, "/a", ["/q"]), warm.server_name(dict(env, KVCERT_WARM="124"), "/a", ["/p"])}
+    assert name not in others and len(others) == 4
+    assert len(name) < 100  # an abstract socket name fits sockaddr_un
+
+
+@pytest.mark.parametrize("env, argv", [
+    ({}, ["shard"]),  # no owner: not a job of a local run
+    ({"KVCERT_WARM": "0", "OMP_NUM_THREADS": "1"}, ["shard"]),  # turned off
+    ({"KVCERT_WARM": "{pid}", "OMP_NUM_THREADS": "1"}, ["claims"]),  # a command without torch
+    ({"KVCERT_WARM": "{pid}", "OMP_NUM_THREADS": "2"}, ["shard"]),  # OpenBLAS would start threads in the server
+    ({"KVCERT_WARM": "{pid}"}, ["shard"]),  # likewise, with no thread count set
+    ({"KVCERT_WARM": "999999999", "OMP_NUM_THREADS": "1"}, ["shard"]),  # the owner is gone
+])
+def test_a_job_runs_in_its_own_process_unless_a_warm_start_applies(monkeypatch, env, argv):
+    for key in ("KVCERT_WARM", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value.format(pid=os.getpid()))
+    monkeypatch.setattr(warm, "_spawn", lambda *a: pytest.fail("no server may be started"))
+    assert warm.run_warm(argv) is None
+
+
+# --- real jobs through a real server --------------------------------------------------------------------------
+def _servers(owner: int) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if "kvcert.warm import serve" in cmdline and cmdline.endswith(f" {owner}"):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def owner():
+    """A stand-in for the run's Snakemake process: its pid is the owner; the server must end when it does."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _env(owner_pid: int, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env.update(KVCERT_WARM=str(owner_pid), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def _shard_args(tmp_path_factory, out: Path) -> list[str]:
+    """``kvcert shard`` of the reduced smoke run's first shard (tests/smoke_pipeline.py), into ``out``."""
+    from smoke_pipeline import MANIFEST, MODEL, VERIFIED, reference
+
+    prereg, ref = reference(tmp_path_factory)
+    return ["shard", "--experiment", "smoke", "--prereg", str(prereg), "--configs", str(REPO / "configs"),
+            "--model", "embedded", "--cell", "main", "--task", "needle", "--length", "512", "--index", "000",
+            "--manifest", str(ref / MANIFEST), "--verified", str(ref / VERIFIED), "--model-path", str(ref / MODEL),
+            "--threads", "1", "--out", str(out)]
+
+
+def _kvcert(args: list[str], cwd: Path, env: dict):
+    """``kvcert ARGS`` as a job runs it (argv from the command line: the warm path), importtime on stderr."""
+    return subprocess.run([sys.executable, "-X", "importtime", "-m", "kvcert.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _imported_torch(stderr: str) -> bool:
+    return any(re.search(r"\|\s+torch$", line.rstrip()) for line in stderr.splitlines())
+
+
+def _messages(text: str) -> list[str]:
+    """Output lines without import times and durations."""
+    return [re.sub(r"\d+ s\b", "N s", line) for line in text.splitlines() if not line.startswith("import time:")]
+
+
+
+@pytest.mark.pipeline
+@pytest.mark.slow
+def test_a_warm_job_writes_what_a_cold_one_does_with_its_own_streams_and_status(owner, tmp_path_factory, tmp_path):
+    from smoke_pipeline import shard_records
+
+    env = _env(owner.pid)
+    cold = _kvcert(_shard_args(tmp_path_factory, Path("cold.jsonl")), tmp_path, dict(env, KVCERT_WARM="0"))
+    assert cold.returncode == 0, cold.stderr[-2000:]
+    assert _imported_torch(cold.stderr)  # a cold job imports torch itself
+
+    job = _kvcert(_shard_args(tmp_path_factory, Path("warm.jsonl")), tmp_path, env)  # relative: the job's folder
+    assert job.returncode == 0, job.stderr[-2000:]
+    assert not _imported_torch(job.stderr), "the job's process imported torch: it did not run warm"
+    assert shard_records(tmp_path / "warm.jsonl") == shard_records(tmp_path / "cold.jsonl")  # timing aside
+    assert _messages(job.stdout + job.stderr) == [m.replace("cold", "warm") for m in _messages(cold.stdout + cold.stderr)]
+    assert len(_servers(owner.pid)) == 1
+
+    failed = _kvcert(_shard_args(tmp_path_factory, tmp_path / "x.jsonl") + ["--index", "x"], tmp_path, env)
+    assert failed.returncode == 2 and "error" in failed.stderr  # argparse's message and status
+    assert len(_servers(owner.pid)) == 1  # one server serves the run's jobs
+
+
+@pytest.mark.pipeline
+@pytest.mark.slow
+def test_killing_a_warm_job_kills_its_fork(owner, tmp_path_factory, tmp_path):
+    """SIGKILL to the job's process (as Snakemake, or a killed run, does): its fork stops writing at once, and
+    the shard is left for the resume; the server lives on for the run's next jobs."""
+    from smoke_pipeline import complete_lines
+
+    shard = tmp_path / "shard000.jsonl"
+    partial = shard.with_name(shard.name + ".partial")
+    job = subprocess.Popen([sys.executable, "-m", "kvcert.cli", *_shard_args(tmp_path_factory, shard)], cwd=tmp_path,
+                           env=_env(owner.pid), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300  # a hang guard
+    while len(complete_lines(partial)) < 5:
+        assert job.poll() is None and time.monotonic() < deadline, "the job ended before its first example"
+        time.sleep(0.05)
+    (server,) = [s for s in _servers(owner.pid) if s.children()]  # this folder's server (one per folder)
+    forks = server.children()
+    job.send_signal(signal.SIGKILL)
+    job.wait()
+    gone, alive = psutil.wait_procs(forks, timeout=30)
+    assert not alive, "the fork outlived its job"
+    size = partial.stat().st_size
+    time.sleep(1.0)
+    assert partial.stat().st_size == size and not shard.exists()  # nothing written after the kill
+    assert len(complete_lines(partial)) < 40  # cut short: the rerun resumes it (tests/test_faults.py)
+    assert server.is_running()
+
+
+@pytest.mark.pipeline
+@pytest.mark.slow
+def test_the_server_ends_with_its_owner(owner):
+    assert _servers(owner.pid), "the tests above left no server"
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 30  # a hang guard: the server looks for its owner twice a second
+    while _servers(owner.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _servers(owner.pid), "the server outlived its run"
