@@ -25,6 +25,7 @@ from kvcert.pipeline.digest import DigestCache, model_digest
 from kvcert.pipeline.jobs import config_file, manifest_config_hash, replay_config_hash
 from kvcert.prereg import PreregError, verify
 from kvcert.sources import fetched_name
+from kvcert.warm import own_jobs_warm
 from kvcert.pipeline.plan import build_plan, shard_minutes
 
 min_version("8.0")
@@ -182,8 +183,7 @@ localrules:
 onstart:
     # a local run's jobs start warm: one process imports torch and transformers once, and each `kvcert` job runs
     # in a fork of it (kvcert.warm); KVCERT_WARM=0 in the environment turns this off
-    if workflow.local_exec and os.environ.get("KVCERT_WARM") != "0":
-        os.environ["KVCERT_WARM"] = str(os.getpid())
+    own_jobs_warm(local=workflow.local_exec)
 
 
 onsuccess:

@@ -31,7 +31,8 @@ STAGES = [
 #: commands: they run stages and may import any of them
 COMMANDS = ("kvcert.cli", "kvcert.pipeline.cli", "kvcert.pipeline.check",
             "kvcert.pipeline.oneoff", "kvcert.rehearsal", "kvcert.bench", "kvcert.testing",
-            "kvcert.training")  # `kvcert train-model`: trains the embedded model on the tasks, evaluates it with the engine
+            "kvcert.training",  # `kvcert train-model`: trains the embedded model on the tasks, evaluates it with the engine
+            "kvcert.warm")  # runs a command in a fork of a warm process (a local Snakemake run's jobs)
 MODEL_STAGE = 3  # everything else: the model and the method (models, integration, press, cache, scorers, ...)
 NAMES = {0: "base", 1: "configuration", 2: "tasks", 3: "model + method", 4: "generation", 5: "analysis"}
 

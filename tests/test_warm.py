@@ -35,6 +35,17 @@ def test_the_server_name_follows_the_environment_folder_and_path():
     assert len(name) < 100  # an abstract socket name fits sockaddr_un
 
 
+def test_a_local_run_owns_its_jobs_unless_turned_off(monkeypatch):
+    monkeypatch.delenv("KVCERT_WARM", raising=False)
+    warm.own_jobs_warm(local=False)  # a cluster run: its jobs run elsewhere
+    assert "KVCERT_WARM" not in os.environ
+    warm.own_jobs_warm(local=True)
+    assert os.environ["KVCERT_WARM"] == str(os.getpid())
+    monkeypatch.setenv("KVCERT_WARM", "0")
+    warm.own_jobs_warm(local=True)
+    assert os.environ["KVCERT_WARM"] == "0"
+
+
 @pytest.mark.parametrize("env, argv", [
     ({}, ["shard"]),  # no owner: not a job of a local run
     ({"KVCERT_WARM": "0", "OMP_NUM_THREADS": "1"}, ["shard"]),  # turned off

@@ -57,6 +57,13 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _HEADER = struct.Struct("!I")
 
 
+def own_jobs_warm(local: bool) -> None:
+    """Make the jobs this process starts from now on (a local Snakemake run's) ask for warm starts, with this
+    process as their owner; not for a cluster run (``local`` False) or where ``KVCERT_WARM=0``."""
+    if local and os.environ.get(ENV) != "0":
+        os.environ[ENV] = str(os.getpid())
+
+
 def server_name(env: dict[str, str], cwd: str, path: list[str]) -> str:
     """The abstract socket name (without its leading NUL) of the server for this environment."""
     key = [sys.executable, cwd, list(path), sorted((k, v) for k, v in env.items() if k not in _VOLATILE)]
