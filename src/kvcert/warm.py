@@ -273,7 +273,8 @@ def _stream(fd: int, old, write: bool, unbuffered: bool):
     through)."""
     import io
 
-    raw = open(fd, "wb" if write else "rb", closefd=False)
+    raw = io.BufferedWriter(io.FileIO(fd, "w", closefd=False)) if write else io.BufferedReader(
+        io.FileIO(fd, "r", closefd=False))  # a standard stream on the job's descriptor, not a file of ours
     line = write and (os.isatty(fd) or fd == 2)
     return io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors, line_buffering=line,
                             write_through=write and unbuffered)

@@ -186,8 +186,9 @@ def rss() -> int:
 
 
 def measure_length(kv_model, hf_model, length: int, steps: int, repeats: int, seed: int = 0) -> dict[str, dict]:
-    """Prefill and decode of every variant at ``length`` tokens: {variant: {prefill_s, decode_s, kv_bytes,
-    alloc_bytes, sketch_bytes, rss_bytes}} (seconds the minimum of ``repeats``, interleaved)."""
+    """Prefill and decode of every variant at ``length`` tokens: {variant: {prefill_s, decode_s, decode_cpu_s,
+    kv_bytes, alloc_bytes, sketch_bytes, rss_bytes}} (seconds the minimum of ``repeats``, interleaved; decode_cpu_s
+    the process's CPU time per token, which on one thread leaves out the time other processes took the CPU)."""
     import gc
 
     import torch
@@ -207,14 +208,16 @@ def measure_length(kv_model, hf_model, length: int, steps: int, repeats: int, se
             prefill[name].append(time.perf_counter() - t0)
             held[name] = max(rss() - before, 0)
     decode = {name: [] for name in found}
+    cpu = {name: [] for name in found}
     for name, variant in found.items():  # warm-up
         variant.decode(caches[name], 1)
     for _ in range(repeats):
         for name, variant in found.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             variant.decode(caches[name], steps)
             decode[name].append((time.perf_counter() - t0) / steps)
-    return {name: {"prefill_s": min(prefill[name]), "decode_s": min(decode[name]),
+            cpu[name].append((time.process_time() - c0) / steps)
+    return {name: {"prefill_s": min(prefill[name]), "decode_s": min(decode[name]), "decode_cpu_s": min(cpu[name]),
                    "kv_bytes": v.kv_bytes(caches[name]), "alloc_bytes": v.alloc_bytes(caches[name]),
                    "sketch_bytes": v.sketch_bytes(caches[name]), "rss_bytes": held[name]}
             for name, v in found.items()}
@@ -278,7 +281,7 @@ def run(args) -> int:
           f"{cfg.num_key_value_heads} KV heads, fp32, batch 1, {torch.get_num_threads()} thread(s); min of "
           f"{args.repeats} interleaved repeats; budget 25 %"
           + ("" if have_kvpress else "; kvpress is not installed here (pip install kvpress): its column is n/a"))
-    header = (f"{'context':>8} {'variant':>8} {'prefill s':>10} {'ms/token':>9} {'vs hf':>6} {'vs topk':>8} "
+    header = (f"{'context':>8} {'variant':>8} {'prefill s':>10} {'ms/token':>9} {'cpu ms':>7} {'vs hf':>6} {'vs topk':>8} "
               f"{'KV MiB':>8} {'alloc MiB':>10} {'sketch MiB':>11} {'RSS+ MiB':>9}")
     print(header)
     rows, table = [], {}
@@ -288,7 +291,8 @@ def run(args) -> int:
         for variant, r in result.items():
             vs_hf = r["decode_s"] / result["hf"]["decode_s"]
             vs_topk = r["decode_s"] / result["topk"]["decode_s"]
-            print(f"{length:>8} {variant:>8} {r['prefill_s']:>10.3f} {r['decode_s'] * 1e3:>9.2f} {vs_hf:>6.2f} "
+            print(f"{length:>8} {variant:>8} {r['prefill_s']:>10.3f} {r['decode_s'] * 1e3:>9.2f} "
+                  f"{r['decode_cpu_s'] * 1e3:>7.2f} {vs_hf:>6.2f} "
                   f"{vs_topk:>8.2f} {r['kv_bytes'] / 2**20:>8.2f} {r['alloc_bytes'] / 2**20:>10.2f} "
                   f"{r['sketch_bytes'] / 2**20:>11.2f} {r['rss_bytes'] / 2**20:>9.1f}", flush=True)
             rows.append({"context": length, "variant": variant, **r})
@@ -319,6 +323,7 @@ def summary_line(table: dict, lengths: list[int], forked: float, hf_tps: float) 
 
     pairs = {
         "cert_over_topk_4k": ratio("plugin", "topk"),
+        "cert_over_topk_4k_cpu": ratio("plugin", "topk", "decode_cpu_s"),
         "robust_over_topk_4k": ratio("robust", "topk"),
         "kvcert_full_over_hf_4k": ratio("full", "hf"),
         "kvcert_full_over_hf_worst": f"{max(table[n]['full']['decode_s'] / table[n]['hf']['decode_s'] for n in lengths):.3f}",
