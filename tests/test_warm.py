@@ -170,12 +170,16 @@ def test_killing_a_warm_job_kills_its_fork(owner, tmp_path_factory, tmp_path):
 
 
 @pytest.mark.pipeline
-@pytest.mark.slow
-def test_the_server_ends_with_its_owner(owner):
-    assert _servers(owner.pid), "the tests above left no server"
-    owner.kill()
-    owner.wait()
-    deadline = time.monotonic() + 30  # a hang guard: the server looks for its owner twice a second
-    while _servers(owner.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _servers(owner.pid), "the server outlived its run"
+def test_the_server_ends_with_its_owner(tmp_path):
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        name = warm.server_name(_env(owner.pid), str(tmp_path), sys.path)
+        server = warm._spawn(name, owner.pid)
+        sock = warm._connect(name, wait=60, server=server)
+        assert sock is not None and warm._same_user(sock), "the server did not start"
+        sock.close()
+        assert server.poll() is None
+    finally:
+        owner.kill()
+        owner.wait()
+    server.wait(timeout=60)  # a hang guard: the server looks for its owner twice a second, after its imports

@@ -64,9 +64,17 @@ def own_jobs_warm(local: bool) -> None:
         os.environ[ENV] = str(os.getpid())
 
 
+def _interpreter_flags() -> list[str]:
+    """This interpreter's command-line flags (-X, -W, -O, ...), for the server to start with the same ones."""
+    import subprocess
+
+    return subprocess._args_from_interpreter_flags()
+
+
 def server_name(env: dict[str, str], cwd: str, path: list[str]) -> str:
     """The abstract socket name (without its leading NUL) of the server for this environment."""
-    key = [sys.executable, cwd, list(path), sorted((k, v) for k, v in env.items() if k not in _VOLATILE)]
+    key = [sys.executable, _interpreter_flags(), cwd, list(path),
+           sorted((k, v) for k, v in env.items() if k not in _VOLATILE)]
     return "kvcert-warm-" + hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
 
 
@@ -119,6 +127,16 @@ def _connect(name: str, wait: float = 0.0, server=None) -> socket.socket | None:
             time.sleep(0.02)
 
 
+def _same_user(sock: socket.socket) -> bool:
+    """Whether the process at the other end of ``sock`` runs as this user (SO_PEERCRED: pid, uid, gid): an abstract
+    socket has no file permissions, so each side checks the other's."""
+    try:
+        _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (OSError, AttributeError):
+        return False
+    return uid == os.getuid()
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -135,7 +153,7 @@ def _spawn(name: str, owner: int):
 
     code = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); from kvcert.warm import serve; "
             "serve(sys.argv[2], int(sys.argv[3]))")
-    return subprocess.Popen([sys.executable, "-c", code, json.dumps(sys.path), name, str(owner)],
+    return subprocess.Popen([sys.executable, *_interpreter_flags(), "-c", code, json.dumps(sys.path), name, str(owner)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
 
 
@@ -161,31 +179,46 @@ def run_warm(argv: list[str]) -> int | None:
         if sock is None:
             return None
     with sock:
+        if not _same_user(sock):
+            return None
+        ignored = [int(s) for s in _SIGNALS if signal.getsignal(s) == signal.SIG_IGN]  # e.g. SIGHUP under nohup
         try:
-            _send(sock, {"argv": argv, "argv0": sys.argv[0], "cwd": cwd, "env": env}, fds=(0, 1, 2))
+            _send(sock, {"argv": argv, "argv0": sys.argv[0], "cwd": cwd, "env": env, "ignored": ignored},
+                  fds=(0, 1, 2))
             started = _recv(sock)
         except OSError:
             return None
         if not started or "pid" not in started:  # refused, or the server went away: the job has not started
+            if started and "cold" in started:
+                print(f"kvcert {argv[0]}: no warm start ({started['cold']}); running in this process", file=sys.stderr)
             return None
+        child = int(started["pid"])
+        forwarded: list[int] = []
 
-        def forward(signum, frame):  # the child receives what this process receives
+        def forward(signum, frame):
+            """Pass a signal on to the child, unless it got it already: a terminal's SIGINT or SIGHUP goes to the
+            whole process group, which the child shares with this process."""
             try:
-                sock.send(bytes([signum]))
+                if signum == signal.SIGTERM or os.getpgid(child) != os.getpgrp():
+                    forwarded.append(signum)
+                    sock.send(bytes([signum]))
             except OSError:
                 pass
 
         for s in _SIGNALS:
-            signal.signal(s, forward)
+            if int(s) not in ignored:
+                signal.signal(s, forward)
         try:
             ended = _recv(sock)
         except OSError:
             ended = None
-        if ended is None:
-            print(f"kvcert {argv[0]}: the warm job (pid {started['pid']}) ended without an exit status",
-                  file=sys.stderr)
-            return 1
-        return int(ended["status"])
+        if ended is not None:
+            return int(ended["status"])
+        if forwarded:  # the child died of the signal passed on: so does this process, as a cold job would
+            signal.signal(forwarded[-1], signal.SIG_DFL)
+            os.kill(os.getpid(), forwarded[-1])
+        print(f"kvcert {argv[0]}: the warm job (pid {child}) ended without an exit status", file=sys.stderr)
+        return 1
 
 
 # --- the server --------------------------------------------------------------------------------------------
@@ -236,6 +269,8 @@ def serve(name: str, owner: int) -> None:
 
 
 def _serve_one(conn: socket.socket, listener: socket.socket) -> None:
+    if not _same_user(conn):  # only this user's jobs run here
+        return
     conn.settimeout(30.0)
     header, fds, _, _ = socket.recv_fds(conn, _HEADER.size, 3)
     try:
@@ -273,8 +308,9 @@ def _stream(fd: int, old, write: bool, unbuffered: bool):
     through)."""
     import io
 
-    raw = io.BufferedWriter(io.FileIO(fd, "w", closefd=False)) if write else io.BufferedReader(
-        io.FileIO(fd, "r", closefd=False))  # a standard stream on the job's descriptor, not a file of ours
+    raw = io.FileIO(fd, "w" if write else "r", closefd=False)  # a standard stream on the job's descriptor
+    if not (write and unbuffered):  # PYTHONUNBUFFERED: no buffer between the text layer and the descriptor
+        raw = io.BufferedWriter(raw) if write else io.BufferedReader(raw)
     line = write and (os.isatty(fd) or fd == 2)
     return io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors, line_buffering=line,
                             write_through=write and unbuffered)
@@ -289,6 +325,8 @@ def _child(conn: socket.socket, fds: list[int], request: dict) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for s in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_DFL)
+    for s in request.get("ignored", ()):  # what the job's process ignores (nohup), its fork ignores too
+        signal.signal(s, signal.SIG_IGN)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     for fd in fds:
@@ -337,9 +375,13 @@ def _child(conn: socket.socket, fds: list[int], request: dict) -> int:
     except BaseException:  # noqa: BLE001 — what Python prints for an uncaught exception, and its status
         traceback.print_exc()
         status = 1
-    for thread in threading.enumerate():  # as the interpreter's exit does: wait for non-daemon threads
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    shutdown = getattr(threading, "_shutdown", None)  # as the interpreter's exit does: non-daemon threads, pools
+    if shutdown is not None:
+        shutdown()
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
     try:
         import atexit
 
