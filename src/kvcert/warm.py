@@ -153,8 +153,9 @@ def _spawn(name: str, owner: int):
 
     code = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); from kvcert.warm import serve; "
             "serve(sys.argv[2], int(sys.argv[3]))")
-    return subprocess.Popen([sys.executable, *_interpreter_flags(), "-c", code, json.dumps(sys.path), name, str(owner)],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+    argv = [sys.executable, *_interpreter_flags(), "-c", code, json.dumps(sys.path), name, str(owner)]
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            close_fds=True)
 
 
 def run_warm(argv: list[str]) -> int | None:
