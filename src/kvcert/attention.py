@@ -48,16 +48,16 @@ class AttentionResult:
 
 @dataclass
 class PendingCertificate:
-    """A decode step's certificate sums, not yet combined (:func:`_certified_decode` with ``defer``): num =
-    [ô; B] [B, Hkv, 2G, D] (ô already divided by l), l, C, A [B, Hkv, G, 1], m0, m1 [B, Hkv, G], centre
-    [B, Hkv, D]; r [B, Hkv, G, L] and the values for :func:`_variance`'s recomputation of a shaky row."""
+    """A decode step's certificate sums, normalised by l (:func:`_certified_decode` with ``defer``), not yet
+    combined, with the batch and KV heads in one leading dimension (B·Hkv): num = [ô; B̃] [B·Hkv, 2G, D];
+    Ã, C̃ [B·Hkv, G]; m = [m0; m1] [B·Hkv, 2G] (the maxima of (1 − π) p̃ and of (1 − π) p̃ ‖v − c‖); centre
+    [B, Hkv, D]; r̃ [B·Hkv, G, L] and the values [B, Hkv, L, D] for :func:`_variance`'s recomputation of a
+    shaky row."""
 
     num: torch.Tensor
-    l: torch.Tensor
-    c_term: torch.Tensor
     a: torch.Tensor
-    m0: torch.Tensor
-    m1: torch.Tensor
+    c_term: torch.Tensor
+    m: torch.Tensor
     centre: torch.Tensor
     r: torch.Tensor
     value: torch.Tensor
@@ -77,31 +77,31 @@ def _combine_pending(pending: list[PendingCertificate]) -> list:
     results: list = [None] * len(pending)
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(pending):
-        groups.setdefault((tuple(p.num.shape), p.num.dtype, p.num.device), []).append(i)
+        groups.setdefault((tuple(p.num.shape), tuple(p.centre.shape), p.num.dtype, p.num.device), []).append(i)
     for idx in groups.values():
         ps = [pending[i] for i in idx]
-        group = ps[0].l.shape[-2]
-        stack = torch.stack if len(ps) > 1 else (lambda ts: ts[0].unsqueeze(0))
-        num, l, c_term, a = (stack([getattr(p, f) for p in ps]) for f in ("num", "l", "c_term", "a"))
-        m0, m1 = stack([p.m0 for p in ps]), stack([p.m1 for p in ps])
-        centre = _as(stack([p.centre for p in ps]), num.dtype).unsqueeze(-2)  # [n, B, Hkv, 1, D]
+        n, (bh, rows, d), (b, hkv) = len(ps), ps[0].num.shape, ps[0].centre.shape[:2]
+        group = rows // 2
+        stack = torch.stack if n > 1 else (lambda ts: ts[0].unsqueeze(0))
+        num, m = stack([p.num for p in ps]), stack([p.m for p in ps])  # [n, B·Hkv, 2G, D], [n, B·Hkv, 2G]
+        a, c_term = stack([p.a for p in ps]).unsqueeze(-1), stack([p.c_term for p in ps]).unsqueeze(-1)
+        centre = _as(stack([p.centre for p in ps]), num.dtype).reshape(n, bh, 1, d)
         out, bv = num[..., :group, :], num[..., group:, :]
         out_c = out - centre
         out_dev = torch.linalg.vector_norm(out_c, dim=-1)
         size = c_term + a * torch.linalg.vecdot(out_c, out_c).unsqueeze(-1)
         var = size - 2.0 * torch.linalg.vecdot(bv - a * centre, out_c).unsqueeze(-1)
         shaky = (var < SHAKY_VARIANCE * size).flatten(1).any(1).tolist()
-        var = (var / (l * l)).clamp_(min=0).squeeze(-1)
-        rng = (m1 + m0 * out_dev) / l.squeeze(-1)
+        var = var.clamp_(min=0)
+        rng = m[..., group:] + m[..., :group] * out_dev
         norm = torch.linalg.vector_norm(out, dim=-1)
-        n, b, hkv = num.shape[:3]
         shape = (n, b, hkv * group, 1)
         var, rng, norm = var.reshape(shape).unbind(0), rng.reshape(shape).unbind(0), norm.reshape(shape).unbind(0)
         for j, (i, p) in enumerate(zip(idx, ps)):
             v = var[j]
             if shaky[j]:  # a row of this step is shaky: the general combination, with its recomputation
-                v = _variance(p.c_term, p.num[:, :, group:], p.num[:, :, :group], p.a, p.l,
-                              _as(p.centre, num.dtype).unsqueeze(-2), p.r, p.value, combine=num.dtype).reshape(v.shape)
+                v = _variance(c_term[j], bv[j], out[j], a[j], None, centre[j], p.r,
+                              p.value.reshape(bh, -1, p.value.shape[-1]), combine=num.dtype).reshape(v.shape)
             results[i] = (v, rng[j], norm[j])
     return results
 
@@ -148,13 +148,13 @@ def use_decode_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
 
     ``KVCERT_DECODE_KERNEL=0`` in the environment forces the torch path.
     """
-    if extra_mask is not None or query.shape[2] != 1 or key.shape[2] == 0:
+    if not _on_kernel_device(query) or extra_mask is not None or query.shape[2] != 1 or key.shape[2] == 0:
         return False
     if query.dtype not in _KERNEL_DTYPES or key.dtype not in _KERNEL_DTYPES or key.dtype != value.dtype:
         return False
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         return False
-    if os.environ.get("KVCERT_DECODE_KERNEL", "1") == "0" or not _on_kernel_device(query):
+    if os.environ.get("KVCERT_DECODE_KERNEL", "1") == "0":
         return False
     return _decode_kernel() is not None
 
@@ -173,7 +173,8 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _variance(c_term, bv, out, a, l, centre, r, value, combine: torch.dtype = torch.float64) -> torch.Tensor:
     """V̂ = (C − 2 B_c·(ô − c) + A‖ô − c‖²)/l², clamped at 0, from the pass's sums (C = Σ r‖v − c‖²,
-    bv = Σ r v, A = Σ r; [..., rows, 1] and [..., rows, D]), combined in float64: the terms nearly
+    bv = Σ r v, A = Σ r; [..., rows, 1] and [..., rows, D]; ``l`` None: sums already divided by l², as
+    :func:`_certified_decode` makes them), combined in float64: the terms nearly
     cancel when the r-weighted values sit far from c, and fp32 here would add its rounding,
     amplified by that cancellation, to the sums' own.
 
@@ -193,7 +194,6 @@ def _variance(c_term, bv, out, a, l, centre, r, value, combine: torch.dtype = to
     b_c = _as(bv, f64) - a * centre
     size = _as(c_term, f64) + a * torch.linalg.vecdot(out_c, out_c).unsqueeze(-1)
     var = size - 2.0 * torch.linalg.vecdot(b_c, out_c).unsqueeze(-1)
-    l = _as(l, f64)
     shaky = (var < SHAKY_VARIANCE * size).squeeze(-1).nonzero(as_tuple=True)
     if shaky[0].numel():
         step = max(1, (1 << 24) // max(1, value.shape[-2] * value.shape[-1]))  # bound the [n, L, D] deviations
@@ -201,61 +201,68 @@ def _variance(c_term, bv, out, a, l, centre, r, value, combine: torch.dtype = to
             idx = tuple(t[i : i + step] for t in shaky)
             dev2 = (value[idx[:-1]].to(out.dtype) - out[idx].unsqueeze(-2)).pow(2).sum(-1)
             var[idx] = (r[idx].to(torch.float64) * dev2.to(torch.float64)).sum(-1, keepdim=True).to(f64)
-    return (var / (l * l)).clamp_(min=0)
+    if l is not None:
+        l = _as(l, f64)
+        var = var / (l * l)
+    return var.clamp_(min=0)
 
 
-def _certified_decode(qg, key, value, log_pi, one_minus, dev, centre, acc_dtype, out_dtype,
-                      query, sketch, defer: bool = False, entropy: bool = False) -> AttentionResult:
+def _certified_decode(query, key, value, log_pi, one_minus, dev, centre, scaling, acc_dtype, sketch,
+                      defer: bool = False, entropy: bool = False) -> AttentionResult:
     """One query per head with the certificate (a decode step over a cache with a sampled tail), in as
-    few tensor operations as the certificate allows — on a CPU a decode step's attention is a few
-    hundred small operations, and their count, not their arithmetic, is its cost. The same sums as the
-    general path (module docstring): p = e^{z − m}, l = Σ p, ô = p·V / l; r = (1 − π) p², A = Σ r,
-    B = r·V, C = Σ r ‖v − c‖²; b̂_c = (max (1 − π) p ‖v − c‖ + max (1 − π) p · ‖ô − c‖) / l; V̂ from
-    :func:`_variance` (float64); qg [B, Hkv, G, D] scaled, log_pi / one_minus / dev [B, Hkv, L].
+    few tensor operations as the certificate allows — on a CPU a decode step's attention is a few dozen
+    small operations beside its two products, and their count, not their arithmetic, is its cost. The
+    general path's sums (module docstring), normalised by l: with the weights p̃ = softmax(z) =
+    e^{z − m}/l (one fused kernel for the max, exponential, sum and division) and r̃ = (1 − π) p̃² = r/l²,
+    one product [p̃; r̃]·V gives ô and B̃ = B/l², and Ã = Σ r̃, C̃ = Σ r̃ ‖v − c‖² are A/l², C/l², so V̂ =
+    C̃ − 2 B̃_c·(ô − c) + Ã ‖ô − c‖² (:func:`_variance` with l = 1) and b̂_c = max (1 − π) p̃ ‖v − c‖ +
+    max (1 − π) p̃ · ‖ô − c‖ need no division. The scaling rides on the logits' product
+    (z = scaling · q·K − log π, one ``baddbmm``). query [B, Hq, 1, D] unscaled; log_pi / one_minus / dev
+    [B, Hkv, L]; batch and KV heads are one leading dimension throughout (B·Hkv).
 
     ``defer`` (without a sketch): return the output with the sums (``pending``) instead of V̂ and b̂_c, for
     :func:`combine_pending` to combine with the other layers' of the same forward. ``entropy``: also the
-    entropy of the weights, H = log l − Σ_j p_j (z_j − m) / l, as the general path computes it."""
-    b, hkv, group, _ = qg.shape
-    length = key.shape[-2]
-    if key.dtype == acc_dtype and log_pi.dtype == acc_dtype:  # z = q·K − log π in one product (the same bits)
-        z = torch.baddbmm(log_pi.reshape(b * hkv, 1, length), qg.reshape(b * hkv, group, -1),
-                          key.reshape(b * hkv, length, -1).transpose(-1, -2), beta=-1).reshape(b, hkv, group, length)
+    entropy of the weights, H = −Σ_j p̃_j log p̃_j, the general path's log l − Σ_j p_j (z_j − m) / l."""
+    b, hq, _, d = query.shape
+    hkv, length = key.shape[1], key.shape[2]
+    group, bh = hq // hkv, b * hkv
+    q3, kt = query.reshape(bh, group, d), key.reshape(bh, length, d).transpose(1, 2)
+    if key.dtype == acc_dtype and log_pi.dtype == acc_dtype and query.dtype == acc_dtype:
+        z = torch.baddbmm(log_pi.reshape(bh, 1, length), q3, kt, beta=-1, alpha=scaling)
     else:
-        z = _as(torch.matmul(qg, key.transpose(-1, -2)), acc_dtype)  # [B, Hkv, G, L]
-        z.sub_(_as(log_pi, acc_dtype).unsqueeze(-2))
-    m = z.amax(-1, keepdim=True)
-    pr = torch.empty(b, hkv, 2 * group, z.shape[-1], dtype=acc_dtype, device=z.device)  # [p; r], no concatenation
-    p = torch.exp(z.sub_(m), out=pr[:, :, :group])
-    l = p.sum(-1, keepdim=True)
+        z = _as(torch.bmm(q3 * scaling, kt), acc_dtype)  # [B·Hkv, G, L]
+        z.sub_(_as(log_pi, acc_dtype).reshape(bh, 1, length))
+    p = torch.softmax(z, -1)
+    buf = p.new_empty(bh, 4 * group, length)  # [p̃; r̃] for the one product, then [(1 − π) p̃; (1 − π) p̃ ‖v − c‖]
+    pr, w = buf.narrow(1, 0, 2 * group), buf.narrow(1, 2 * group, 2 * group)  # (narrow: cheaper than indexing)
+    r, wp, wpd = pr.narrow(1, group, group), w.narrow(1, 0, group), w.narrow(1, group, group)
+    torch.mul(p, _as(one_minus, acc_dtype).reshape(bh, 1, length), out=wp)
+    torch.mul(wp, p, out=r)
+    pr.narrow(1, 0, group).copy_(p)
+    num = _as(torch.bmm(_as(pr, value.dtype), value.reshape(bh, length, -1)), acc_dtype)  # [ô; B̃]
+    dv = _as(dev, acc_dtype).reshape(bh, 1, length)
+    torch.mul(wp, dv, out=wpd)
+    m = w.amax(-1)  # [max (1 − π) p̃; max (1 − π) p̃ ‖v − c‖]
+    a = r.sum(-1)
+    c_term = torch.linalg.vecdot(wpd, p * dv)  # Σ r̃ ‖v − c‖²
+    out = num.narrow(1, 0, group)
+    output = (out if query.dtype == acc_dtype else out.to(query.dtype)).reshape(b, hq, 1, -1)
     ent = None
-    if entropy:  # z holds z − m; masked keys (−inf) at a finite floor so that e^{z−m}(z−m) is 0 there, not NaN
-        h = torch.log(l) - torch.linalg.vecdot(p, z.clamp_(min=-1e30)).unsqueeze(-1) / l
-        ent = h.squeeze(-1).to(torch.float32).reshape(b, hkv * group, 1)
-    wp = p * _as(one_minus, acc_dtype).unsqueeze(-2)  # (1 − π) p
-    r = torch.mul(wp, p, out=pr[:, :, group:])  # r = (1 − π) p²
-    num = _as(torch.matmul(_as(pr, value.dtype), value), acc_dtype)  # [p; r]·V in one pass over the values
-    out, bv = num[:, :, :group].div_(l), num[:, :, group:]
-    m0 = wp.amax(-1)
-    dev = _as(dev, acc_dtype)
-    wpd = wp.mul_(dev.unsqueeze(-2))  # (1 − π) p ‖v − c‖
-    m1 = wpd.amax(-1)
-    c_term = torch.matmul(wpd.mul_(p), dev.unsqueeze(-1))  # Σ r ‖v − c‖²
-    a = r.sum(-1, keepdim=True)
-    hq = hkv * group
+    if entropy:
+        ent = torch.special.xlogy(p, p).sum(-1).neg_().to(torch.float32).reshape(b, hq, 1)
     if defer and sketch is None:
-        return AttentionResult(out.to(out_dtype).reshape(b, hq, 1, -1), entropy=ent,
-                               pending=PendingCertificate(num, l, c_term, a, m0, m1, centre, r, value))
-    centre32 = _as(centre, acc_dtype).unsqueeze(-2)
-    out_dev = torch.linalg.vector_norm(out - centre32, dim=-1)
-    var = _variance(c_term, bv, out, a, l, centre32, r, value, combine=acc_dtype).squeeze(-1)
-    rng = (m1 + m0 * out_dev) / l.squeeze(-1)
-    output = out.to(out_dtype).reshape(b, hq, 1, -1)
+        return AttentionResult(output, entropy=ent, pending=PendingCertificate(num, a, c_term, m, centre, r, value))
+    centre3 = _as(centre, acc_dtype).reshape(bh, 1, -1)
+    out_dev = torch.linalg.vector_norm(out - centre3, dim=-1)
+    var = _variance(c_term.unsqueeze(-1), num[:, group:], out, a.unsqueeze(-1), None, centre3, r,
+                    value.reshape(bh, length, -1), combine=acc_dtype)
+    rng = m[:, group:] + m[:, :group] * out_dev
     variance, range_term = var.reshape(b, hq, 1), rng.reshape(b, hq, 1)
     if sketch is None:
         return AttentionResult(output, variance, range_term, entropy=ent)
-    lse = (m + torch.log(l)).reshape(b, hq, 1)
-    sv, sr = sketch_terms(qg.reshape(b, hq, 1, -1), sketch, 1.0, lse, out_dev.reshape(b, hq, 1))
+    # lse = m − log max p̃ (the largest weight is e^{m − lse}): the sketch's normaliser without a second pass
+    lse = (z.amax(-1) - torch.log(p.amax(-1))).reshape(b, hq, 1)
+    sv, sr = sketch_terms((query * scaling).to(acc_dtype), sketch, 1.0, lse, out_dev.reshape(b, hq, 1))
     return AttentionResult(output, variance, range_term, sv, sr, entropy=ent)
 
 
@@ -326,13 +333,13 @@ def hajek_attention(
         raise ValueError(f"query: {hq} query heads are not a multiple of {hkv} KV heads")
     group = hq // hkv
     acc_dtype = torch.promote_types(query.dtype, torch.float32)  # fp32 accumulation, fp64 if given fp64
+    if (n_q == 1 and certificate and log_pi is not None and one_minus is not None and dev is not None
+            and centre is not None and extra_mask is None and _FAST_DECODE):
+        return _certified_decode(query, key, value, log_pi, one_minus, dev, centre, scaling, acc_dtype,
+                                 sketch if use_sketch else None, defer, entropy)
     qg = (query * scaling).reshape(b, hkv, group, n_q, d)
     if n_q == 1 and log_pi is None and extra_mask is None and not certificate:
         return _plain_decode(qg.reshape(b, hkv, group, d), key, value, acc_dtype, entropy, query.dtype)
-    if (n_q == 1 and certificate and log_pi is not None and one_minus is not None and dev is not None
-            and centre is not None and extra_mask is None and _FAST_DECODE):
-        return _certified_decode(qg.reshape(b, hkv, group, d), key, value, log_pi, one_minus, dev, centre, acc_dtype,
-                                 query.dtype, query, sketch if use_sketch else None, defer, entropy)
     bias = None if log_pi is None else log_pi.to(acc_dtype).unsqueeze(-2)
     if certificate:
         if one_minus is None:
