@@ -88,9 +88,7 @@ class CompactLayer(CacheLayerMixin):
         self.growth = growth
         self.length = 0  # stored slots in use (including padding)
         self.seen = 0  # tokens seen (logical length)
-        self.log_pi: torch.Tensor | None = None
-        self.one_minus: torch.Tensor | None = None
-        self.dev: torch.Tensor | None = None
+        self._aux_views: tuple | None = None  # log π, 1 − π, ‖v − c‖ of the slots in use, made when first read
         self.centre: torch.Tensor | None = None
         self.kept: torch.Tensor | None = None  # [B, Hkv] real tokens per head
         self.has_tail = False  # some kept token has π < 1
@@ -140,7 +138,31 @@ class CompactLayer(CacheLayerMixin):
     def _refresh_views(self) -> None:
         n = self.length
         self._views = (self._k.narrow(2, 0, n), self._v.narrow(2, 0, n))
-        self.log_pi, self.one_minus, self.dev = self._lp.narrow(2, 0, n), self._om.narrow(2, 0, n), self._dev.narrow(2, 0, n)
+        self._aux_views = None  # a full cache's decode step reads log π alone: its views are made when read
+
+    def _aux_view(self, which: int) -> torch.Tensor | None:
+        views = self._aux_views
+        if views is None:
+            if self._lp is None:
+                return None
+            n = self.length
+            views = self._aux_views = (self._lp.narrow(2, 0, n), self._om.narrow(2, 0, n), self._dev.narrow(2, 0, n))
+        return views[which]
+
+    @property
+    def log_pi(self) -> torch.Tensor | None:
+        """[B, Hkv, slots in use]: log π of each slot (0 for a token kept with certainty, +inf on padding)."""
+        return self._aux_view(0)
+
+    @property
+    def one_minus(self) -> torch.Tensor | None:
+        """[B, Hkv, slots in use]: 1 − π (0 on padding)."""
+        return self._aux_view(1)
+
+    @property
+    def dev(self) -> torch.Tensor | None:
+        """[B, Hkv, slots in use]: ‖v − c‖ about the layer's centre c."""
+        return self._aux_view(2)
 
     # --- keys and values: what the layer holds; assigning a prefix crops ------------------
     @property
@@ -382,6 +404,9 @@ class CertifiedCache(Cache):
     record_entropy: record the entropy of the attention weights of every forward over a
         compressed layer (a comparison signal), in the same ``step_log``.
     schedule: instead of ``press``, the schedule itself (:class:`kvcert.fork.ForkSchedule`).
+    reserve: spare slots each layer allocates past the prompt and past each compaction, for the tokens
+        appended later (the generation path passes its ``max_new_tokens``, and the question a streaming
+        run feeds after compression); a layer that outgrows them grows by ``GROWTH``.
     """
 
     def __init__(self, press=None, record_certificates: bool = True, capture_layers=(), reserve: int = 64,

@@ -112,9 +112,13 @@ def run(args) -> int:
 
         if args.lengths is None:
             args.lengths = list(model_decode.LENGTHS)
+        if args.steps is None:
+            args.steps = model_decode.STEPS
         return model_decode.run(args)
     if args.lengths is None:
         args.lengths = [8192, 16384]
+    if args.steps is None:
+        args.steps = 8
     from . import check_counts
 
     check_counts(args, lengths=1, steps=1, repeats=1, threads=1)
@@ -178,7 +182,8 @@ def register(subparsers) -> None:
     p.add_argument("--figure", default=None, help="with --model: decode time against context length (PNG)")
     p.add_argument("--lengths", type=int, nargs="+", default=None,
                    help="context lengths (default 8192 16384; with --model 512 1024 2048 4096 8192)")
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=None,
+                   help="decoded tokens per timing (default 8; with --model 32, kvcert's caches reserving slots for them)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--shape", choices=sorted(SHAPES), default="bench",

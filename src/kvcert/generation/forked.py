@@ -150,7 +150,11 @@ class _Prefilled:
 def _prefill_alone(engine: Engine, i: int, record, ids, question_start, trace, signals, done: _Prefilled) -> _Batch:
     """One run prefilled on its own cache, as its condition feeds the prompt (:meth:`Engine.prefill`)."""
     spec = engine.spec
-    cache = CertifiedCache(record_certificates=spec.method.randomized, record_entropy=not spec.method.is_full)
+    # spare slots for what is appended after the prompt's compaction: the question a streaming run feeds
+    # then, and the generated tokens (no slot left unused at the longest answer, no copy to grow)
+    fed_after = len(ids) - question_start if spec.condition == "streaming" else 0
+    cache = CertifiedCache(record_certificates=spec.method.randomized, record_entropy=not spec.method.is_full,
+                           reserve=fed_after + spec.max_new_tokens)
     sync_device(engine.device)
     t0 = time.perf_counter()
     logits = engine.prefill(ids, question_start, cache, engine.press(record.id))
@@ -178,7 +182,8 @@ def _prefill_forks(engines, forks, record, ids, question_start, traces, signals,
             end = question_start if conds[i] == "streaming" else len(ids) - 1
             branches[i] = Branch(engines[i].press(record.id), end)
     prefix = ids[:-1] if any(conds[i] != "streaming" for i in forks) else ids[:question_start]
-    shared = ForkingCache(list(branches.values()))
+    # the stacks' room takes the question; their spare slots, the longest answer
+    shared = ForkingCache(list(branches.values()), reserve=max(specs[i].max_new_tokens for i in forks))
     model(input_ids=torch.tensor([prefix], dtype=torch.long, device=device), cache=shared, use_cache=True,
           logits_to_keep=1)
     sync_device(device)
