@@ -9,6 +9,7 @@ from conftest import tiny_model
 from kvcert import CertifiedCache, EvictionPress, enable_certified_attention
 from kvcert.cache import CompactLayer
 from kvcert.integration import cache_argument
+from kvcert.scorers.base import Scorer
 
 
 def ids(n, seed=0, batch=1):
@@ -89,6 +90,42 @@ def test_heads_equal_explicit_float64_hajek_ratio(arch, sampler):
             weights = torch.exp(q[h] @ k.T * obs.scaling) / pi
             expected = (weights / weights.sum()) @ v
             assert torch.allclose(got[h], expected, atol=1e-5, rtol=1e-5)
+
+
+class _InputsSeen(Scorer):
+    """A scorer that keeps the hidden states and RoPE each layer's observation carries (scores: key norms)."""
+
+    def __init__(self):
+        self.seen = {}
+
+    def score(self, obs):
+        self.seen[obs.layer_idx] = (obs.hidden_states, obs.position_embeddings)
+        return obs.key.float().norm(dim=-1)
+
+
+@torch.no_grad()
+def test_scorers_see_the_attention_modules_inputs_and_nothing_outlives_the_forward(arch):
+    """The scorers may read each attention module's hidden states and RoPE (a kvpress press scores from them):
+    the observation holds what the module was called with, and the module drops them when it returns."""
+    model = tiny_model(arch)
+    enable_certified_attention(model)
+    enable_certified_attention(model)  # idempotent: one wrapper, not two
+    called = {}
+    handles = [layer.self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs, idx=idx: called.__setitem__(idx, (kwargs["hidden_states"],
+                                                                       kwargs["position_embeddings"])),
+        with_kwargs=True) for idx, layer in enumerate(model.model.layers)]
+    scorer = _InputsSeen()
+    model(input_ids=ids(40, seed=4), cache=CertifiedCache(press=EvictionPress(scorer=scorer, budget=0.5, sampler="topk")))
+    for h in handles:
+        h.remove()
+    assert sorted(scorer.seen) == sorted(called) == list(range(len(model.model.layers)))
+    for idx, layer in enumerate(model.model.layers):
+        hidden, (cos, sin) = called[idx]
+        seen_hidden, seen_rope = scorer.seen[idx]
+        assert seen_hidden is hidden and seen_rope[0] is cos and seen_rope[1] is sin
+        assert layer.self_attn._kvcert_inputs is None
+        assert not isinstance(layer.self_attn.forward.forward, type(layer.self_attn.forward))
 
 
 @torch.no_grad()

@@ -183,7 +183,7 @@ def register(subparsers) -> None:
     p.add_argument("--lengths", type=int, nargs="+", default=None,
                    help="context lengths (default 8192 16384; with --model 512 1024 2048 4096 8192)")
     p.add_argument("--steps", type=int, default=None,
-                   help="decoded tokens per timing (default 8; with --model 32, kvcert's caches reserving slots for them)")
+                   help="decoded tokens per timing (default 8; with --model 16 a block, kvcert's caches reserving slots for them)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--shape", choices=sorted(SHAPES), default="bench",

@@ -15,8 +15,9 @@ prefilled and then decoded under:
 * ``kvpress`` — kvpress's ``SnapKVPress(compression_ratio=0.75)`` on the ``hf`` copy, where the
   ``kvpress`` package imports (the table says so where it does not).
 
-Measured, interleaved across the variants, the minimum of ``--repeats`` (≥ 2): the prefill
-(the press's scoring, sampling and compaction included) and the decode time per token; the
+Measured, interleaved across the variants, the minimum over ``--repeats`` (≥ 2): the prefill
+(the press's scoring, sampling and compaction included) and the decode time per token (each repeat
+times three blocks of ``--steps`` tokens per variant over the caches its prefill built); the
 cache's logical KV bytes (keys and values in use) and its **allocated** bytes (every tensor
 the cache holds — keys, values, log π, 1 − π, ‖v − c‖, spare slots — with the sketch apart);
 the resident memory the process gains while the variant's cache is built and held. kvcert's caches
@@ -44,8 +45,10 @@ from pathlib import Path
 
 VARIANTS = ("hf", "full", "topk", "plugin", "robust", "kvpress")
 LENGTHS = (512, 1024, 2048, 4096, 8192)
-#: decoded tokens per timing: 8 steps of 60 ms at 512 tokens moved full / transformers by ±2 % between runs
-STEPS = 32
+#: decoded tokens per timed block: 8 steps of 60 ms at 512 tokens moved full / transformers by ±2 % between runs
+STEPS = 16
+#: timed blocks per variant and repeat, interleaved across the variants
+ROUNDS = 3
 
 
 def model_folder(name_or_path: str, configs: str | None = None) -> tuple[str, str]:
@@ -191,10 +194,17 @@ def rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def measure_length(kv_model, hf_model, length: int, steps: int, repeats: int, seed: int = 0) -> dict[str, dict]:
+def measure_length(kv_model, hf_model, length: int, steps: int, repeats: int, seed: int = 0,
+                   rounds: int = ROUNDS) -> dict[str, dict]:
     """Prefill and decode of every variant at ``length`` tokens: {variant: {prefill_s, decode_s, decode_cpu_s,
-    kv_bytes, alloc_bytes, sketch_bytes, rss_bytes}} (seconds the minimum of ``repeats``, interleaved; decode_cpu_s
-    the process's CPU time per token, which on one thread leaves out the time other processes took the CPU)."""
+    kv_bytes, alloc_bytes, sketch_bytes, rss_bytes}} (seconds the minimum over the repeats, decode_cpu_s the
+    process's CPU time per token, which on one thread leaves out the time other processes took the CPU).
+
+    Each repeat prefills every variant anew, then times ``rounds`` blocks of ``steps`` decoded tokens, the
+    variants interleaved block by block; a variant's decode time is its fastest block over all repeats. A
+    cache's tensors keep their addresses for its life, and on a shared CPU one block can run several per cent
+    slower than the next: fresh caches in each repeat and short interleaved blocks let every variant meet the
+    same machine."""
     import gc
 
     import torch
@@ -203,6 +213,8 @@ def measure_length(kv_model, hf_model, length: int, steps: int, repeats: int, se
                         generator=torch.Generator().manual_seed(seed))
     found = variants(kv_model, hf_model, ids, reserve=steps)
     prefill = {name: [] for name in found}
+    decode = {name: [] for name in found}
+    cpu = {name: [] for name in found}
     caches, held = {}, {}
     for _ in range(repeats):
         for name, variant in found.items():
@@ -213,16 +225,13 @@ def measure_length(kv_model, hf_model, length: int, steps: int, repeats: int, se
             caches[name] = variant.prefill()
             prefill[name].append(time.perf_counter() - t0)
             held[name] = max(rss() - before, 0)
-    decode = {name: [] for name in found}
-    cpu = {name: [] for name in found}
-    for name, variant in found.items():  # warm-up
-        variant.decode(caches[name], 1)
-    for _ in range(repeats):
-        for name, variant in found.items():
-            t0, c0 = time.perf_counter(), time.process_time()
-            variant.decode(caches[name], steps)
-            decode[name].append((time.perf_counter() - t0) / steps)
-            cpu[name].append((time.process_time() - c0) / steps)
+            variant.decode(caches[name], 1)  # warm-up
+        for _ in range(rounds):
+            for name, variant in found.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                variant.decode(caches[name], steps)
+                decode[name].append((time.perf_counter() - t0) / steps)
+                cpu[name].append((time.process_time() - c0) / steps)
     return {name: {"prefill_s": min(prefill[name]), "decode_s": min(decode[name]), "decode_cpu_s": min(cpu[name]),
                    "kv_bytes": v.kv_bytes(caches[name]), "alloc_bytes": v.alloc_bytes(caches[name]),
                    "sketch_bytes": v.sketch_bytes(caches[name]), "rss_bytes": held[name]}
@@ -289,7 +298,7 @@ def run(args) -> int:
     have_kvpress = _kvpress() is not None
     print(f"decode on {name}: {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query / "
           f"{cfg.num_key_value_heads} KV heads, fp32, batch 1, {torch.get_num_threads()} thread(s); min of "
-          f"{args.repeats} interleaved repeats; budget 25 %"
+          f"{args.repeats} interleaved repeats ({ROUNDS} blocks of {args.steps} decoded tokens each); budget 25 %"
           + ("" if have_kvpress else "; kvpress is not installed here (pip install kvpress): its column is n/a"))
     header = (f"{'context':>8} {'variant':>8} {'prefill s':>10} {'ms/token':>9} {'cpu ms':>7} {'vs hf':>6} {'vs topk':>8} "
               f"{'KV MiB':>8} {'alloc MiB':>10} {'sketch MiB':>11} {'RSS+ MiB':>9}")
