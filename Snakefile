@@ -3,7 +3,7 @@
 verify pre-registration → task manifests → embedded model (shipped, or retrained on
 request) → attention-level replay (C1, C2) → generation shards → score → claims →
 report. Jobs come from the experiment's frozen design grid through
-kvcert.pipeline.plan, the same code behind `kvcert plan`.
+kvcert.generation.plan, the same code behind `kvcert plan`.
 
     snakemake --cores all                                   # embedded default (smoke)
     snakemake --cores all --config experiment=rehearsal     # the paper profile's code path on stand-ins (kvcert make-rehearsal)
@@ -19,14 +19,14 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
-from kvcert.pipeline.check import preflight, profile_from_argv
-from kvcert.pipeline.config import check_pipeline_config, experiment_grid
-from kvcert.pipeline.digest import DigestCache, model_digest
-from kvcert.pipeline.jobs import config_file, manifest_config_hash, replay_config_hash
-from kvcert.prereg import PreregError, verify
-from kvcert.sources import fetched_name
-from kvcert.warm import own_jobs_warm
-from kvcert.pipeline.plan import build_plan, shard_minutes
+from kvcert.commands.check import preflight, profile_from_argv
+from kvcert.config.experiment import check_pipeline_config, experiment_grid
+from kvcert.config.digest import DigestCache, model_digest
+from kvcert.generation.jobs import config_file, manifest_config_hash, replay_config_hash
+from kvcert.config.prereg import PreregError, verify
+from kvcert.config.sources import fetched_name
+from kvcert.commands.warm import own_jobs_warm
+from kvcert.generation.plan import build_plan, shard_minutes
 
 min_version("8.0")
 
@@ -101,7 +101,7 @@ REPLAY_LAYERS = f"--max-layers {int(PLAN.grid['replay']['layers'])}" if (PLAN.gr
 
 def configs_of(wildcards):
     """What a generate job's records depend on in the configs: its job's config hash (the hash of the
-    config hashes its records carry; kvcert.pipeline.jobs.Job)."""
+    config hashes its records carry; kvcert.generation.jobs.Job)."""
     shard = PLAN.shard(wildcards.model, wildcards.cell, wildcards.task, int(wildcards.length),
                        int(wildcards.index))
     return PLAN.job(shard, CONFIGS, PREREG, TRAINED if RETRAIN and shard.model == "embedded" else None,
@@ -124,7 +124,7 @@ DIGEST_CACHE = DigestCache(Path(".snakemake") / "kvcert" / "file-digests.json")
 
 
 def model_of(wildcards):
-    """Digest of the model folder a manifest / generate / replay job loads (kvcert.pipeline.digest.
+    """Digest of the model folder a manifest / generate / replay job loads (kvcert.config.digest.
     model_digest: every file's size and SHA-256, no times): weights replaced in place rerun that
     model's jobs; a retrained model is an input file instead."""
     if RETRAIN and wildcards.model == "embedded":
@@ -163,7 +163,7 @@ def gpus(wildcards):
 
 
 def shard_runtime(wildcards):
-    """Minutes: the plan's cost model of this shard (kvcert.pipeline.plan.shard_minutes)."""
+    """Minutes: the plan's cost model of this shard (kvcert.generation.plan.shard_minutes)."""
     shard = PLAN.shard(wildcards.model, wildcards.cell, wildcards.task, int(wildcards.length),
                        int(wildcards.index))
     return shard_minutes(shard, EXP_CFG["seconds_per_generation"], EXP_CFG["fork_speedup"])
@@ -182,13 +182,13 @@ localrules:
 
 onstart:
     # a local run's jobs start warm: one process imports torch and transformers once, and each `kvcert` job runs
-    # in a fork of it (kvcert.warm); KVCERT_WARM=0 in the environment turns this off
+    # in a fork of it (kvcert.commands.warm); KVCERT_WARM=0 in the environment turns this off
     own_jobs_warm(local=workflow.local_exec)
 
 
 onsuccess:
     # the run's last words: every verdict beside the paper's, and where the report is
-    from kvcert.pipeline.console import verdict_lines
+    from kvcert.commands.console import verdict_lines
 
     print("\n".join(verdict_lines(OUT)), file=sys.stderr)
 

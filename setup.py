@@ -4,7 +4,7 @@ under ``src/``, ``kvcert_kernels`` under ``kernels/``).
 A wheel (a non-editable install) also carries copies of the repository's ``configs/``
 and ``preregistration/`` folders as ``kvcert/_bundled/``, so that the CLI works outside
 a checkout; run from a checkout, the working copy's folders win
-(:mod:`kvcert.paths`). Editable installs read the checkout.
+(:mod:`kvcert.config.paths`). Editable installs read the checkout.
 """
 
 import shutil

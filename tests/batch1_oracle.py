@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from kvcert.cache import CertifiedCache
-from kvcert.certificate import unit_roundoff
+from kvcert.method.cache import CertifiedCache
+from kvcert.method.certificate import unit_roundoff
 from kvcert.generation.engine import Engine, greedy, refusing_non_finite, stop_rules
 from kvcert.generation.signals import (
     CertificateTrace,

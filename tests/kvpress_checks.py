@@ -99,7 +99,7 @@ SCORER_PRESSES = {"streaming_llm": "StreamingLLMPress", "tova": "TOVAPress", "kn
 def test_a_kvpress_scorer_press_as_a_kvcert_scorer_keeps_the_golden_sets(model, result, monkeypatch):  # noqa: F811
     """kvpress's own scores, kvcert's top-k at kvpress's count, nothing protected: the same sets."""
     from kvcert import EvictionPress, RetentionDesign
-    from kvcert.scorers import get_scorer
+    from kvcert.method.scorers import get_scorer
 
     press = EvictionPress(scorer=get_scorer(f"kvpress:{SCORER_PRESSES[result['press']]}"), sampler="topk",
                           compression_ratio=result["compression_ratio"], rounding="floor",
@@ -142,7 +142,7 @@ def test_every_scorer_press_by_name_is_a_certified_kvcert_scorer(model, name):  
     ``with press(model):`` does (the rotary embedding on each attention module, the press's model fields),
     and the Poisson sampler certifies it."""
     from kvcert import CertifiedCache, EvictionPress, enable_certified_attention
-    from kvcert.scorers import get_scorer
+    from kvcert.method.scorers import get_scorer
 
     enable_certified_attention(model)
     ids = torch.tensor([GOLDEN["input_ids"]])

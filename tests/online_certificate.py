@@ -1,5 +1,5 @@
 """The one-pass certificate in torch: the algorithm the fused decode kernel runs, a test oracle
-(tests/test_certificate.py checks it against :func:`kvcert.certificate.certificate_reference`)."""
+(tests/test_certificate.py checks it against :func:`kvcert.method.certificate.certificate_reference`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class OnlineCertificate:
     second moments (A, B, C) by ω_j². This is the algorithm the fused kernel
     (``kernels/kvcert_kernels/certified_decode.py``) runs; here it is written in torch, a test oracle and
     executable documentation (the library computes the certificate with
-    :func:`kvcert.attention.hajek_attention`).
+    :func:`kvcert.method.attention.hajek_attention`).
     """
 
     def __init__(self, lead_shape: tuple[int, ...], dim: int, centre: torch.Tensor | None = None, dtype=None):

@@ -54,7 +54,7 @@ _session: dict[str, Path] = {}
 
 def make_prereg(folder: Path) -> Path:
     """The reduced pre-registration: the project's claims.yaml and the small grid, frozen."""
-    from kvcert.prereg import freeze
+    from kvcert.config.prereg import freeze
 
     (folder / "grids").mkdir(parents=True)
     shutil.copyfile(REPO / "preregistration" / "claims.yaml", folder / "claims.yaml")

@@ -13,7 +13,7 @@ import pytest
 
 from kvcert.analysis.claims import evaluate_claim
 from kvcert.analysis.load import score_shards
-from kvcert.prereg import load_claims
+from kvcert.config.prereg import load_claims
 from kvcert.testing import frozen_copy, make_record, replay_frame, write_shard
 
 PREREG = Path(__file__).resolve().parents[1] / "preregistration"

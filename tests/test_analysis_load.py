@@ -171,7 +171,7 @@ def test_unknown_field_is_refused_naming_it(prereg, tmp_path):
 def test_parallel_load_equals_serial(prereg, tmp_path):
     folder, fr = prereg
     from kvcert.analysis.load import ScoringPlan
-    from kvcert.prereg import load_claims
+    from kvcert.config.prereg import load_claims
 
     plan = ScoringPlan.from_plan(load_claims(folder)["analysis_plan"])
     shards = [write_shard([rec(f"e{i}", fr.prereg_hash, signal=0.1 * i)], tmp_path / f"s{i}.jsonl") for i in range(6)]

@@ -1,4 +1,4 @@
-"""The typed analysis plan (:class:`kvcert.analysis_plan.AnalysisPlan`): every committed freeze's plan loads as it
+"""The typed analysis plan (:class:`kvcert.config.analysis_plan.AnalysisPlan`): every committed freeze's plan loads as it
 was analysed, an unknown key or a value out of range is refused in one line naming it, and ``kvcert prereg freeze``
 refuses a plan its JSON schema refuses."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvcert.analysis_plan import AnalysisPlan, AnalysisPlanError, check_schema
-from kvcert.prereg import PreregError, freeze, freezes, load_claims, load_plan
+from kvcert.config.analysis_plan import AnalysisPlan, AnalysisPlanError, check_schema
+from kvcert.config.prereg import PreregError, freeze, freezes, load_claims, load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 PREREG = ROOT / "preregistration"
@@ -116,9 +116,9 @@ def test_freeze_refuses_a_plan_the_schema_refuses(tmp_path):
 
 def test_the_plans_key_lists_are_the_model_stages():
     """The design and robust-certificate keys the plan accepts are the fields the model stage builds from them."""
-    from kvcert.analysis_plan import DESIGN_KEYS, ROBUST_KEYS, SCHEMA
-    from kvcert.design import RetentionDesign
-    from kvcert.sketch import PLAN
+    from kvcert.config.analysis_plan import DESIGN_KEYS, ROBUST_KEYS, SCHEMA
+    from kvcert.method.design import RetentionDesign
+    from kvcert.method.sketch import PLAN
 
     assert DESIGN_KEYS == tuple(RetentionDesign.__dataclass_fields__) and ROBUST_KEYS == tuple(PLAN)
     schema = yaml.safe_load(SCHEMA.read_text())["properties"]

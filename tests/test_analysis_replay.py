@@ -20,10 +20,10 @@ from kvcert.analysis.replay_stats import (
     within_head_spearman,
 )
 from kvcert.analysis.stats import spearman
-from kvcert.certificate import anytime_radius
-from kvcert.design import DEFAULT_DESIGN, inclusion_probabilities, poisson_sample
-from kvcert.sketch import build_sketch
-from kvcert.scorers import SnapKVScorer
+from kvcert.method.certificate import anytime_radius
+from kvcert.method.design import DEFAULT_DESIGN, inclusion_probabilities, poisson_sample
+from kvcert.method.sketch import build_sketch
+from kvcert.method.scorers import SnapKVScorer
 from kvcert.tasks import build_prompt_ids, generate
 from kvcert.training.tokenizer import build_tokenizer
 
@@ -216,7 +216,7 @@ def test_replay_entry_point(setup, tmp_path):
     from unittest.mock import patch
 
     from kvcert.analysis.load import read_table
-    from kvcert.prereg import load_plan
+    from kvcert.config.prereg import load_plan
     from kvcert.testing import frozen_copy
     from kvcert.tasks import write_jsonl
 

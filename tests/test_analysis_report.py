@@ -18,10 +18,10 @@ import torch
 
 from kvcert.analysis.load import RecordRefused, write_table
 from kvcert.analysis.steps import claims_step, report_step, score_step, write_json
-from kvcert.pipeline.jobs import replay_config_hash
+from kvcert.generation.jobs import replay_config_hash
 from kvcert.testing import frozen_copy, multiturn_records, paper_records, replay_frame, write_shard
-from kvcert.impossibility import impossibility_demo
-from kvcert.scorers.base import LayerObservation
+from kvcert.method.impossibility import impossibility_demo
+from kvcert.method.scorers.base import LayerObservation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -190,7 +190,7 @@ def test_inputs_from_another_preregistration_are_refused(run, tmp_path):
     other = tmp_path / "other"
     frozen_copy(ROOT / "preregistration", other)
     (other / "grids" / "smoke.yaml").write_text((other / "grids" / "smoke.yaml").read_text() + "# amended\n")
-    from kvcert.prereg import freeze
+    from kvcert.config.prereg import freeze
 
     freeze(other, reason="test amendment")
     with pytest.raises(RecordRefused, match="rerun the score step"):
@@ -208,7 +208,7 @@ def test_the_run_ends_with_every_verdict_its_caveat_and_the_report(tmp_path):
     import json
 
     from kvcert.analysis.report import caveat
-    from kvcert.pipeline.console import verdict_lines
+    from kvcert.commands.console import verdict_lines
 
     assert verdict_lines(tmp_path) == [f"kvcert: no {tmp_path / 'summary.json'} yet (the report step has not run)"]
     summary = {"experiment": "rehearsal", "prereg_hash": "ab" * 32, "caveat": caveat("rehearsal", {}),
@@ -287,7 +287,7 @@ def test_the_embedded_report_says_what_its_model_is_and_why_c1_under_covers(run)
 
 
 def test_a_fetched_model_is_a_real_pretrained_model_on_the_first_screen(run, tmp_path, fetched):
-    from kvcert.pipeline.console import verdict_lines
+    from kvcert.commands.console import verdict_lines
 
     claims = relabelled(run, tmp_path, "real", ["smollm2-135m-instruct"])
     paths = report_step(claims, None, [], [], tmp_path / "report", configs=fetched)
@@ -314,7 +314,7 @@ def test_a_model_not_fetched_here_is_still_named_and_the_caveats_keep_their_text
     monkeypatch.setenv("KVCERT_MODEL_DIR", str(tmp_path / "empty"))
     models = run_models(["smollm2-135m-instruct", "embedded", "qwen2.5-7b-instruct"], fetched, "real")
     assert [m.kind for m in models] == ["fetched", "embedded", "unknown"]
-    # not fetched: the official numbers (kvcert.pipeline.roofline.ARCHITECTURES), and where to fetch it
+    # not fetched: the official numbers (kvcert.generation.roofline.ARCHITECTURES), and where to fetch it
     assert models[0].row()[2:] == ["135 M", "30", "9 / 3", "64"]
     assert "not fetched on this machine (`kvcert model fetch smollm2-135m-instruct`)" in models[0].numbers_from
     assert models[2].row()[2:] == ["7.62 B", "28", "28 / 4", "128"]  # no config here: the official numbers
@@ -333,7 +333,7 @@ def test_the_miniature_verdicts_beside_a_real_run(run, tmp_path, fetched):
     paper's (the table keeps seven columns); its pre-registration (another one here) in the provenance;
     summary.json and the console carry it."""
     from kvcert.cli import main
-    from kvcert.pipeline.console import verdict_lines
+    from kvcert.commands.console import verdict_lines
 
     other = relabelled(run, tmp_path / "results", "smoke", ["embedded"], prereg_hash="e" * 64, c1=("killed", 0.7))
     claims = relabelled(run, tmp_path / "results", "real", ["smollm2-135m-instruct"])
@@ -358,7 +358,7 @@ def test_the_miniature_verdicts_beside_a_real_run(run, tmp_path, fetched):
 
 
 def test_a_beside_run_not_made_yet_says_so(run, tmp_path, fetched):
-    from kvcert.pipeline.console import verdict_lines
+    from kvcert.commands.console import verdict_lines
 
     claims = relabelled(run, tmp_path / "results", "real", ["smollm2-135m-instruct"])
     absent = tmp_path / "results" / "smoke" / "claims.json"
@@ -391,7 +391,7 @@ def test_the_report_option_beside_takes_label_equals_path():
 
 
 def test_model_descriptions_load_no_torch():
-    code = ("import sys; from kvcert.analysis.model_info import run_models; from kvcert.paths import configs_dir; "
+    code = ("import sys; from kvcert.analysis.model_info import run_models; from kvcert.config.paths import configs_dir; "
             "ms = run_models(['embedded', 'smollm2-135m-instruct', 'qwen2.5-7b-instruct'], configs_dir()); "
             "print([m.kind for m in ms], sorted(m for m in ('torch', 'transformers', 'triton') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from kvcert.analysis.load import SCORE_COLUMNS
-from kvcert.prereg import load_claims
+from kvcert.config.prereg import load_claims
 from kvcert.analysis.signals import failure_score, signal_column
 from kvcert.analysis.steps import claims_step, report_step, score_step
 from kvcert.testing import frozen_copy, make_record, write_shard
@@ -187,7 +187,7 @@ def test_report_section_table_and_figures(run):
 
 
 def test_every_plan_signal_has_a_score_column():
-    from kvcert.analysis_plan import ComparisonSignal
+    from kvcert.config.analysis_plan import ComparisonSignal
 
     plan = load_claims(ROOT / "preregistration")["analysis_plan"]
     for name, spec in plan.comparison_signals.signals.items():

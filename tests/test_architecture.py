@@ -1,7 +1,10 @@
-"""The package's data path reads one way (ARCHITECTURE.md): configuration and pre-registration →
-tasks → model + method → generation → analysis. A module imports only from its own stage or an
-earlier one — at module level or inside a function — and the stages' modules form no import circle. Commands (the ``cli`` modules, ``kvcert run``, the pre-flight, benchmarks, the rehearsal
-builder) orchestrate stages and may import any of them; no stage imports a command."""
+"""The package's data path reads one way (ARCHITECTURE.md), one folder per stage: the ground floor (the
+package root's own modules and the embedded model) → ``config/`` (configuration and pre-registration) →
+``tasks/`` → ``method/`` (the model and the method) → ``generation/`` → ``analysis/``. A module imports only
+from its own folder or a lower one — at module level or inside a function — and the stages' modules form no
+import circle. Commands (``commands/``, ``bench/``, ``training/``, ``rehearsal/``, every ``cli`` module, the
+root's ``cli`` and the test fixtures of ``testing``) orchestrate stages and may import any of them; no stage
+imports a command."""
 
 from __future__ import annotations
 
@@ -10,31 +13,11 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-#: module (or package prefix) → its stage; the first matching prefix wins
-STAGES = [
-    ("kvcert.provenance", 0), ("kvcert.checks", 0), ("kvcert.budget", 0), ("kvcert.progress", 0), ("kvcert.atomic", 0),
-    ("kvcert.tables", 0),  # Parquet tables with their provenance, plain JSON: what the replay and analysis steps write
-    ("kvcert.prereg", 1), ("kvcert.analysis_plan", 1),  # the typed analysis_plan, read by generation and analysis
-    ("kvcert.pipeline.config", 1), ("kvcert.pipeline.compose", 1),
-    ("kvcert.pipeline.digest", 1), ("kvcert.pipeline.console", 1),
-    ("kvcert.names", 1), ("kvcert.design_params", 1),  # what a method config may name and set (torch-free)
-    ("kvcert.paths", 1), ("kvcert.methods", 1), ("kvcert.sources", 1), ("kvcert.embedded", 1),  # where configs, models and data come from; method names
-    ("kvcert.model_store", 1),  # the models `kvcert model fetch` takes from PyPI (the embedded model's counterpart)
-    ("kvcert.tasks", 2),
-    ("kvcert.pipeline.roofline", 3),  # the plan's cost model reads model architectures and the sketch's size
-    ("kvcert.generation", 4), ("kvcert.textgen", 4),  # generate_answer: one generation, in one call
-    ("kvcert.pipeline.jobs", 4),  # what a generate job writes: the plan's runs as generation specs
-    ("kvcert.pipeline.plan", 4),  # the plan hands out its jobs (Plan.jobs: their generation specs)
-    ("kvcert.pipeline.manifest", 4),  # what a manifest job writes, and its seal (checked by generation and scoring)
-    ("kvcert.analysis", 5),
-]
-#: commands: they run stages and may import any of them
-COMMANDS = ("kvcert.cli", "kvcert.pipeline.cli", "kvcert.pipeline.check",
-            "kvcert.pipeline.oneoff", "kvcert.rehearsal", "kvcert.bench", "kvcert.testing",
-            "kvcert.training",  # `kvcert train-model`: trains the embedded model on the tasks, evaluates it with the engine
-            "kvcert.warm")  # runs a command in a fork of a warm process (a local Snakemake run's jobs)
-MODEL_STAGE = 3  # everything else: the model and the method (models, integration, press, cache, scorers, ...)
-NAMES = {0: "base", 1: "configuration", 2: "tasks", 3: "model + method", 4: "generation", 5: "analysis"}
+#: a stage's folder → its floor; a module directly in kvcert/ (and the embedded model) is the ground floor, 0
+FLOORS = {"embedded": 0, "config": 1, "tasks": 2, "method": 3, "generation": 4, "analysis": 5}
+#: folders and root modules that hold commands: they run stages and may import any of them
+COMMANDS = {"commands", "bench", "training", "rehearsal", "cli", "testing"}
+NAMES = {0: "ground floor", 1: "config", 2: "tasks", 3: "method", 4: "generation", 5: "analysis"}
 
 
 def modules() -> dict[str, Path]:
@@ -47,12 +30,13 @@ def modules() -> dict[str, Path]:
 
 def stage(name: str) -> int | None:
     """None for a command or the package root (its public API re-exports every stage)."""
-    if name == "kvcert" or any(name == c or name.startswith(c + ".") for c in COMMANDS) or name.endswith(".cli"):
+    parts = name.split(".")
+    if name == "kvcert" or parts[-1] == "cli" or parts[1] in COMMANDS:
         return None
-    for prefix, rank in STAGES:
-        if name == prefix or name.startswith(prefix + "."):
-            return rank
-    return MODEL_STAGE
+    if len(parts) == 2 and parts[1] not in FLOORS:  # a module directly in kvcert/
+        return 0
+    assert parts[1] in FLOORS, f"{name}: a folder of kvcert/ that is neither a stage nor a command"
+    return FLOORS[parts[1]]
 
 
 def imports(name: str, path: Path, known: dict[str, Path], top_only: bool = False) -> set[str]:
@@ -167,11 +151,11 @@ def test_planning_and_the_statistics_steps_run_without_torch():
             "        if name.split('.')[0] in ('torch', 'transformers', 'triton'):\n"
             "            raise ImportError(f'{name} imported')\n"
             "sys.meta_path.insert(0, Refuse())\n"
-            "from kvcert.paths import configs_dir, prereg_dir\n"
-            "from kvcert.pipeline.config import experiment_grid\n"
-            "from kvcert.pipeline.plan import build_plan\n"
+            "from kvcert.config.paths import configs_dir, prereg_dir\n"
+            "from kvcert.config.experiment import experiment_grid\n"
+            "from kvcert.generation.plan import build_plan\n"
             "import kvcert.analysis.cli, kvcert.analysis.steps, kvcert.analysis.claims, kvcert.analysis.report\n"
-            "import kvcert.analysis.signals, kvcert.analysis.report_signals, kvcert.analysis_plan, kvcert.pipeline.cli\n"
+            "import kvcert.analysis.signals, kvcert.analysis.report_signals, kvcert.config.analysis_plan, kvcert.commands.cli\n"
             "import kvcert.generation.replay_step\n"  # the replay step's module (its model side is replay.py)
             "_, grid = experiment_grid('smoke', configs_dir(), prereg_dir())\n"
             "plan = build_plan('smoke', grid, configs_dir())\n"
@@ -184,13 +168,13 @@ def test_planning_and_the_statistics_steps_run_without_torch():
 
 
 def test_a_registry_that_differs_from_its_names_is_refused_at_import():
-    """kvcert.names holds what the registries implement (so a spec validates without torch); a registry that
+    """kvcert.config.names holds what the registries implement (so a spec validates without torch); a registry that
     implements other names than it lists fails on import, naming both."""
     import pytest
 
-    from kvcert.names import check_implemented
+    from kvcert.config.names import check_implemented
 
     check_implemented("allocation policies", ("uniform", "adakv"), {"adakv": 1, "uniform": 2})
-    with pytest.raises(ImportError, match=r"kvcert.names lists \['adakv', 'uniform'\] but the implementations are "
+    with pytest.raises(ImportError, match=r"kvcert.config.names lists \['adakv', 'uniform'\] but the implementations are "
                                           r"\['adakv', 'pyramid', 'uniform'\]"):
         check_implemented("allocation policies", ("uniform", "adakv"), {"adakv": 1, "uniform": 2, "pyramid": 3})

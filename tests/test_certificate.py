@@ -17,7 +17,7 @@ from kvcert import (
     inclusion_probabilities,
     poisson_sample,
 )
-from kvcert.certificate import aggregate, anytime_delta
+from kvcert.method.certificate import aggregate, anytime_delta
 from online_certificate import OnlineCertificate
 
 
@@ -255,12 +255,12 @@ def test_certified_attention_edge_cases_are_named_not_nan():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("with_sketch", [False, True])
 def test_the_decode_fast_path_equals_the_general_path_and_the_float64_reference(monkeypatch, dtype, with_sketch):
-    """A decode step with the certificate takes :func:`kvcert.attention._certified_decode` (fewer operations, an
+    """A decode step with the certificate takes :func:`kvcert.method.attention._certified_decode` (fewer operations, an
     fp32 combination of V̂): the same output, V̂, b̂_c and shadow terms as the general path, and V̂, b̂_c equal to
     the float64 two-pass reference within the tolerances above, ragged padding included."""
-    import kvcert.attention as attention
-    from kvcert.attention import squared_deviation
-    from kvcert.sketch import build_sketch
+    import kvcert.method.attention as attention
+    from kvcert.method.attention import squared_deviation
+    from kvcert.method.sketch import build_sketch
 
     query, key, value, log_pi = random_retained(seed=5, q=1, dtype=dtype)
     centre = value.mean(2)
@@ -287,11 +287,11 @@ def test_the_decode_fast_path_equals_the_general_path_and_the_float64_reference(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_deferred_certificates_combined_per_forward_equal_each_layers_own(dtype):
-    """``defer``: a decode step returns its certificate's sums and :func:`kvcert.attention.combine_pending` combines
+    """``defer``: a decode step returns its certificate's sums and :func:`kvcert.method.attention.combine_pending` combines
     the steps of a forward's layers stacked — the same bits as each step's own combination, for steps of different
     lengths and shapes (combined apart), and for a step with a shaky row (one tail token holding the attention:
-    :func:`kvcert.attention._variance` recomputes it)."""
-    from kvcert.attention import combine_pending, squared_deviation
+    :func:`kvcert.method.attention._variance` recomputes it)."""
+    from kvcert.method.attention import combine_pending, squared_deviation
 
     steps = [random_retained(seed=s, q=1, length=n, dtype=dtype) for s, n in ((5, 257), (6, 120), (7, 257))]
     steps.append(random_retained(seed=8, b=1, hq=6, hkv=2, q=1, length=64, dtype=dtype))

@@ -142,7 +142,7 @@ def test_priority_sampling_exact_size_and_unbiased():
 
 def reference_priority(scores, budget, generator, design=RetentionDesign()):
     """priority_sample as first written: full-width τ by sorting, kept = certain | priority > τ, packed."""
-    from kvcert.design import _certainty, _row_budgets, _rows, _uniform, pack, tail_weights
+    from kvcert.method.design import _certainty, _row_budgets, _rows, _uniform, pack, tail_weights
 
     rows, lead, n = _rows(scores)
     k = _row_budgets(budget, n, lead, rows.shape[0], rows.device)
@@ -168,7 +168,7 @@ def reference_priority(scores, budget, generator, design=RetentionDesign()):
 def test_priority_sample_matches_reference_bit_for_bit(n, rows, budget, dtype, floor, coarse, monkeypatch):
     """Same generator draws -> the same kept set, log pi and counts as the reference (fast paths included;
     coarse draws tie priorities at tau, so some rows keep fewer than the budget)."""
-    import kvcert.design as design_module
+    import kvcert.method.design as design_module
 
     if coarse:
         fine = design_module._uniform
@@ -186,7 +186,7 @@ def test_priority_sample_matches_reference_bit_for_bit(n, rows, budget, dtype, f
 
 
 def test_radix_kth_largest_equals_topk():
-    from kvcert.design import _kth_largest, _kth_largest_radix
+    from kvcert.method.design import _kth_largest, _kth_largest_radix
 
     g = torch.Generator().manual_seed(3)
     x = torch.rand(5, 3000, generator=g).pow(3) / torch.rand(5, 3000, generator=g)
@@ -243,12 +243,12 @@ def test_bad_scores_name_the_argument():
 
 
 def test_replay_draws_with_the_cpu_recipe_whatever_the_device(monkeypatch):
-    """The replay's draws come from :func:`kvcert.design.cpu_generator` seeded from (seed, example,
+    """The replay's draws come from :func:`kvcert.method.design.cpu_generator` seeded from (seed, example,
     layer, budget), whatever device π lives on (here ``meta``: a generator on π's device cannot
     even be made there), and equal the CPU draw of the same π."""
     from types import SimpleNamespace
 
-    from kvcert.design import DEFAULT_DESIGN, cpu_generator, poisson_sample
+    from kvcert.method.design import DEFAULT_DESIGN, cpu_generator, poisson_sample
     from kvcert.generation import replay
 
     pi = torch.rand(2, 60, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 0.9 + 0.05
@@ -267,8 +267,8 @@ def test_replay_draws_with_the_cpu_recipe_whatever_the_device(monkeypatch):
 
 
 def test_press_draws_with_the_same_recipe():
-    from kvcert.design import cpu_generator
-    from kvcert.press import EvictionPress
+    from kvcert.method.design import cpu_generator
+    from kvcert.method.press import EvictionPress
 
     press = EvictionPress(budget=0.25, sampler="poisson", seed=5)
     gen = press.generator(3, 1)

@@ -1,6 +1,6 @@
 """The retention design's knobs reach π, and π's expected kept count matches the budget in every layer.
 
-Each knob of :class:`kvcert.design.RetentionDesign` (and SnapKV's pooling) is checked against a float64
+Each knob of :class:`kvcert.method.design.RetentionDesign` (and SnapKV's pooling) is checked against a float64
 formula written out here, so a knob that stops reaching π — ignored by the sampler, the press or the
 replay — fails."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcert.design import RetentionDesign, inclusion_probabilities, layer_budget, sample_retention
+from kvcert.method.design import RetentionDesign, inclusion_probabilities, layer_budget, sample_retention
 
 N = 800
 
@@ -149,8 +149,8 @@ def test_press_keeps_the_budget_in_every_layer():
 
 
 def test_snapkv_pooling_reaches_the_scores():
-    from kvcert.scorers import get_scorer
-    from kvcert.scorers.base import LayerObservation
+    from kvcert.method.scorers import get_scorer
+    from kvcert.method.scorers.base import LayerObservation
 
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(1, 4, 40, 16, generator=g), torch.randn(1, 2, 40, 16, generator=g)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kvcert.embedded import embedded_model_path, embedded_provenance
-from kvcert.integration import ATTENTION_NAME
-from kvcert.models import ModelSpec, load_model
+from kvcert.method.integration import ATTENTION_NAME
+from kvcert.method.models import ModelSpec, load_model
 from kvcert.tasks import TASKS, build_prompt_ids
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",

@@ -22,16 +22,16 @@ import textwrap
 import pytest
 import torch
 
-from kvcert.attention import hajek_attention
-from kvcert.cache import CompactLayer
-from kvcert.batched import BatchedLayer
-from kvcert.fork import width_buckets
+from kvcert.method.attention import hajek_attention
+from kvcert.method.cache import CompactLayer
+from kvcert.method.batched import BatchedLayer
+from kvcert.method.fork import width_buckets
 from kvcert.generation.engine import Engine
 from kvcert.generation.forked import generate
 from kvcert.generation.runner import run_specs
 from kvcert.generation.shards import read_records
 from kvcert.generation.spec import GenerationSpec
-from kvcert.models import ModelSpec, load_model
+from kvcert.method.models import ModelSpec, load_model
 from kvcert.tasks import generate as generate_task
 from kvcert.tasks.records import write_jsonl
 
@@ -225,7 +225,7 @@ def test_shard_forked_and_batch1_agree(model_dir, tokenizer, tmp_path):
 
 
 def test_plan_counts_forkable_runs_at_the_measured_speedup():
-    from kvcert.pipeline.plan import Run, Shard, gpu_hours, shard_seconds
+    from kvcert.generation.plan import Run, Shard, gpu_hours, shard_seconds
 
     main = Shard("main", "m", "t", 512, 0, 0, 10, (Run("full", "full", 1.0),) + tuple(
         Run("aware", "x", b) for b in (0.25, 0.5)))

@@ -19,7 +19,7 @@ from kvcert.generation.shards import (
     record_key,
 )
 from kvcert.generation.spec import GenerationSpec
-from kvcert.models import ModelSpec, load_model, resolve_model_path
+from kvcert.method.models import ModelSpec, load_model, resolve_model_path
 from kvcert.tasks import generate as generate_task
 from kvcert.tasks.records import write_jsonl
 from kvcert.training.tokenizer import build_tokenizer
@@ -120,9 +120,9 @@ def test_chunked_streaming_decides_each_token_once(loaded, records):
     # with no top slice and a uniform tail no π caps at 1: after every chunk, each KV head holds
     # exactly the sinks and the undecided recent window as certain tokens (a head that kept fewer
     # tokens must not let its recent tokens slip past the next round's segment undecided)
-    from kvcert.cache import CertifiedCache
-    from kvcert.design import RetentionDesign
-    from kvcert.press import EvictionPress
+    from kvcert.method.cache import CertifiedCache
+    from kvcert.method.design import RetentionDesign
+    from kvcert.method.press import EvictionPress
     from kvcert.tasks.prompting import build_prompt_ids
 
     model, tok = loaded
@@ -287,7 +287,7 @@ def test_the_budget_is_checked_once_where_it_enters():
     generation's budget: a spec, kvcert run's budget= / compression_ratio= and generate_answer all go through
     it, with the same message."""
     from kvcert.generation.spec import generation_budget
-    from kvcert.pipeline.oneoff import budget_of
+    from kvcert.commands.oneoff import budget_of
 
     assert generation_budget(0.25) == 0.25 and generation_budget(compression_ratio=0.75) == pytest.approx(0.25)
     assert generation_budget(default=0.5) == 0.5 and generation_budget(1) == 1  # as given: a spec's hash keeps it
@@ -352,8 +352,8 @@ def test_short_prompt_without_a_random_tail_is_uncertified_not_exact(loaded, tok
     import math
 
     from kvcert.analysis.load import ScoringPlan, flatten
-    from kvcert.paths import prereg_dir
-    from kvcert.pipeline.compose import analysis_plan
+    from kvcert.config.paths import prereg_dir
+    from kvcert.config.compose import analysis_plan
     from kvcert.tasks import TaskRecord
 
     record = TaskRecord(id="short-0", task="needle", context=" ".join(["The grass is green."] * 18),
@@ -406,8 +406,8 @@ def _record(context, question):
 
 
 def test_the_shipped_configs_build_paths_from_the_variables_the_errors_name():
-    """kvcert.sources names a variable only for a path built from it: its defaults are the configs'."""
-    from kvcert.sources import CONFIG_DEFAULTS, ENV_VARS
+    """kvcert.config.sources names a variable only for a path built from it: its defaults are the configs'."""
+    from kvcert.config.sources import CONFIG_DEFAULTS, ENV_VARS
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     expected = {"model.path": ("model", "path"), "longbench": ("task", "source"), "locomo": ("task", "source")}

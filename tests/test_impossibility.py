@@ -7,8 +7,8 @@ import torch
 from conftest import tiny_model
 
 from kvcert import enable_certified_attention
-from kvcert.impossibility import impossibility_demo
-from kvcert.integration import capture_attention_inputs
+from kvcert.method.impossibility import impossibility_demo
+from kvcert.method.integration import capture_attention_inputs
 
 
 @torch.no_grad()

@@ -33,11 +33,11 @@ triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from kvcert import attention as attn  # noqa: E402
-from kvcert.attention import hajek_attention, squared_deviation  # noqa: E402
+from kvcert.method import attention as attn  # noqa: E402
+from kvcert.method.attention import hajek_attention, squared_deviation  # noqa: E402
 from kvcert_kernels import certified_decode  # noqa: E402
-from kvcert.kernel_reference import decode_reference, entropy_reference, sketch_reference, variance_scale  # noqa: E402
-from kvcert.sketch import build_sketch  # noqa: E402
+from kvcert.method.kernel_reference import decode_reference, entropy_reference, sketch_reference, variance_scale  # noqa: E402
+from kvcert.method.sketch import build_sketch  # noqa: E402
 
 
 pytestmark = pytest.mark.kernel  # its own tier (tests/tiers.sh): about a minute under the interpreter
@@ -181,7 +181,7 @@ def check_rows(name, got, ref, rtol, seed):
 def check_all(res, ref, dtype, seed, certificate=True, var_scale=None):
     """Output per head in norm; lse relative to max(|lse|, 1);
     V̂ relative to max(V̂, S) with S the size of the terms its one-pass formula cancels
-    (:func:`kvcert.kernel_reference.variance_scale`; V̂ ≈ 0 for a lone tail token); b̂_c plainly."""
+    (:func:`kvcert.method.kernel_reference.variance_scale`; V̂ ≈ 0 for a lone tail token); b̂_c plainly."""
     out, lse, var, rng = res
     r_out, r_lse, r_var, r_rng = ref
     rtol = RTOL[dtype]
@@ -505,7 +505,7 @@ def test_kernel_sketch_equals_torch_path(seed):
 
 
 def test_the_kernels_package_imports_nothing_of_kvcert():
-    """kvcert imports kvcert_kernels (kvcert.attention), never the other way round."""
+    """kvcert imports kvcert_kernels (kvcert.method.attention), never the other way round."""
     import ast
 
     for path in sorted((Path(__file__).resolve().parents[1] / "kernels").rglob("*.py")):

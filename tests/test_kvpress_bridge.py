@@ -1,4 +1,4 @@
-"""kvcert's side of living beside kvpress (kvcert.kvpress_bridge, docs/kvpress.md), without kvpress.
+"""kvcert's side of living beside kvpress (kvcert.method.kvpress_bridge, docs/kvpress.md), without kvpress.
 
 kvpress itself is exercised in a throwaway environment (tests/test_kvpress_env.py runs
 tests/kvpress_checks.py there); here the patterns kvpress's code applies to a cache are
@@ -54,7 +54,7 @@ def test_a_press_the_kvpress_way_over_a_dynamic_cache_equals_the_certified_cache
     with poisson_press()(model):
         model(input_ids=context, cache=certified)
     logits_certified = model(input_ids=question, cache=certified).logits
-    from kvcert.integration import attention_modules
+    from kvcert.method.integration import attention_modules
 
     for i, module in enumerate(attention_modules(model)):
         layer = certified.layers[i]
@@ -158,7 +158,7 @@ def test_a_press_that_gathers_keys_into_a_kvcert_cache_raises():
 
 @pytest.mark.skipif(importlib.util.find_spec("kvpress") is not None, reason="kvpress is installed here")
 def test_a_kvpress_scorer_without_kvpress_says_how_to_get_it():
-    from kvcert.scorers import get_scorer
+    from kvcert.method.scorers import get_scorer
 
     with pytest.raises(ValueError, match="^scorer: kvpress scorers need the kvpress package"):
         get_scorer("kvpress:SnapKVPress")

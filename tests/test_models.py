@@ -7,9 +7,9 @@ import torch
 from conftest import tiny_model
 
 from kvcert import CertifiedCache, EvictionPress, enable_certified_attention
-from kvcert.cache import CompactLayer
-from kvcert.integration import cache_argument
-from kvcert.scorers.base import Scorer
+from kvcert.method.cache import CompactLayer
+from kvcert.method.integration import cache_argument
+from kvcert.method.scorers.base import Scorer
 
 
 def ids(n, seed=0, batch=1):
@@ -150,7 +150,7 @@ def test_a_long_decode_grows_storage_by_a_sixteenth_and_keeps_every_slot():
     """Appending one slot at a time past the reserve: each growth copies every slot in use (keys, values, log π,
     1 − π, ‖v − c‖ unchanged, bit for bit) and leaves at most capacity/16 plus the reserve unused — never the
     quarter a 1.25 growth left."""
-    from kvcert.cache import GROWTH
+    from kvcert.method.cache import GROWTH
 
     assert GROWTH == 1.0625
     g = torch.Generator().manual_seed(11)
@@ -263,7 +263,7 @@ def test_streaming_rounds_decide_new_tokens_once():
 def test_compaction_keeps_an_eviction_sketch(arch):
     """A randomized press leaves each layer the shadow of its evicted tokens of largest selection score, within the
     memory budget and counted in nbytes; decode steps record the shadow terms; merging across streaming rounds."""
-    from kvcert.sketch import SCALAR_BYTES, shadow_count
+    from kvcert.method.sketch import SCALAR_BYTES, shadow_count
 
     model = enable_certified_attention(tiny_model(arch))
     x = ids(600, seed=3)

@@ -157,9 +157,9 @@ def test_records_round_trip_and_the_context_is_the_messages_transcript(tok, tmp_
 
 
 def test_registered_listed_and_composed_for_kvcert_run():
-    from kvcert.paths import configs_dir, prereg_dir
-    from kvcert.pipeline.check import _uses_chat, check_task
-    from kvcert.pipeline.oneoff import compose_run, listing
+    from kvcert.config.paths import configs_dir, prereg_dir
+    from kvcert.commands.check import _uses_chat, check_task
+    from kvcert.commands.oneoff import compose_run, listing
 
     cfg = yaml.safe_load((REPO / "configs" / "task" / "multiturn_chat.yaml").read_text())
     assert cfg == {"name": "multiturn_chat", "kind": "synthetic", "max_new_tokens": 16}
@@ -176,7 +176,7 @@ def test_streaming_prefills_the_earlier_turns_then_the_final_user_turn(word_mode
     from kvcert.generation.engine import Engine
     from kvcert.generation.forked import generate
     from kvcert.generation.spec import GenerationSpec
-    from kvcert.models import ModelSpec, load_model
+    from kvcert.method.models import ModelSpec, load_model
 
     model, tok = load_model(ModelSpec(name="tiny", path=str(word_model_dir)))
     record = multiturn_chat.make_record(tok, 300, SEED, 0)

@@ -11,8 +11,8 @@ import pytest
 
 from kvcert.analysis.load import RecordRefused, check_record
 from kvcert.embedded import embedded_model_path
-from kvcert.paths import configs_dir, prereg_dir
-from kvcert.pipeline.oneoff import budget_of, compose_run, listing, parse_overrides, summary_rows, sweep
+from kvcert.config.paths import configs_dir, prereg_dir
+from kvcert.commands.oneoff import budget_of, compose_run, listing, parse_overrides, summary_rows, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def test_comma_separated_values_sweep_every_combination_with_one_baseline_per_ta
 
 
 def test_method_names_follow_one_grammar_and_typos_get_the_options():
-    from kvcert.methods import follows_grammar, method_config
+    from kvcert.config.methods import follows_grammar, method_config
 
     for path in sorted((configs_dir() / "method").glob("*.yaml")):
         config = method_config(path.stem, configs_dir())

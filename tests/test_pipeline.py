@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kvcert.pipeline.compose import compose_config, generation_config, analysis_plan
-from kvcert.pipeline.config import PipelineConfigError, check_pipeline_config
-from kvcert.pipeline.plan import Run, build_plan, load_grid
-from kvcert.prereg import PreregError, freeze, verify
+from kvcert.config.compose import compose_config, generation_config, analysis_plan
+from kvcert.config.experiment import PipelineConfigError, check_pipeline_config
+from kvcert.generation.plan import Run, build_plan, load_grid
+from kvcert.config.prereg import PreregError, freeze, verify
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -165,7 +165,7 @@ def test_a_snakemake_run_stops_on_a_config_error_in_one_line(config, match):
 
 
 def test_a_job_config_takes_the_design_from_the_prereg():
-    from kvcert.pipeline.jobs import run_config
+    from kvcert.generation.jobs import run_config
 
     run = Run("streaming", "snapkv-poisson", 0.125, 0, 64)
     cfg = run_config(REPO / "configs", "embedded", "multiturn", run, analysis_plan(REPO / "preregistration"))
@@ -181,8 +181,8 @@ def test_a_model_folder_moved_elsewhere_keeps_every_rerun_trigger():
     """A model's location is not its content: the same folder under another parent (another
     KVCERT_MODEL_DIR) gives the same shard config hash, data config hash and record config hashes;
     another model folder (or a Hub id) does not. The content is model_digest's (the model param)."""
-    from kvcert.pipeline.config import experiment_grid
-    from kvcert.pipeline.jobs import manifest_config_hash
+    from kvcert.config.experiment import experiment_grid
+    from kvcert.generation.jobs import manifest_config_hash
 
     configs, prereg = REPO / "configs", REPO / "preregistration"
     plan = build_plan("smoke", experiment_grid("smoke", configs, prereg)[1])
@@ -201,8 +201,8 @@ def test_the_plan_hands_out_typed_jobs(tmp_path):
     records keyed by GenerationKey, read from the manifest under the results folder."""
     from kvcert.generation.record import GenerationKey
     from kvcert.generation.spec import GenerationSpec
-    from kvcert.pipeline.config import experiment_grid
-    from kvcert.pipeline.jobs import specs_hash
+    from kvcert.config.experiment import experiment_grid
+    from kvcert.generation.jobs import specs_hash
     from kvcert.provenance import config_hash
     from kvcert.tasks.records import TaskRecord, write_jsonl
 
@@ -229,12 +229,12 @@ def test_the_plan_hands_out_typed_jobs(tmp_path):
 
 @pytest.mark.parametrize("experiment", ["smoke", "rehearsal", "paper", "real"])
 def test_the_typed_jobs_equal_hydras_composition_of_every_run(experiment):
-    """The pipeline's jobs read the config files directly (kvcert.pipeline.jobs); hydra composes them for
+    """The pipeline's jobs read the config files directly (kvcert.generation.jobs); hydra composes them for
     kvcert run. For a third of the runs (a different third each) of one shard per cell and model of each
     experiment, the two give the same generation config, so the records' config hashes do not depend on
     the path."""
-    from kvcert.pipeline.config import experiment_grid
-    from kvcert.pipeline.jobs import run_config
+    from kvcert.config.experiment import experiment_grid
+    from kvcert.generation.jobs import run_config
 
     configs, prereg = REPO / "configs", REPO / "preregistration"
     plan_ = analysis_plan(prereg)
@@ -311,7 +311,7 @@ def test_wheel_install_finds_its_configs_and_preregistration(tmp_path):
                           capture_output=True, text=True, timeout=120, env=env)
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout.strip().splitlines()[-1].startswith("generations=84240 jobs=669")  # 661 + the replay manifests
-    where = subprocess.run([sys.executable, "-c", "import kvcert.paths as c; print(c.configs_dir())"],
+    where = subprocess.run([sys.executable, "-c", "import kvcert.config.paths as c; print(c.configs_dir())"],
                            cwd=elsewhere, capture_output=True, text=True, timeout=60, env=env)
     assert where.stdout.strip() == str(site / "kvcert" / "_bundled" / "configs")
     check = subprocess.run([sys.executable, "-m", "kvcert.cli", "check", "--experiment", "smoke"], cwd=elsewhere,
@@ -363,7 +363,7 @@ def test_profile_check_asks_for_a_qos_where_the_account_has_no_default(tmp_path,
     line, naming the allowed ones; with a default QoS, or with qos set in the profile, it says nothing."""
     import yaml
 
-    from kvcert.pipeline import check
+    from kvcert.commands import check
 
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     profile["default-resources"]["slurm_account"] = "lab"
@@ -392,7 +392,7 @@ def test_profile_check_asks_for_a_qos_where_the_account_has_no_default(tmp_path,
 def test_a_config_file_follows_the_environment_it_is_read_in(monkeypatch, tmp_path):
     """A config's ${oc.env:...} is resolved at each read: a process whose KVCERT_MODEL_DIR changes (a test, a
     notebook) never gets the path of an earlier read."""
-    from kvcert.pipeline.jobs import config_file
+    from kvcert.generation.jobs import config_file
 
     monkeypatch.setenv("KVCERT_MODEL_DIR", str(tmp_path / "a"))
     assert config_file(REPO / "configs", "model", "qwen2.5-7b-instruct")["path"] == str(tmp_path / "a" / "qwen2.5-7b-instruct")

@@ -29,7 +29,7 @@ def folder():
 
 
 def test_fetched_folder_is_the_pinned_model(folder):
-    from kvcert.model_store import FETCHABLE, folder_problem
+    from kvcert.config.model_store import FETCHABLE, folder_problem
 
     receipt = json.loads((folder / "kvcert-fetch.json").read_text())
     assert receipt["source"]["member_sha256"] == FETCHABLE[NAME].member_sha256
@@ -64,9 +64,9 @@ def test_kvcert_run_on_the_real_model(folder, tmp_path):
 def test_one_replay_cell_on_two_layers(folder):
     import torch
 
-    from kvcert.design import RetentionDesign
+    from kvcert.method.design import RetentionDesign
     from kvcert.generation.replay import replay_model
-    from kvcert.models import ModelSpec, load_model
+    from kvcert.method.models import ModelSpec, load_model
     from kvcert.tasks import TASKS
 
     torch.set_num_threads(2)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcert.prereg import verify
+from kvcert.config.prereg import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "results" / "real"

@@ -30,8 +30,8 @@ import pytest
 
 import yaml
 
-from kvcert.pipeline.plan import build_plan, load_grid
-from kvcert.prereg import freeze
+from kvcert.generation.plan import build_plan, load_grid
+from kvcert.config.prereg import freeze
 from kvcert.tasks.records import read_jsonl
 
 from longbench_official import OFFICIAL_PROMPT_SHA256, official_truncation

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from kvcert.analysis.load import RecordRefused, score_shards
-from kvcert.prereg import PreregError, freeze, freezes, verify
+from kvcert.config.prereg import PreregError, freeze, freezes, verify
 from kvcert.testing import frozen_copy, make_record, write_shard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,9 +115,9 @@ def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, t
     """planned_shards: the examples of the manifest beside the shard, the config hashes of the runs
     composed from the configs as they are; a dtype edited after the run is refused, naming both."""
     from kvcert.analysis.steps import planned_shards
-    from kvcert.pipeline.jobs import manifest_config_hash, planned_records
-    from kvcert.pipeline.manifest import write_manifest
-    from kvcert.pipeline.plan import build_plan, load_grid
+    from kvcert.generation.jobs import manifest_config_hash, planned_records
+    from kvcert.generation.manifest import write_manifest
+    from kvcert.generation.plan import build_plan, load_grid
     from kvcert.tasks.records import TaskRecord
 
     folder, fr = prereg
@@ -198,7 +198,7 @@ def tiny_dir(word_model_dir):
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny_dir):
-    from kvcert.models import ModelSpec, load_model
+    from kvcert.method.models import ModelSpec, load_model
 
     return load_model(ModelSpec(name="tiny", path=str(tiny_dir)))
 
@@ -218,7 +218,7 @@ def nan_copy(source: Path, dest: Path, name: str = "mlp.down_proj") -> Path:
 def test_model_digest_follows_the_weights_not_the_path_or_time(tiny_dir, tmp_path):
     import os
 
-    from kvcert.pipeline.digest import DigestCache, model_digest
+    from kvcert.config.digest import DigestCache, model_digest
 
     cache = DigestCache(tmp_path / "digests.json")
     first = model_digest(str(tiny_dir), cache)
@@ -245,10 +245,10 @@ def test_nan_weights_are_refused_in_one_line_naming_the_folder(tiny_dir, tmp_pat
     from kvcert.generation.engine import Engine, ModelOutputError
     from kvcert.generation.forked import generate
     from kvcert.generation.spec import GenerationSpec
-    from kvcert.models import ModelSpec, load_model
+    from kvcert.method.models import ModelSpec, load_model
     from kvcert.tasks import generate as generate_task
 
-    from kvcert.models import BrokenModelError
+    from kvcert.method.models import BrokenModelError
 
     broken = nan_copy(tiny_dir, tmp_path / "nan")
     with pytest.raises(BrokenModelError, match=rf"model {re.escape(str(broken))}: weight .*down_proj.weight holds NaN"):
@@ -274,7 +274,7 @@ def test_nan_weights_are_refused_in_one_line_naming_the_folder(tiny_dir, tmp_pat
 
 
 def test_check_runs_one_token_and_refuses_nan_logits(tiny_dir, tmp_path):
-    from kvcert.pipeline.check import check_forward
+    from kvcert.commands.check import check_forward
 
     assert check_forward("tiny", {"name": "tiny", "path": str(tiny_dir), "dtype": "float32", "device": "cpu"}) == []
     broken = nan_copy(tiny_dir, tmp_path / "nan")
@@ -292,7 +292,7 @@ def test_check_refuses_what_every_job_would_refuse(tiny_dir, tmp_path):
     the grid's prompts go through, fewer positions than the grid's longest prompt and answer — each one line."""
     import json
 
-    from kvcert.pipeline.check import check_model
+    from kvcert.commands.check import check_model
 
     cfg = {"name": "tiny", "path": str(tiny_dir), "dtype": "float32", "device": "cpu"}
     assert check_model("tiny", cfg, chat=True, longest=(2048 + 16, "task needle at 2048 tokens")) == []
@@ -412,7 +412,7 @@ def test_a_forked_chain_is_refused(tmp_path):
 
 
 def test_a_job_on_a_slow_clock_refuses_to_start():
-    from kvcert.prereg import check_clock
+    from kvcert.config.prereg import check_clock
 
     verified = "2026-12-02T10:00:00+00:00"
     check_clock("v.json", verified, now=datetime(2026, 12, 2, 10, 1, tzinfo=timezone.utc))
@@ -456,12 +456,12 @@ def test_claims_refuse_excluded_records_unless_accepted(prereg, tmp_path):
 # --- 4. kvcert run validates before loading the model ----------------------------------------------
 @pytest.fixture
 def no_model_load(monkeypatch):
-    import kvcert.models
+    import kvcert.method.models
 
     def refuse(*_, **__):
         raise AssertionError("the model was loaded before the inputs were checked")
 
-    monkeypatch.setattr(kvcert.models, "load_model", refuse)
+    monkeypatch.setattr(kvcert.method.models, "load_model", refuse)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -474,7 +474,7 @@ def no_model_load(monkeypatch):
     ("length=10000000", r"length=10000000: .*4096 positions"),
 ])
 def test_kvcert_run_checks_its_inputs_before_loading_the_model(no_model_load, override, message):
-    from kvcert.pipeline.oneoff import run_command
+    from kvcert.commands.oneoff import run_command
 
     args = Namespace(overrides=["task=needle", "method=snapkv-poisson", "budget=0.25", "limit=1", override],
                      configs=None, prereg=None, quiet=True)
@@ -487,7 +487,7 @@ def test_kvcert_run_checks_its_inputs_before_loading_the_model(no_model_load, ov
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
 def test_a_cuda_device_without_a_gpu_is_one_line(no_model_load):
-    from kvcert.pipeline.oneoff import run_command
+    from kvcert.commands.oneoff import run_command
 
     args = Namespace(overrides=["task=needle", "model.device=cuda", "limit=1"], configs=None, prereg=None, quiet=True)
     with pytest.raises(ValueError, match=r"model\.device=cuda: no CUDA GPU on this machine; use model\.device=cpu"):
@@ -500,7 +500,7 @@ def test_a_cuda_device_without_a_gpu_is_one_line(no_model_load):
     ("context", "abc \ud800 def", r"field 'context' holds '\\ud800' at character 4, a lone surrogate"),
 ])
 def test_longbench_rows_hold_text_where_text_belongs(tmp_path, no_model_load, field, value, message):
-    from kvcert.pipeline.oneoff import run_command
+    from kvcert.commands.oneoff import run_command
 
     row = {"input": "What is X?", "context": "X is y.", "answers": ["y"], "length": 10, "dataset": "hotpotqa",
            "language": "en", "all_classes": None, "_id": "a1", field: value}
@@ -601,7 +601,7 @@ def test_an_empty_verification_file_is_named(prereg, tmp_path):
 
 
 def test_an_unwritable_results_folder_is_caught_by_the_preflight(tmp_path):
-    from kvcert.pipeline.check import check_results
+    from kvcert.commands.check import check_results
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -618,7 +618,7 @@ def test_an_unwritable_results_folder_is_caught_by_the_preflight(tmp_path):
     ({"centre": torch.full((1, 1, 4), float("nan"))}, r"centre: contains NaN"),
 ])
 def test_certified_attention_refuses_non_finite_inputs_and_a_bad_centre(kwargs, message):
-    from kvcert.attention import certified_attention
+    from kvcert.method.attention import certified_attention
 
     gen = torch.Generator().manual_seed(0)
     args = {"query": torch.randn(1, 2, 1, 4, generator=gen), "key": torch.randn(1, 1, 5, 4, generator=gen),
@@ -634,7 +634,7 @@ def test_certified_attention_refuses_non_finite_inputs_and_a_bad_centre(kwargs, 
 
 
 def test_poisson_sample_on_empty_input_is_a_value_error():
-    from kvcert.design import poisson_sample
+    from kvcert.method.design import poisson_sample
 
     with pytest.raises(ValueError, match=r"pi: empty \(shape \(0,\)\)"):
         poisson_sample(torch.empty(0))
@@ -643,7 +643,7 @@ def test_poisson_sample_on_empty_input_is_a_value_error():
 
 
 def test_task_max_new_tokens_zero_is_refused_not_replaced():
-    from kvcert.pipeline.compose import answer_tokens
+    from kvcert.config.compose import answer_tokens
 
     assert answer_tokens({"max_new_tokens": None}) == 32 and answer_tokens({"max_new_tokens": 16}) == 16
     with pytest.raises(ValueError, match=r"task\.max_new_tokens=0: must be an integer >= 1"):
@@ -654,9 +654,9 @@ def test_the_preflight_names_finished_shards_made_under_another_config(prereg, t
     """Results copied into a fresh clone (no Snakemake metadata) after a config change: the pre-flight, which every
     Snakemake run does first, names each finished shard whose records carry another config hash than its job's
     configs give now, with both hashes and the remedy; unchanged configs pass."""
-    from kvcert.pipeline.check import check_finished_shards
-    from kvcert.pipeline.jobs import planned_records
-    from kvcert.pipeline.plan import build_plan, load_grid
+    from kvcert.commands.check import check_finished_shards
+    from kvcert.generation.jobs import planned_records
+    from kvcert.generation.plan import build_plan, load_grid
     from kvcert.tasks.records import TaskRecord, write_jsonl
 
     folder, fr = prereg
@@ -690,7 +690,7 @@ def test_the_preflight_names_finished_shards_made_under_another_config(prereg, t
 def test_the_preflight_reads_weights_once_per_content_and_names_a_nan(tiny_dir, tmp_path, monkeypatch):
     """NaN weights replaced in place stop the pre-flight (every Snakemake run's first step) in one line naming the
     file and the weight, before any manifest is rebuilt; a folder whose content passed once is not read again."""
-    from kvcert.pipeline import check
+    from kvcert.commands import check
 
     monkeypatch.chdir(tmp_path)  # the .snakemake/kvcert cache of this test
     copy = tmp_path / "copy"

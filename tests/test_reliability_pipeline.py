@@ -80,7 +80,7 @@ def finished(tmp_path_factory):
     (prereg / "grids").mkdir(parents=True)
     shutil.copyfile(REPO / "preregistration" / "claims.yaml", prereg / "claims.yaml")
     (prereg / "grids" / "smoke.yaml").write_text(GRID)
-    from kvcert.prereg import freeze
+    from kvcert.config.prereg import freeze
 
     freeze(prereg)
     done = snakemake(checkout, prereg, "--cores", "2", "--", SCORES)

@@ -1,4 +1,4 @@
-"""The roofline cost model of ``kvcert plan`` (kvcert.pipeline.roofline)."""
+"""The roofline cost model of ``kvcert plan`` (kvcert.generation.roofline)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import struct
 import pytest
 
 from kvcert.embedded import embedded_model_path
-from kvcert.pipeline.plan import Run, Shard
-from kvcert.pipeline.roofline import (ARCHITECTURES, GPUS, Architecture, architecture_from_config, generation_cost,
+from kvcert.generation.plan import Run, Shard
+from kvcert.generation.roofline import (ARCHITECTURES, GPUS, Architecture, architecture_from_config, generation_cost,
                                       gpu_of_device, model_architecture, shard_roofline_seconds)
 
 
@@ -78,7 +78,7 @@ def test_device_names_map_to_the_table():
 
 # --- the measured efficiency: kernels/gpu_check.sh's gpu_check.json and `kvcert plan --gpu-check` ---------
 
-from kvcert.pipeline.roofline import (EFFICIENCY, GPU_CHECK_FORMAT, kernel_efficiency, plan_roofline,  # noqa: E402
+from kvcert.generation.roofline import (EFFICIENCY, GPU_CHECK_FORMAT, kernel_efficiency, plan_roofline,  # noqa: E402
                                       read_gpu_check)
 
 

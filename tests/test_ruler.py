@@ -302,7 +302,7 @@ def test_suite_names_expand():
     assert ruler.expand(["needle", "ruler_cwe", "ruler:fwe", "ruler_cwe"]) == ["needle", "ruler_cwe", "ruler_fwe"]
     with pytest.raises(ValueError, match="did you mean niah_single_1"):
         ruler.expand(["ruler:niah_singel_1"])
-    from kvcert.pipeline.oneoff import expand_tasks
+    from kvcert.commands.oneoff import expand_tasks
 
     assert expand_tasks(["task=ruler:niah_single_1,vt", "limit=2"]) == ["task=ruler_niah_single_1,ruler_vt", "limit=2"]
     assert expand_tasks(["task=needle"]) == ["task=needle"]
@@ -317,7 +317,7 @@ def test_the_summary_table_is_kvpress_rulers():
 
 
 def test_run_prints_the_ruler_table_per_setting():
-    from kvcert.pipeline.oneoff import longbench_e_tables, ruler_tables
+    from kvcert.commands.oneoff import longbench_e_tables, ruler_tables
 
     records = [{"task": "ruler_vt", "method": "full", "condition": "full", "budget": 1.0, "score": s} for s in (1, 0)]
     records += [{"task": "ruler_fwe", "method": "snapkv-poisson", "condition": "aware", "budget": 0.25, "score": 1 / 3},
@@ -325,7 +325,7 @@ def test_run_prints_the_ruler_table_per_setting():
     out = ruler_tables(records)
     assert "RULER, full:" in out and "RULER, snapkv-poisson aware 0.25:" in out
     assert "vt" in out and "50.00" in out and "33.33" in out and "needle" not in out
-    from kvcert.pipeline.oneoff import ruler_summary
+    from kvcert.commands.oneoff import ruler_summary
 
     assert ruler_summary(records) == {"full": {"ruler_vt": 50.0, "average": 50.0},
                                       "snapkv-poisson aware 0.25": {"ruler_fwe": 33.33, "average": 33.33}}
@@ -333,8 +333,8 @@ def test_run_prints_the_ruler_table_per_setting():
 
 
 def test_listing_names_the_suite():
-    from kvcert.paths import resolve_configs
-    from kvcert.pipeline.oneoff import listing
+    from kvcert.config.paths import resolve_configs
+    from kvcert.commands.oneoff import listing
 
     text = listing(resolve_configs(None))
     assert "task=ruler runs RULER's synthetic suite" in text and "niah_multikey_3" in text
@@ -359,22 +359,22 @@ def test_longbench_e_buckets_as_eval_py_scores_them():
 
 
 def test_run_prints_longbench_e_by_length():
-    from kvcert.pipeline.oneoff import longbench_e_tables
+    from kvcert.commands.oneoff import longbench_e_tables
 
     records = [{"task": "longbench_hotpotqa_e", "method": "full", "condition": "full", "budget": 1.0, "score": s,
                 "metadata": {"longbench_length": n}} for s, n in ((1.0, 1000), (0.5, 5000), (0.0, 9000), (1.0, 9500))]
     out = longbench_e_tables(records).split("\n")
     assert out[0].split()[-3:] == ["0-4k", "4-8k", "8k+"]
     assert out[1].split()[-3:] == ["100.00", "50.00", "50.00"] and "longbench_hotpotqa_e" in out[1]
-    from kvcert.pipeline.oneoff import longbench_e_buckets
+    from kvcert.commands.oneoff import longbench_e_buckets
 
     assert longbench_e_buckets(records) == {"full": {"longbench_hotpotqa_e": {"0-4k": 100.0, "4-8k": 50.0, "8k+": 50.0}}}
     assert Counter(r["task"] for r in records)["longbench_hotpotqa_e"] == 4
 
 
 def test_run_composes_the_suite_with_rulers_answer_budgets():
-    from kvcert.paths import resolve_configs, resolve_prereg
-    from kvcert.pipeline.oneoff import compose_run
+    from kvcert.config.paths import resolve_configs, resolve_prereg
+    from kvcert.commands.oneoff import compose_run
 
     per_task, _ = compose_run(["task=ruler", "method=snapkv-poisson", "budget=0.25"], resolve_configs(None),
                               resolve_prereg(None))

@@ -10,7 +10,7 @@ from argparse import Namespace
 
 import pytest
 
-from kvcert.paths import configs_dir, prereg_dir
+from kvcert.config.paths import configs_dir, prereg_dir
 
 ROW = {"input": "Who wrote it?", "context": "X is y.", "answers": ["y"], "length": 10, "dataset": "hotpotqa",
        "language": "en", "all_classes": None, "_id": "a1"}
@@ -19,27 +19,27 @@ ROW = {"input": "Who wrote it?", "context": "X is y.", "answers": ["y"], "length
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Loading the model fails the test: every input is checked before it."""
-    import kvcert.models
+    import kvcert.method.models
 
     def refuse(*_, **__):
         raise AssertionError("the model was loaded before the inputs were checked")
 
-    monkeypatch.setattr(kvcert.models, "load_model", refuse)
+    monkeypatch.setattr(kvcert.method.models, "load_model", refuse)
 
 
 @pytest.fixture
 def no_tokenizer(monkeypatch, no_model_load):
     """Loading the tokenizer (the start of the prompt building) fails the test too."""
-    import kvcert.pipeline.manifest
+    import kvcert.generation.manifest
 
     def refuse(*_, **__):
         raise AssertionError("the prompts were built before the inputs were checked")
 
-    monkeypatch.setattr(kvcert.pipeline.manifest, "load_tokenizer", refuse)
+    monkeypatch.setattr(kvcert.generation.manifest, "load_tokenizer", refuse)
 
 
 def run(*overrides: str, quiet: bool = True):
-    from kvcert.pipeline.oneoff import run_command
+    from kvcert.commands.oneoff import run_command
 
     return run_command(Namespace(overrides=list(overrides), configs=None, prereg=None, quiet=quiet))
 
@@ -73,8 +73,8 @@ def test_a_data_file_tasks_limit_is_bounded_by_its_rows(tmp_path, no_tokenizer):
     # the default limit (10) is bounded by the rows instead: a small file runs whole
     from pathlib import Path
 
-    from kvcert.pipeline.jobs import config_file
-    from kvcert.pipeline.oneoff import check_limit
+    from kvcert.generation.jobs import config_file
+    from kvcert.commands.oneoff import check_limit
 
     cfg = dict(config_file(Path(__file__).resolve().parents[1] / "configs", "task", "longbench_hotpotqa"),
                source=str(tmp_path / "lb"))
@@ -101,7 +101,7 @@ def test_the_prompts_build_shows_progress_before_the_model_loads(no_model_load, 
 
 
 def test_a_build_one_by_one_gives_the_generators_records():
-    from kvcert.pipeline.manifest import load_tokenizer
+    from kvcert.generation.manifest import load_tokenizer
     from kvcert.tasks import SYNTHETIC_TASKS, TASKS, generate
 
     tokenizer = load_tokenizer({"path": "embedded"})
@@ -155,7 +155,7 @@ def test_out_at_a_read_only_place_is_one_line(tmp_path, no_tokenizer, monkeypatc
 
 
 def test_a_writable_out_is_left_as_it_was(tmp_path):
-    from kvcert.pipeline.oneoff import check_out
+    from kvcert.commands.oneoff import check_out
 
     check_out(tmp_path / "new" / "run")
     assert list(tmp_path.iterdir()) == []
@@ -233,7 +233,7 @@ def test_a_budget_below_the_certainty_set_is_refused_with_the_smallest_meaningfu
 
 def test_the_smallest_meaningful_budget_passes_and_the_pipelines_grids_are_untouched():
     from kvcert.generation.spec import GenerationSpec
-    from kvcert.pipeline.oneoff import check_budget, compose_run
+    from kvcert.commands.oneoff import check_budget, compose_run
 
     [(_, [_, low])], _ = compose_run(["method=snapkv-poisson", "budget=0.01"], configs_dir(), prereg_dir())
     check_budget(GenerationSpec.from_dict(dict(low, budget=0.0704)), 512)  # at the smallest meaningful budget
@@ -241,7 +241,7 @@ def test_the_smallest_meaningful_budget_passes_and_the_pipelines_grids_are_untou
     with pytest.raises(ValueError, match=r"holds the whole prompt.*give length=37 or more"):
         check_budget(GenerationSpec.from_dict(dict(low, budget=0.5)), 30)
     # the press keeps accepting what the registered grids give it (multiturn at 10 %, kvpress settings)
-    from kvcert.press import EvictionPress
+    from kvcert.method.press import EvictionPress
 
     assert EvictionPress(budget=1e-9).budget == 1e-9
 
@@ -249,7 +249,7 @@ def test_the_smallest_meaningful_budget_passes_and_the_pipelines_grids_are_untou
 # --- 6. δ is the pre-registration's ---------------------------------------------------------------------------
 @pytest.mark.parametrize("override", ["certificate.delta=1", "+certificate.delta=0.05", "certificate={delta:0.2}"])
 def test_delta_is_fixed_by_the_preregistration(override):
-    from kvcert.pipeline.oneoff import compose_run
+    from kvcert.commands.oneoff import compose_run
 
     with pytest.raises(ValueError, match=rf"^{re.escape(override)}: "
                        r"δ is fixed by the pre-registration \(analysis_plan\.delta = 0\.1 in .*claims\.yaml, frozen "

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvcert.allocation import allocate_adakv, allocate_pyramid, allocate_uniform
-from kvcert.design import RetentionDesign
-from kvcert.scorers import SCORERS, LayerObservation, get_scorer
+from kvcert.method.allocation import allocate_adakv, allocate_pyramid, allocate_uniform
+from kvcert.method.design import RetentionDesign
+from kvcert.method.scorers import SCORERS, LayerObservation, get_scorer
 
 
 def observation(seed=0, b=1, hq=4, hkv=2, q=40, length=120, d=8, log_pi=None):

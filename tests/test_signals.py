@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from kvcert.generation.forked import generate
-from kvcert.attention import hajek_attention
-from kvcert.cache import CompactLayer
-from kvcert.design import inclusion_probabilities
+from kvcert.method.attention import hajek_attention
+from kvcert.method.cache import CompactLayer
+from kvcert.method.design import inclusion_probabilities
 from kvcert.generation.signals import evicted_mass, next_token_signals
-from kvcert.press import EvictionPress
-from kvcert.scorers.base import LayerObservation
+from kvcert.method.press import EvictionPress
+from kvcert.method.scorers.base import LayerObservation
 
 from test_generation import engine, loaded, model_dir, records, tokenizer  # noqa: F401 - fixtures
 

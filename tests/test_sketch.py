@@ -10,9 +10,9 @@ import torch
 
 from kvcert import certified_attention, hajek_attention
 from kvcert.bench.coverage import evaluate_head, later_queries, make_head, run_harness, summary
-from kvcert.certificate import anytime_radius, bernstein_radius, certificate_reference, robust_radius
-from kvcert.design import DEFAULT_DESIGN, inclusion_probabilities
-from kvcert.sketch import (
+from kvcert.method.certificate import anytime_radius, bernstein_radius, certificate_reference, robust_radius
+from kvcert.method.design import DEFAULT_DESIGN, inclusion_probabilities
+from kvcert.method.sketch import (
     SCALAR_BYTES, SKETCH_FRACTION, SUCCESSOR_HORIZON, SUCCESSOR_PENALTY, build_sketch, check_plan, drift_potential,
     merge_sketches, quantize_int8, shadow_count, sketch_potential, sketch_terms, successor_potential,
 )
@@ -89,7 +89,7 @@ def test_robust_radius_reduces_to_the_plug_in_without_shadow():
 
 
 def test_robust_radius_is_floored_at_the_output_resolution():
-    from kvcert.certificate import UNIT_ROUNDOFF, unit_roundoff
+    from kvcert.method.certificate import UNIT_ROUNDOFF, unit_roundoff
 
     assert unit_roundoff(torch.float32) == 2.0**-24 and unit_roundoff(torch.bfloat16) == 2.0**-8
     assert set(UNIT_ROUNDOFF) == {torch.float64, torch.float32, torch.float16, torch.bfloat16}

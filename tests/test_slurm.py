@@ -190,7 +190,7 @@ def test_smoke_experiment_on_slurm_equals_local_run(cluster, ref, tmp_path):
     }, f"{jobs}\n{text[-4000:]}"
 
     # each shard's time limit is the plan's estimate, not a flat 6 h; the embedded model asks for no GPU
-    from kvcert.pipeline.plan import build_plan, load_grid, shard_minutes
+    from kvcert.generation.plan import build_plan, load_grid, shard_minutes
 
     plan = build_plan("smoke", load_grid(prereg, "grids/smoke.yaml"))
     experiment = yaml.safe_load((REPO / "configs" / "experiment" / "smoke.yaml").read_text())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcert.prereg import freeze
+from kvcert.config.prereg import freeze
 
 REPO = Path(__file__).resolve().parents[1]
 GRID = """\

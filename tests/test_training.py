@@ -307,7 +307,7 @@ def test_regime_counts_induced_failures_among_full_cache_successes(monkeypatch, 
 
     monkeypatch.setattr(engine_module, "Engine", FakeEngine)
     monkeypatch.setattr(forked_module, "generate", lambda engines, record: [e.answer(record) for e in engines])
-    monkeypatch.setattr("kvcert.integration.enable_certified_attention", lambda model: None)
+    monkeypatch.setattr("kvcert.method.integration.enable_certified_attention", lambda model: None)
     regime = evaluate_module.evaluate_regime(FakeModel(), tok, ["needle"], [300], 4, seed=1_000_001,
                                              cells=[("aware", 0.25), ("streaming", 0.125)], progress=False)
     assert regime["full"] == {"needle": {"300": 0.75}}

@@ -1,4 +1,4 @@
-"""Warm starts (kvcert.warm): a local run's jobs in forks of one process that imported torch once.
+"""Warm starts (kvcert.commands.warm): a local run's jobs in forks of one process that imported torch once.
 
 The unit tests check when a job asks for a warm start at all. The pipeline tests run real ``kvcert`` jobs
 through a real server: the job's streams, folder and exit status are its own; the job's process imports
@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from kvcert import warm
+from kvcert.commands import warm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def _servers(owner: int) -> list[psutil.Process]:
     for proc in psutil.process_iter(["cmdline", "environ"]):
         try:
             cmdline = " ".join(proc.info["cmdline"] or [])
-            if "kvcert.warm import serve" in cmdline and cmdline.endswith(f" {owner}"):
+            if "kvcert.commands.warm import serve" in cmdline and cmdline.endswith(f" {owner}"):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

@@ -5,8 +5,8 @@
   b̂_c of the certificate in one pass (split-K with an exact merge; grouped-query
   attention; ragged per-head lengths; fp16 / bf16 / fp32 inputs, fp32 accumulation).
 
-The package imports nothing of kvcert (kvcert imports it: :mod:`kvcert.attention`). Its
-float64 torch reference is :mod:`kvcert.kernel_reference`, its benchmark ``kvcert bench
+The package imports nothing of kvcert (kvcert imports it: :mod:`kvcert.method.attention`). Its
+float64 torch reference is :mod:`kvcert.method.kernel_reference`, its benchmark ``kvcert bench
 kernel`` (:mod:`kvcert.bench.kernel_timing`, GPU timing with ``triton.testing.do_bench``).
 
 See ``kernels/NOTES.md`` for the design and what has been verified where.

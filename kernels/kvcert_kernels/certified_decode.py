@@ -40,7 +40,7 @@ accumulator, kept relative to the running max like l (E ≤ 0, no cancellation):
 (padding contributes 0; the merge re-centres each split's E_j by (m_j − m) l_j and weights
 it by ω_j, as it does l_j).
 
-With an eviction sketch (``SKETCH``; :mod:`kvcert.sketch`) the finalisation also bounds the
+With an eviction sketch (``SKETCH``; :mod:`kvcert.method.sketch`) the finalisation also bounds the
 evicted summands of the r shadow tokens of the KV head (int8 keys k̃ = scale·codes, key
 error e, value deviation d), with the final m and l of each query row::
 
@@ -702,7 +702,7 @@ def certified_decode(
     before the launch (tests); ``out`` takes preallocated (output, lse, variance,
     range_term) buffers of the returned shapes.
 
-    ``sketch`` (a :class:`kvcert.sketch.EvictionSketch` of the same batch and KV heads, with
+    ``sketch`` (a :class:`kvcert.method.sketch.EvictionSketch` of the same batch and KV heads, with
     the certificate): the shadow terms are computed too, and two more tensors are returned,
     shadow_sum and shadow_range (fp32, the stat shape).
 

@@ -23,14 +23,17 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "CertifiedAttention": "attention", "certified_attention": "attention", "hajek_attention": "attention",
-    "CertifiedCache": "cache", "CompactLayer": "cache",
-    "anytime_radius": "certificate", "bernstein_radius": "certificate", "certificate_reference": "certificate",
-    "RetentionDesign": "design", "Sample": "design", "inclusion_probabilities": "design",
-    "poisson_sample": "design", "priority_sample": "design", "sample_retention": "design", "topk_sample": "design",
-    "enable_certified_attention": "integration",
-    "EvictionPress": "press",
-    "generate_answer": "textgen",
+    "CertifiedAttention": "method.attention", "certified_attention": "method.attention",
+    "hajek_attention": "method.attention",
+    "CertifiedCache": "method.cache", "CompactLayer": "method.cache",
+    "anytime_radius": "method.certificate", "bernstein_radius": "method.certificate",
+    "certificate_reference": "method.certificate",
+    "RetentionDesign": "method.design", "Sample": "method.design", "inclusion_probabilities": "method.design",
+    "poisson_sample": "method.design", "priority_sample": "method.design", "sample_retention": "method.design",
+    "topk_sample": "method.design",
+    "enable_certified_attention": "method.integration",
+    "EvictionPress": "method.press",
+    "generate_answer": "generation.textgen",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -31,9 +31,9 @@ SUBCOMMANDS: list[str] = [
     "kvcert.bench.cli",
     "kvcert.analysis.cli",
     "kvcert.generation.cli",
-    "kvcert.model_store",
-    "kvcert.prereg",
-    "kvcert.pipeline.cli",
+    "kvcert.config.model_store",
+    "kvcert.config.prereg",
+    "kvcert.commands.cli",
     "kvcert.rehearsal.cli",
     "kvcert.training.cli",
 ]
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None and os.environ.get("KVCERT_WARM"):  # a job of a local Snakemake run: a fork of a warm process
-        from .warm import run_warm
+        from .commands.warm import run_warm
 
         status = run_warm(sys.argv[1:])
         if status is not None:

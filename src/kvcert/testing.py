@@ -204,7 +204,7 @@ def frozen_copy(source: str | Path, dest: str | Path, resamples: int | None = No
     import yaml
 
     from .atomic import write_text
-    from .prereg import freeze
+    from .config.prereg import freeze
 
     source, dest = Path(source), Path(dest)
     dest.mkdir(parents=True, exist_ok=True)

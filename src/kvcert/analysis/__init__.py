@@ -5,7 +5,7 @@ row per generation, refused unless it belongs to the verified pre-registration) 
 :mod:`.claims` (C1–C8, exactly as ``preregistration/claims.yaml`` states them: the verdict
 rules and the loop; each statistic in its module of :mod:`.claims_stats`, the placebos in
 :mod:`.placebos`) → :mod:`.report` (report.md, self-contained report.html, figures). The
-analysis choices come from the typed plan, :class:`kvcert.analysis_plan.AnalysisPlan`.
+analysis choices come from the typed plan, :class:`kvcert.config.analysis_plan.AnalysisPlan`.
 Attention-level replay (C1, C2, C8) comes from the generation stage
 (:mod:`kvcert.generation.replay`, the model side; its step :mod:`kvcert.generation.replay_step`)
 and is summarised by :mod:`.replay_stats` (its statistics, which the claims and the report

@@ -3,7 +3,7 @@ C8), computed as stated: the verdict rules and the loop over the claims.
 
 Every claim is read from ``claims.yaml``: its cells, its tests (statistic, operator,
 threshold), its placebos and the paper's outcome; the analysis choices from the typed
-``analysis_plan`` (:class:`kvcert.analysis_plan.AnalysisPlan`). The statistics, one module
+``analysis_plan`` (:class:`kvcert.config.analysis_plan.AnalysisPlan`). The statistics, one module
 each with its formula (names as in ``claims.yaml``; the method is described in
 ``docs/design.md``, "The claims and their tests"), are in :mod:`kvcert.analysis.claims_stats`:
 ``coverage`` (C1), ``spearman_within_cell`` (C2), ``induced_failure_rate`` (C3),
@@ -45,7 +45,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ..analysis_plan import AnalysisPlan, MinimumCell
+from ..config.analysis_plan import AnalysisPlan, MinimumCell
 from .claims_stats import STATISTICS, Kind, Prepared
 from .claims_stats.attribution import prepare as prepare_attribution
 from .claims_stats.prediction import prepare as prepare_prediction

@@ -9,11 +9,11 @@ imported when a command runs, so ``kvcert --help`` loads none of it.
 
 from __future__ import annotations
 
-from ..paths import resolve_configs, resolve_prereg
+from ..config.paths import resolve_configs, resolve_prereg
 
 
 def _folders(a) -> None:
-    """``--prereg`` / ``--configs`` not given: the folders every command finds (:mod:`kvcert.paths`:
+    """``--prereg`` / ``--configs`` not given: the folders every command finds (:mod:`kvcert.config.paths`:
     ``$KVCERT_PREREG`` / ``$KVCERT_CONFIGS``, the working directory, the checkout, the wheel's copy)."""
     if hasattr(a, "prereg"):
         a.prereg = str(resolve_prereg(a.prereg))

@@ -13,7 +13,7 @@ from typing import Mapping
 
 import pandas as pd
 
-from ..analysis_plan import AnalysisPlan
+from ..config.analysis_plan import AnalysisPlan
 from .stats import BootstrapPlan, bootstrap, encode_units, weighted_mean
 
 SETTING = ["condition", "method", "budget"]

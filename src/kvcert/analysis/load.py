@@ -68,11 +68,11 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from ..analysis_plan import AnalysisPlan, ComparisonPart, SignalPart
+from ..config.analysis_plan import AnalysisPlan, ComparisonPart, SignalPart
 from ..generation.record import GenerationKey, GenerationRecord
 from ..generation.shards import ShardSealError, check_seal, read_records, seal_path
 from ..tasks import score_record
-from ..prereg import Freeze, load_plan, parse_utc, read_verified, verify
+from ..config.prereg import Freeze, load_plan, parse_utc, read_verified, verify
 from ..provenance import check_prereg_hash
 from ..tables import METADATA_KEY, read_table, write_table  # noqa: F401  (the loader's table format)
 
@@ -81,7 +81,7 @@ FULL_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "se
 RANDOMIZED_SAMPLERS = ("poisson", "priority")
 CERT_FIELDS = ("steps", "anytime_steps", "relative_steps")
 OVER_STEPS = ("mean", "max", "min", "last", "first")
-AGGREGATIONS = ("max", "mean", "rms")  # over layers × heads (kvcert.certificate.aggregate)
+AGGREGATIONS = ("max", "mean", "rms")  # over layers × heads (kvcert.method.certificate.aggregate)
 
 
 
@@ -153,7 +153,7 @@ class SignalSpec:
 
     @classmethod
     def from_part(cls, part: SignalPart) -> "SignalSpec":
-        """From the plan's ``certificate_signal`` / ``multiturn_gate`` (:class:`kvcert.analysis_plan.SignalPart`)."""
+        """From the plan's ``certificate_signal`` / ``multiturn_gate`` (:class:`kvcert.config.analysis_plan.SignalPart`)."""
         return cls(str(part.field), str(part.aggregation), str(part.over_steps))
 
     def value(self, certificate: Mapping | None, randomized: bool, exact: bool = True) -> float:

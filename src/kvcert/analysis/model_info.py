@@ -3,19 +3,19 @@
 
 The report learns a run's models from the claims' design grid (``grid.models``, the names every record
 was planned under) and reads each one's config, ``configs/model/<name>.yaml``, from the configs folder
-every command finds (:func:`kvcert.paths.configs_dir`; ``kvcert report --configs`` overrides). It does
+every command finds (:func:`kvcert.config.paths.configs_dir`; ``kvcert report --configs`` overrides). It does
 so at report time, not at the claims step, because what a model *is* is presentation, not a statistic:
 ``claims.json`` stays the analysis' output, a claims file made before this table existed (a beside
 run's too) needs no rerun, and the numbers come from the folder the run actually loaded:
 
 * the embedded miniature (``path: embedded``): the shipped model's ``config.json``;
 * a model ``kvcert model fetch`` takes from PyPI (``path: fetch:NAME``): the converted folder in the
-  model cache (:func:`kvcert.model_store.fetched_folder`) and its catalogue entry;
+  model cache (:func:`kvcert.config.model_store.fetched_folder`) and its catalogue entry;
 * the paper's models: their folder, else the official configs' numbers
-  (:data:`kvcert.pipeline.roofline.ARCHITECTURES`);
+  (:data:`kvcert.generation.roofline.ARCHITECTURES`);
 * a rehearsal's stand-ins: their folder only (they are not the models whose names they carry).
 
-:func:`kvcert.pipeline.roofline.model_architecture` reads the ``config.json``; nothing here loads a model
+:func:`kvcert.generation.roofline.model_architecture` reads the ``config.json``; nothing here loads a model
 or imports torch.
 """
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ..pipeline.roofline import ARCHITECTURES, Architecture, model_architecture
-from ..sources import fetched_name
+from ..generation.roofline import ARCHITECTURES, Architecture, model_architecture
+from ..config.sources import fetched_name
 
 #: the paper's model sizes, for the caveats
 PAPER_SIZES = "1.5–8 B"
@@ -74,7 +74,7 @@ def params_text(n: int | None) -> str:
 
 
 def _fetched_what(name: str) -> str:
-    from ..model_store import FETCHABLE  # the catalogue of fetchable models (standard library only)
+    from ..config.model_store import FETCHABLE  # the catalogue of fetchable models (standard library only)
 
     entry = FETCHABLE.get(name)
     if entry is None:
@@ -99,7 +99,7 @@ def describe_model(name: str, config: Mapping | None, experiment: str | None = N
                          arch, f"{path}/config.json" if arch else f"no {path}/config.json")
     fetched = fetched_name(path)
     if fetched is not None:
-        from ..model_store import FetchError, fetched_folder
+        from ..config.model_store import FetchError, fetched_folder
 
         try:
             folder = fetched_folder(fetched)
@@ -128,7 +128,7 @@ def run_models(names: Iterable[str], configs: str | Path | None, experiment: str
                model_paths: Mapping[str, str] | None = None) -> list[ModelInfo]:
     """Every model of ``names`` (once each, in order) described from ``configs``'s model configs;
     ``configs`` None or missing: each is described from its name alone."""
-    from ..pipeline.jobs import config_file
+    from ..generation.jobs import config_file
 
     out, seen = [], set()
     for name in names:

@@ -15,7 +15,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from ..analysis_plan import AnalysisPlan
+from ..config.analysis_plan import AnalysisPlan
 from .claims_stats.base import Kind, strata_codes
 from .replay_stats import STEP_CELL_KEY
 

@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from ..analysis_plan import AnalysisPlan
+from ..config.analysis_plan import AnalysisPlan
 from ..atomic import atomic_path, write_text
 from . import figures
 from .document import BR, Document, fmt, fmt_ci

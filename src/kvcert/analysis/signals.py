@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ..analysis_plan import AnalysisPlan, ComparisonSignal
+from ..config.analysis_plan import AnalysisPlan, ComparisonSignal
 from .claims import method_mask, main_tasks, select_generations, strata_codes
 from .load import scored
 from .stats import AUCIndex, BootstrapPlan, StratifiedAUCIndex, auc, bootstrap, encode_units, stratified_auc

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from ..analysis_plan import AnalysisPlan
+from ..config.analysis_plan import AnalysisPlan
 
 #: the largest share of skipped resamples a test tolerates before it is unclear
 MAX_SKIPPED_FRACTION = 0.10
@@ -73,7 +73,7 @@ class BootstrapPlan:
 
     @classmethod
     def from_plan(cls, analysis_plan: "AnalysisPlan | Mapping") -> "BootstrapPlan":
-        """The plan's ``bootstrap`` part (:class:`kvcert.analysis_plan.BootstrapPart`)."""
+        """The plan's ``bootstrap`` part (:class:`kvcert.config.analysis_plan.BootstrapPart`)."""
         b = AnalysisPlan.of(analysis_plan).bootstrap
         return cls(resamples=b.resamples, seed=b.seed, level=b.level)
 

@@ -12,7 +12,7 @@ these; the report benchmark calls them too.
 * :func:`report_step` — claims + scores + replay + impossibility → report.md,
   report.html, figures/*.png.
 
-Every step verifies the pre-registration first (:func:`kvcert.prereg.verify`) and
+Every step verifies the pre-registration first (:func:`kvcert.config.prereg.verify`) and
 refuses inputs stamped with another pre-registration hash.
 """
 
@@ -25,10 +25,10 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from ..analysis_plan import AnalysisPlan
-from ..paths import resolve_configs
-from ..pipeline.config import experiment_grid
-from ..prereg import load_claims, read_verified
+from ..config.analysis_plan import AnalysisPlan
+from ..config.paths import resolve_configs
+from ..config.experiment import experiment_grid
+from ..config.prereg import load_claims, read_verified
 from ..provenance import check_prereg_hash, git_commit
 from ..tables import jsonable, write_json  # noqa: F401  (claims.json and summary.json are plain JSON)
 from .claims import evaluate_claims, main_tasks
@@ -45,9 +45,9 @@ def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | 
     the plan's relative shard path; the examples from the manifest beside them, the config
     hashes from the configs composed now, ``model_paths`` {model: path} overriding a model's
     path as ``kvcert shard --model-path`` does); a shard the plan does not know is refused."""
-    from ..pipeline.jobs import manifest_config_hash, manifest_references, planned_records
-    from ..pipeline.manifest import check_manifest
-    from ..pipeline.plan import build_plan
+    from ..generation.jobs import manifest_config_hash, manifest_references, planned_records
+    from ..generation.manifest import check_manifest
+    from ..generation.plan import build_plan
 
     configs = resolve_configs(configs)
     plan = build_plan(experiment, experiment_grid(experiment, configs, prereg)[1])
@@ -120,7 +120,7 @@ def _read_replays(paths: Sequence[str | Path], prereg_hash: str, configs: Path |
                   method: str | None = None) -> tuple[pd.DataFrame, list[dict]]:
     """The replay tables, refused in one line when made under another pre-registration or (given the
     ``configs`` and the grid's replay ``method``) under other configs than they compose now."""
-    from ..pipeline.jobs import replay_config_hash
+    from ..generation.jobs import replay_config_hash
 
     frames, provs = [], []
     for p in paths:
@@ -186,7 +186,7 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
     t0 = time.perf_counter()
     results = evaluate_claims(doc, df, rp, main_tasks(grid))
     signals = evaluate_signals(doc, df, grid)
-    plan = AnalysisPlan.of_document(doc)  # typed by kvcert.prereg.load_claims; claims.json records it as registered
+    plan = AnalysisPlan.of_document(doc)  # typed by kvcert.config.prereg.load_claims; claims.json records it as registered
     content = {
         "experiment": experiment,
         "paper": doc.get("paper", {}),
@@ -250,7 +250,7 @@ def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[
     claims.json) of other runs whose verdicts the claims table shows beside this run's; ``configs``: the
     configs folder whose model configs say what each model is (default: as every command finds it; none
     found: the models are named only); ``model_paths`` {model: path} as the generate jobs were given them."""
-    from ..paths import configs_dir
+    from ..config.paths import configs_dir
     from .model_info import run_models
     from .report import build_report
 

@@ -5,7 +5,7 @@ Measured side by side in one process (docs/design.md §1):
   Hájek attention without it — 8k and 32k retained tokens, 32 query / 8 KV heads,
   head dim 128, fp32, batch 1;
 * the robust certificate (the plug-in plus the shadow terms of an eviction sketch of
-  :func:`kvcert.sketch.shadow_count` slots — the memory budget of a cache compressed to
+  :func:`kvcert.method.sketch.shadow_count` slots — the memory budget of a cache compressed to
   25 %, i.e. from 4 × the retained tokens) vs the plug-in certificate alone, same sizes,
   with the sketch's memory as a share of the retained keys and values;
 * Poisson and priority sampling (inclusion probabilities + draws + packing) vs the
@@ -28,8 +28,8 @@ def certificate_ratio(retained: int, repeats: int, seed: int = 0) -> dict[str, f
     """Median seconds of plain, certified and robust (certified + sketch) decode attention; the sketch's memory share."""
     import torch
 
-    from ..attention import hajek_attention, squared_deviation
-    from ..sketch import SCALAR_BYTES, build_sketch, shadow_count
+    from ..method.attention import hajek_attention, squared_deviation
+    from ..method.sketch import SCALAR_BYTES, build_sketch, shadow_count
 
     gen = torch.Generator().manual_seed(seed)
     hq, hkv, d = 32, 8, 128
@@ -61,7 +61,7 @@ def certificate_ratio(retained: int, repeats: int, seed: int = 0) -> dict[str, f
 def sampling_ratios(tokens: int, repeats: int, seed: int = 0) -> dict[str, float]:
     import torch
 
-    from ..design import priority_sample, sample_retention, topk_sample
+    from ..method.design import priority_sample, sample_retention, topk_sample
 
     gen = torch.Generator().manual_seed(seed)
     scores = torch.rand(8, tokens, generator=gen).pow(4)

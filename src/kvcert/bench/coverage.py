@@ -1,8 +1,8 @@
 """``kvcert bench coverage``: the plug-in and the robust certificate on later queries, side by side.
 
 A synthetic heavy-tailed harness (seeded; float64 through the public path:
-:func:`kvcert.design.inclusion_probabilities`, :func:`kvcert.design.poisson_sample`, the
-eviction sketch of :mod:`kvcert.sketch` and :func:`kvcert.attention.hajek_attention`):
+:func:`kvcert.method.design.inclusion_probabilities`, :func:`kvcert.method.design.poisson_sample`, the
+eviction sketch of :mod:`kvcert.method.sketch` and :func:`kvcert.method.attention.hajek_attention`):
 
 * one head per (N, concentration β, instance): keys k_i = λ_i g_i with g_i ~ N(0, I_d) and
   λ_i = (χ²_ν/ν)^(−1/2), so that the logits q·k_i of any query are Student-t (ν = 3:
@@ -13,9 +13,9 @@ eviction sketch of :mod:`kvcert.sketch` and :func:`kvcert.attention.hajek_attent
   samples per head and budget;
 * queries: q0 itself ("setting") and, per ρ ∈ {0.9, 0.6, 0.3}, ``later`` queries
   q1 = ρ q0 + √(1 − ρ²) z, z ~ N(0, (β²/d) I), drawn independently of the samples;
-* the eviction sketch of each draw: the shadow of :func:`kvcert.sketch.shadow_count`
+* the eviction sketch of each draw: the shadow of :func:`kvcert.method.sketch.shadow_count`
   (the memory budget at fp32 keys and values), chosen by the library's selection score
-  (:func:`kvcert.sketch.sketch_potential`; the observation window is q0 alone). Token
+  (:func:`kvcert.method.sketch.sketch_potential`; the observation window is q0 alone). Token
   order carries no information here, so the successor allowance spends part of the
   shadow on unrelated tokens: the harness measures the method as shipped.
 
@@ -71,10 +71,10 @@ def evaluate_head(keys, values, queries, pi, draws: int, gen, delta: float, slot
     """Both certificates for ``queries`` [Q, d] on ``draws`` Poisson samples of π: errors and radii [draws, Q]."""
     import torch
 
-    from ..attention import hajek_attention
-    from ..certificate import bernstein_radius, robust_radius, unit_roundoff
-    from ..design import poisson_sample
-    from ..sketch import build_sketch, sketch_potential
+    from ..method.attention import hajek_attention
+    from ..method.certificate import bernstein_radius, robust_radius, unit_roundoff
+    from ..method.design import poisson_sample
+    from ..method.sketch import build_sketch, sketch_potential
 
     f64 = torch.float64
     n, d = keys.shape
@@ -111,8 +111,8 @@ def run_harness(sizes=SIZES, betas=BETAS, instances: int = 3, draws: int = 200, 
     """{(budget, kind): {"plugin": (covered, ratio), "robust": (covered, ratio), "beta": ...}} pooled over heads."""
     import torch
 
-    from ..design import DEFAULT_DESIGN, inclusion_probabilities
-    from ..sketch import shadow_count
+    from ..method.design import DEFAULT_DESIGN, inclusion_probabilities
+    from ..method.sketch import shadow_count
 
     gen = torch.Generator().manual_seed(seed)
     cells: dict = {}

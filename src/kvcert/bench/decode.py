@@ -40,7 +40,7 @@ def bench_model(seed: int = 0, shape: str = "bench"):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ..integration import enable_certified_attention
+    from ..method.integration import enable_certified_attention
 
     torch.manual_seed(seed)
     config = LlamaConfig(**SHAPES[shape], max_position_embeddings=65536)
@@ -52,9 +52,9 @@ def filled_cache(model, length: int, budget: float | None, seed: int, record: bo
     """A cache holding ``length`` random tokens per layer, compacted to ``budget`` (None = full) by ``sampler``."""
     import torch
 
-    from ..cache import CertifiedCache
-    from ..press import EvictionPress
-    from ..scorers.base import LayerObservation
+    from ..method.cache import CertifiedCache
+    from ..method.press import EvictionPress
+    from ..method.scorers.base import LayerObservation
 
     cfg = model.config
     gen = torch.Generator().manual_seed(seed)

@@ -39,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..analysis_plan import ReplayPart
+from ..config.analysis_plan import ReplayPart
 from ..atomic import atomic_path, write_text
 
 BUDGETS = (0.125, 0.25, 0.5)
@@ -124,14 +124,14 @@ def variants(model: str, path: str, registered: dict, max_new_tokens: int) -> li
 
 
 def _registered(prereg) -> tuple[dict, float, ReplayPart]:
-    from ..pipeline.compose import analysis_plan
+    from ..config.compose import analysis_plan
 
     plan = analysis_plan(prereg)
     return dict(plan.design), plan.delta, plan.replay
 
 
 def _model_path(model: str, configs) -> str:
-    from ..pipeline.jobs import config_file
+    from ..generation.jobs import config_file
 
     return str(config_file(configs, "model", model)["path"])
 
@@ -139,7 +139,7 @@ def _model_path(model: str, configs) -> str:
 def _load(model: str, configs, threads: int):
     import torch
 
-    from ..models import ModelSpec, load_model
+    from ..method.models import ModelSpec, load_model
 
     torch.set_num_threads(threads)
     return load_model(ModelSpec(model, _model_path(model, configs)))
@@ -160,7 +160,7 @@ def run_generations(model: str, task: str, length: int, examples: int, work: Pat
     from ..tasks import TASKS
     from ..generation.engine import Engine
     from ..generation.forked import generate
-    from ..pipeline.jobs import task_answer_tokens
+    from ..generation.jobs import task_answer_tokens
 
     registered, _, _ = _registered(prereg)
     out = work / f"generations-{model}-{task}-{length}.jsonl"
@@ -188,9 +188,9 @@ def run_replay(model: str, task: str, length: int, examples: int, draws: int, la
     """The plug-in and robust certificates' coverage of every setting on the model's attention (setting and
     later queries of ``examples`` records, ``layers`` evenly spaced layers, ``draws`` Poisson draws)."""
     from ..analysis.replay_stats import CELL_KEY, simultaneous_anytime
-    from ..design import RetentionDesign
+    from ..method.design import RetentionDesign
     from ..generation.replay import replay_model
-    from ..scorers import get_scorer
+    from ..method.scorers import get_scorer
     from ..tasks import TASKS
 
     registered, delta, rp = _registered(prereg)
@@ -371,7 +371,7 @@ def write_table(work: Path, out: Path) -> dict:
 
 
 def run(args) -> int:
-    from ..paths import resolve_configs, resolve_prereg
+    from ..config.paths import resolve_configs, resolve_prereg
 
     prereg, configs = resolve_prereg(args.prereg), resolve_configs(args.configs)
     work = Path(args.work)

@@ -42,7 +42,7 @@ def random_model(tokenizer, seed: int = 0):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ..integration import enable_certified_attention
+    from ..method.integration import enable_certified_attention
 
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -110,7 +110,7 @@ def run(args) -> int:
     import torch
 
     from ..generation.engine import Engine
-    from ..models import ModelSpec, load_model
+    from ..method.models import ModelSpec, load_model
     from ..tasks import generate as generate_task
 
     torch.set_grad_enabled(False)

@@ -3,7 +3,7 @@ on this machine, GPU or not (:mod:`kvcert_kernels.compile_check`), with what eac
 
 Variants: CERT × SKETCH × ENTROPY × SPLIT, bf16 / fp16 / fp32 caches, at the head sizes and
 query-per-KV groups of the paper grid's models (their architectures:
-:func:`kvcert.pipeline.roofline.model_architecture`) and of the embedded model, plus the
+:func:`kvcert.generation.roofline.model_architecture`) and of the embedded model, plus the
 paths kvcert's attention does not take (no log π, per-head lengths) at one shape. The
 *paper profile* is what the paper's runs launch: each paper model's own dtype and shape,
 with log π and without per-head lengths. A row is one compiled kernel (groups that pad to
@@ -25,10 +25,10 @@ INSTALL_HINT = ("kvcert bench kernel --compile-only: Triton is not installed; "
 def kernel_shapes(experiment: str = "paper") -> tuple[dict, tuple]:
     """({(dtype, head_dim, group): [models]} of the experiment grid's models, the embedded model's
     (dtype, head_dim, group)). Models whose architecture is unknown are left out."""
-    from ..paths import configs_dir, prereg_dir
-    from ..pipeline.compose import model_setting
-    from ..pipeline.config import experiment_grid
-    from ..pipeline.roofline import model_architecture
+    from ..config.paths import configs_dir, prereg_dir
+    from ..config.compose import model_setting
+    from ..config.experiment import experiment_grid
+    from ..generation.roofline import model_architecture
 
     configs = configs_dir()
     _, grid = experiment_grid(experiment, configs, prereg_dir())

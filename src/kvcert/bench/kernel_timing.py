@@ -13,7 +13,7 @@ The robust certificate (the same kernel with an eviction sketch of the memory bu
 25 % cache) is timed beside it; its ratio to the plug-in certificate is printed.
 
 Each row also gives the roofline time of the kernel, bytes read / the GPU's peak HBM bandwidth
-(:data:`kvcert.pipeline.roofline.GPUS`; the measured copy bandwidth for a GPU not in the
+(:data:`kvcert.generation.roofline.GPUS`; the measured copy bandwidth for a GPU not in the
 table), and the certified kernel's time over it.
 
 Targets: certificate overhead ≤ 1.10× the kernel without it; at ≥ 32k retained
@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from kvcert_kernels import certified_decode, decode_bytes, default_num_splits
 from kvcert_kernels.certified_decode import device_arch, launch_config
 
-from ..kernel_reference import decode_reference
+from ..method.kernel_reference import decode_reference
 from ..atomic import atomic_path
-from ..pipeline.roofline import gpu_of_device
+from ..generation.roofline import gpu_of_device
 
 OVERHEAD_TARGET = 1.10
 BANDWIDTH_TARGET = 0.60
@@ -72,7 +72,7 @@ def make_inputs(batch, hq, hkv, length, dim, dtype, device, seed=0):
 
 def make_sketch(batch, hkv, length, dim, centre, device, seed=2):
     """An eviction sketch of the memory budget of a 25 % cache of 4 × ``length`` tokens (bf16 keys and values)."""
-    from ..sketch import build_sketch, shadow_count
+    from ..method.sketch import build_sketch, shadow_count
 
     slots = shadow_count(4 * length, 2 * dim * 2, dim)
     gen = torch.Generator(device=device).manual_seed(seed)

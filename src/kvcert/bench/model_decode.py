@@ -7,7 +7,7 @@ prefilled and then decoded under:
 
 * ``hf`` — transformers' own ``DynamicCache`` with its SDPA attention (a second model object, not
   switched to kvcert's attention, holding the same weight tensors as kvcert's);
-* ``full`` — kvcert's :class:`~kvcert.cache.CertifiedCache`, nothing evicted;
+* ``full`` — kvcert's :class:`~kvcert.method.cache.CertifiedCache`, nothing evicted;
 * ``topk`` — SnapKV top-k at 25 % (π = 1 for every kept token: no bias, no certificate);
 * ``plugin`` — SnapKV Poisson at 25 % with the plug-in certificate (V̂, b̂_c) of every layer
   and step; its eviction sketch dropped after the prefill;
@@ -54,15 +54,15 @@ ROUNDS = 3
 def model_folder(name_or_path: str, configs: str | None = None) -> tuple[str, str]:
     """(name, local folder) of a ``configs/model`` name or a model folder; a fetchable model not fetched
     yet is refused in one line naming ``kvcert model fetch``."""
-    from ..models import resolve_model_path
-    from ..paths import resolve_configs
+    from ..method.models import resolve_model_path
+    from ..config.paths import resolve_configs
 
     try:
         config = resolve_configs(configs) / "model" / f"{name_or_path}.yaml"
     except FileNotFoundError:
         config = None
     if config is not None and config.is_file():
-        from ..pipeline.jobs import config_file
+        from ..generation.jobs import config_file
 
         return name_or_path, resolve_model_path(str(config_file(config.parent.parent, "model", name_or_path)["path"]))
     folder = Path(name_or_path).expanduser()
@@ -137,8 +137,8 @@ def variants(kv_model, hf_model, ids, budget: float = 0.25, reserve: int = 64) -
     slots for the decoded tokens, as the generation path keeps its ``max_new_tokens``."""
     from transformers import DynamicCache
 
-    from ..cache import CertifiedCache
-    from ..press import EvictionPress
+    from ..method.cache import CertifiedCache
+    from ..method.press import EvictionPress
     from .decode import decode_steps
 
     def certified(sampler: str | None, record: bool = True, sketch: bool = True):
@@ -283,7 +283,7 @@ def run(args) -> int:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM
 
-    from ..models import ModelSpec, load_model
+    from ..method.models import ModelSpec, load_model
 
     name, folder = model_folder(args.model, args.configs)
     kv_model, tokenizer = load_model(ModelSpec(name=name, path=folder, dtype="float32", device="cpu"))

@@ -1,7 +1,7 @@
 """The Python steps of ``kernels/gpu_check.sh``: the real model's decode, and the summary ``gpu_check.json``.
 
 ``decode``: SmolLM2-135M-Instruct (``kvcert model fetch smollm2-135m-instruct``) in bf16 on the GPU
-prefills a random prompt of 4096 tokens four times, under a :class:`~kvcert.cache.CertifiedCache`:
+prefills a random prompt of 4096 tokens four times, under a :class:`~kvcert.method.cache.CertifiedCache`:
 
 * ``full``: no press (every token kept);
 * ``topk``: SnapKV scores, 25 % kept, top-k (deterministic; no certificate);
@@ -15,11 +15,11 @@ dropped, as :func:`kvcert.bench.decode.decode_steps` does), and decodes again: t
 ``repeats`` times, one untimed warm-up round first (the Triton kernels compile there). ms/token is the
 minimum over the repeats, between ``torch.cuda.synchronize()`` calls. The model folder: ``--folder``, else
 ``$KVCERT_REAL_MODEL`` (the model's folder itself), else the model cache's (``$KVCERT_MODEL_DIR/NAME`` or
-the default cache, :func:`kvcert.model_store.fetched_folder`). The GPU machine has no network: without a
+the default cache, :func:`kvcert.config.model_store.fetched_folder`). The GPU machine has no network: without a
 folder the step says how to provide one, writes ``status: skipped`` and exits 0.
 
 ``summary OUTDIR``: reads ``compile.json``, ``bench.json`` and ``real_decode.json`` of one run and writes
-``OUTDIR/gpu_check.json`` (format :data:`kvcert.pipeline.roofline.GPU_CHECK_FORMAT`; docs/gpu.md lists
+``OUTDIR/gpu_check.json`` (format :data:`kvcert.generation.roofline.GPU_CHECK_FORMAT`; docs/gpu.md lists
 its fields), which ``kvcert plan --gpu-check`` reads. Imports no torch.
 
 Run: ``python -m kvcert.bench.real_decode_gpu decode --output real_decode.json`` /
@@ -50,7 +50,7 @@ STEP_FILES = {"compile": "compile.json", "bench": "bench.json", "real_decode": "
 
 def model_folder(folder: str | None = None, name: str = REAL_MODEL) -> tuple[Path | None, str]:
     """The real model's folder and a note on it, or (None, why not and how to provide one)."""
-    from ..model_store import fetched_folder, folder_problem, read_receipt
+    from ..config.model_store import fetched_folder, folder_problem, read_receipt
 
     given = folder or os.environ.get("KVCERT_REAL_MODEL") or None
     path = Path(given).expanduser() if given else fetched_folder(name)
@@ -103,12 +103,12 @@ def _real_model_decode(folder: str | Path, *, prompt_tokens: int = 4096, budget:
     """ms/token of the :data:`VARIANTS` on the model in ``folder`` (the module docstring), and the ratios."""
     import torch
 
-    from ..cache import CertifiedCache
-    from ..certificate import unit_roundoff
+    from ..method.cache import CertifiedCache
+    from ..method.certificate import unit_roundoff
     from ..generation.signals import CertificateTrace
     from ..generation.spec import CertificateSpec
-    from ..models import ModelSpec, load_model
-    from ..press import EvictionPress
+    from ..method.models import ModelSpec, load_model
+    from ..method.press import EvictionPress
 
     if steps < 1 or repeats < 2 or prompt_tokens < 2:
         raise ValueError("real-model decode: needs steps >= 1, repeats >= 2 and a prompt of 2 tokens or more")
@@ -159,7 +159,7 @@ def _real_model_decode(folder: str | Path, *, prompt_tokens: int = 4096, budget:
     ms = {v: min(t) for v, t in times.items()}
     kernel = None
     if cuda:
-        from ..attention import _decode_kernel
+        from ..method.attention import _decode_kernel
 
         kernel = _decode_kernel() is not None and os.environ.get("KVCERT_DECODE_KERNEL", "1") != "0"
     ratio = lambda a, b: ms[a] / ms[b] if ms[b] > 0 else math.nan  # noqa: E731
@@ -279,7 +279,7 @@ def _finite(x):
 def build_summary(outdir: str | Path, gpu: str, steps: dict[str, str], arch: str | None = None,
                   budget_s: int | None = None, elapsed_s: int | None = None) -> dict:
     """The content of ``gpu_check.json`` from one run's files in ``outdir`` and its steps' exit statuses."""
-    from ..pipeline.roofline import EFFICIENCY_RETAINED, GPU_CHECK_FORMAT, GPUS, gpu_of_device, kernel_efficiency
+    from ..generation.roofline import EFFICIENCY_RETAINED, GPU_CHECK_FORMAT, GPUS, gpu_of_device, kernel_efficiency
 
     outdir = Path(outdir)
     bench = _read(outdir / STEP_FILES["bench"])

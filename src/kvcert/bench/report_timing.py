@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..paths import resolve_prereg
+from ..config.paths import resolve_prereg
 
 PAPER_MODELS = ["qwen2.5-1.5b-instruct", "qwen2.5-7b-instruct", "llama-3.1-8b-instruct", "mistral-7b-instruct"]
 PAPER_TASKS = {"longbench_qasper": 150, "longbench_multifieldqa_en": 150, "longbench_hotpotqa": 150,

@@ -29,7 +29,7 @@ def run(args) -> int:
 
 
 def run_replay(a) -> int:
-    from ..paths import resolve_configs, resolve_prereg
+    from ..config.paths import resolve_configs, resolve_prereg
     from .replay_step import replay_step, resolve_model
 
     a.prereg = str(resolve_prereg(a.prereg))

@@ -33,10 +33,10 @@ from contextlib import contextmanager
 
 import torch
 
-from ..cache import CertifiedCache
+from ..method.cache import CertifiedCache
 from ..checks import NonFiniteError
-from ..press import EvictionPress
-from ..scorers import get_scorer
+from ..method.press import EvictionPress
+from ..method.scorers import get_scorer
 from ..tasks import score_record
 from .record import PROVENANCE_FIELDS, GenerationRecord
 from .signals import CertificateTrace, StepSignals, confidence

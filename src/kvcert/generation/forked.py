@@ -4,7 +4,7 @@ greedy decode loop over batches of rows.
 The runs of one example under several :class:`~kvcert.generation.spec.GenerationSpec`
 (the full cache and {aware, streaming} × budgets × methods) share their prefill: eviction
 happens after each layer's attention, so the prefill's hidden states do not depend on
-the budget or the method (:mod:`kvcert.fork`). :func:`generate`
+the budget or the method (:mod:`kvcert.method.fork`). :func:`generate`
 
 1. prefills the prompt minus its last token once over the full cache (only the context,
    when every run is streaming); after each layer's attention every variant compacts its
@@ -18,7 +18,7 @@ the budget or the method (:mod:`kvcert.fork`). :func:`generate`
    recorded and dropped from the batch (the rest repacked, so it costs nothing more).
    Where padding short rows to a long one would cost more than one more forward (the
    full cache among caches compressed to 12.5 %, at long contexts), the rows decode in a
-   few batches of similar width instead (:func:`kvcert.fork.width_buckets`).
+   few batches of similar width instead (:func:`kvcert.method.fork.width_buckets`).
 
 A run that shares no prefill — chunked streaming (the multi-turn cell: each chunk is decided as
 it leaves the window, :func:`forkable`), or a forkable run alone — is prefilled on its own
@@ -44,9 +44,9 @@ from datetime import datetime, timezone
 
 import torch
 
-from ..cache import CertifiedCache
-from ..certificate import unit_roundoff
-from ..fork import Branch, ForkingCache, join_view_caches, row_view_cache, stacked_cache, take_cache_rows, width_buckets
+from ..method.cache import CertifiedCache
+from ..method.certificate import unit_roundoff
+from ..method.fork import Branch, ForkingCache, join_view_caches, row_view_cache, stacked_cache, take_cache_rows, width_buckets
 from ..tasks.prompting import build_prompt_ids
 from .engine import Engine, check_logits, greedy, refusing_non_finite, stop_rules, sync_device
 from .signals import CertificateTrace, StepSignals, add_rows, attention_entropy, evicted_mass, next_token_signals
@@ -167,7 +167,7 @@ def _prefill_alone(engine: Engine, i: int, record, ids, question_start, trace, s
 
 
 def _prefill_forks(engines, forks, record, ids, question_start, traces, signals, done: _Prefilled) -> list[_Batch]:
-    """The runs ``forks`` forked from one shared prefill (:mod:`kvcert.fork`), fed their question or last
+    """The runs ``forks`` forked from one shared prefill (:mod:`kvcert.method.fork`), fed their question or last
     prompt token in stacked caches of similar width: the batches their decoding starts from."""
     e0 = engines[forks[0]]
     model, device = e0.model, e0.device
@@ -196,7 +196,7 @@ def _prefill_forks(engines, forks, record, ids, question_start, traces, signals,
         done.peak[i] = branches[i].peak_nbytes if i in branches else 0
     del shared, branches  # the forks live on in the stacks
     # decode batches: every row in one, unless padding short rows to a long one (the full cache)
-    # costs more than a further forward (kvcert.fork.width_buckets)
+    # costs more than a further forward (kvcert.method.fork.width_buckets)
     widths = [sum(layer.length for layer in sources[i]) for i in forks]
     batches = []
     for bucket in width_buckets(widths):

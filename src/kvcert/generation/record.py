@@ -40,7 +40,7 @@ def _text(value: Any) -> str | None:
 class GenerationKey(NamedTuple):
     """What identifies one generation, the one type of it: the shard writer keys its records by it
     (:class:`~kvcert.generation.shards.ShardWriter`), the runner plans a shard's with it, a job's planned
-    records (:meth:`kvcert.pipeline.jobs.Job.planned_records`) and the loader's key sets are keyed by it.
+    records (:meth:`kvcert.generation.jobs.Job.planned_records`) and the loader's key sets are keyed by it.
     Normalised: ``target_tokens`` and ``seed`` ints, ``budget`` a float (None where a record has none).
     A plain tuple of the same values equals it."""
 

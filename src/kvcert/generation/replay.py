@@ -9,14 +9,14 @@ record:
 1. Prefill the prompt (:func:`kvcert.tasks.prompting.build_prompt_ids`) with kvcert
    attention, capturing every layer's post-RoPE q, K, V; then greedy-decode
    ``later_queries`` tokens over the full cache, capturing each step's query (both with
-   the one capture helper, :func:`kvcert.integration.capture_decode`). The
+   the one capture helper, :func:`kvcert.method.integration.capture_decode`). The
    captured state of the last step holds the prompt keys followed by the decode keys.
 2. Importance = the SnapKV scorer on the prompt observation (its observation window is
    the end of the prompt: the window's queries, pooled over a KV head's query heads, set
    π; no single query does). The *setting* query is the last prompt query — the last of
-   that window. π = :func:`kvcert.design.inclusion_probabilities` at each budget.
+   that window. π = :func:`kvcert.method.design.inclusion_probabilities` at each budget.
 3. Per (layer, KV head, budget) draw ``draws`` Poisson samples **once** (the press's generator
-   recipe, :func:`kvcert.design.cpu_generator`, seeded from ``(seed, example, layer, budget)``:
+   recipe, :func:`kvcert.method.design.cpu_generator`, seeded from ``(seed, example, layer, budget)``:
    the same draws on a GPU as on a CPU) and evaluate every query of that
    head group on the same samples. Three query kinds:
 
@@ -36,14 +36,14 @@ record:
 
    Draws are vectorised as the batch dimension (rows padded with log π = +inf).
 4. ô and the certificate (V̂, the one-pass range bound b̂_c, ε_δ) are those of
-   :func:`kvcert.attention.certified_attention` — computed by the same
-   :func:`~kvcert.attention.hajek_attention` in float64, with a causal mask so each
+   :func:`kvcert.method.attention.certified_attention` — computed by the same
+   :func:`~kvcert.method.attention.hajek_attention` in float64, with a causal mask so each
    decode query sees only the decode keys before it, and the per-head value centre the
    cache uses (the mean of the kept values); o = exact attention over every key the
    query sees, float64; error = ‖ô − o‖. The robust radius ε_R adds the shadow terms of
-   the draw's eviction sketch (:mod:`kvcert.sketch`: the shadow chosen among the draw's
+   the draw's eviction sketch (:mod:`kvcert.method.sketch`: the shadow chosen among the draw's
    evicted tokens by the selection score ψ̃ of the prompt's observation window, int8 keys,
-   the memory budget of :data:`kvcert.sketch.SKETCH_FRACTION` at the captured dtype), and
+   the memory budget of :data:`kvcert.method.sketch.SKETCH_FRACTION` at the captured dtype), and
    its floor u·‖ô‖ uses the unit roundoff of the captured dtype.
    The anytime radii use δ_t = δ/(t(t+1)) with t = 1 for the setting query and t = 1 + i
    for the i-th decode query of either path.
@@ -69,17 +69,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..attention import hajek_attention
-from ..cache import CertifiedCache
-from ..certificate import anytime_radius, bernstein_radius, robust_radius, unit_roundoff
-from ..design import (DEFAULT_DESIGN, RetentionDesign, Sample, cpu_generator, inclusion_probabilities, layer_budget,
+from ..method.attention import hajek_attention
+from ..method.cache import CertifiedCache
+from ..method.certificate import anytime_radius, bernstein_radius, robust_radius, unit_roundoff
+from ..method.design import (DEFAULT_DESIGN, RetentionDesign, Sample, cpu_generator, inclusion_probabilities, layer_budget,
                       poisson_sample)
-from ..impossibility import impossibility_demo
-from ..integration import capture_decode, check_certified_attention
+from ..method.impossibility import impossibility_demo
+from ..method.integration import capture_decode, check_certified_attention
 from ..progress import progress as progress_display
-from ..scorers import get_scorer
-from ..scorers.base import LayerObservation
-from ..sketch import POTENTIAL_WINDOW, build_sketch, shadow_count, sketch_potential
+from ..method.scorers import get_scorer
+from ..method.scorers.base import LayerObservation
+from ..method.sketch import POTENTIAL_WINDOW, build_sketch, shadow_count, sketch_potential
 from ..tasks.prompting import build_prompt_ids
 from .replay_table import COVERED_COLUMNS, FLOAT_COLUMNS, QUERY_KINDS, REPLAY_COLUMNS, empty_replay
 
@@ -133,7 +133,7 @@ def _seed(seed: int, example_id: str, layer: int, budget: float) -> int:
 def draw_samples(cap: Capture, layer: int, budget: float, draws: int, design: RetentionDesign, seed: int,
                  example_id: str, scorer="snapkv") -> tuple[torch.Tensor, Sample]:
     """π [Hkv, N] (float64) of one layer at one budget (the layer's share under ``design.dense_layers``,
-    :func:`kvcert.design.layer_budget`) and its ``draws`` Poisson samples [draws, Hkv, K]; ``scorer`` a name
+    :func:`kvcert.method.design.layer_budget`) and its ``draws`` Poisson samples [draws, Hkv, K]; ``scorer`` a name
     or a scorer instance."""
     obs = cap.prompt[layer]
     importance = get_scorer(scorer)(obs)[0]  # [Hkv, N]
@@ -275,8 +275,8 @@ def replay_layer(
     """Every (step, draw, query head) of one layer at one budget, for each query kind: columns as numpy arrays.
 
     The setting and later queries of a head group are evaluated in one call of the Hájek
-    attention with its certificate (:func:`kvcert.attention.hajek_attention`, the
-    computation behind :func:`~kvcert.attention.certified_attention`) over the keys
+    attention with its certificate (:func:`kvcert.method.attention.hajek_attention`, the
+    computation behind :func:`~kvcert.method.attention.certified_attention`) over the keys
     [kept prompt keys, decode keys]: with ``causal=True`` the setting query sees the kept
     prompt keys only and the i-th later query also the first i decode keys — the state
     of the cache at that decode step. The sample-dependent queries (``compressed``) are

@@ -3,9 +3,9 @@ the impossibility rows (JSON). The model side of claims C1, C2 and C8 (:mod:`kvc
 the draws); the analysis reads the table (:mod:`kvcert.analysis.replay_stats`).
 
 Everything it draws is registered: the budgets, draws, later queries, query kinds and the sampling seed come from
-the typed plan's ``replay`` part (:class:`kvcert.analysis_plan.ReplayPart`; its ``seed`` is the schema default 0
+the typed plan's ``replay`` part (:class:`kvcert.config.analysis_plan.ReplayPart`; its ``seed`` is the schema default 0
 until an amendment registers it), δ and the retention design from the plan too; the robust certificate's
-registered parameters are checked against :mod:`kvcert.sketch`. The table's provenance records all of it, the
+registered parameters are checked against :mod:`kvcert.method.sketch`. The table's provenance records all of it, the
 pre-registration hash and, run by the Snakefile (``--experiment``), the hash of the configs it is made under.
 """
 
@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from ..paths import resolve_configs
-from ..pipeline.config import experiment_grid
-from ..prereg import load_plan, verify
+from ..config.paths import resolve_configs
+from ..config.experiment import experiment_grid
+from ..config.prereg import load_plan, verify
 from ..provenance import git_commit
 from ..tables import write_json, write_table
 
@@ -58,10 +58,10 @@ def resolve_model(model_config: str | Path | None = None, model: str | None = No
 def replay_cell(experiment: str, records: str | Path, prereg: str | Path, configs: str | Path, model: str,
                 model_path: str | None = None) -> tuple[str, str]:
     """(task, config hash) of the replay cell whose manifest is ``records``, after checking the manifest is
-    what ``kvcert manifest`` built for it (:func:`kvcert.pipeline.manifest.check_manifest`)."""
-    from ..pipeline.jobs import manifest_config_hash, replay_config_hash
-    from ..pipeline.manifest import check_manifest
-    from ..pipeline.plan import build_plan
+    what ``kvcert manifest`` built for it (:func:`kvcert.generation.manifest.check_manifest`)."""
+    from .jobs import manifest_config_hash, replay_config_hash
+    from .manifest import check_manifest
+    from .plan import build_plan
 
     grid = experiment_grid(experiment, configs, prereg)[1]
     text = Path(records).as_posix()
@@ -82,8 +82,8 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     seed, the plan's ``replay.seed`` where None (what the Snakefile runs). With ``experiment`` (as the Snakefile
     runs it), the manifest is checked against the plan's and the table stamped with the hash of the configs it is
     made under (:func:`replay_cell`)."""
-    from ..design import RetentionDesign
-    from ..models import ModelSpec, load_model
+    from ..method.design import RetentionDesign
+    from ..method.models import ModelSpec, load_model
     from ..tasks.records import read_jsonl
     from .replay import impossibility_for_model, replay_layers, replay_model
 
@@ -91,7 +91,7 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
         import torch
 
         torch.set_num_threads(int(threads))
-    from ..sketch import check_plan
+    from ..method.sketch import check_plan
 
     freeze = verify(prereg)
     plan = load_plan(prereg)

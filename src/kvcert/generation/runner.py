@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..models import load_model, resolve_model_path
+from ..method.models import load_model, resolve_model_path
 from ..progress import progress as progress_display
 from ..provenance import config_hash, provenance
 from ..tasks.records import load_records  # noqa: F401  (re-exported: kvcert shard reads a manifest so)

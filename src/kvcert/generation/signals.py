@@ -10,7 +10,7 @@ radius by the norm of that head's attention output, ε_δ / ‖ô‖ (scale-free
 threshold can serve different models). The first certified step also keeps its
 per-layer values (aggregated over heads).
 
-The robust certificate (:func:`kvcert.certificate.robust_radius`, from the layers'
+The robust certificate (:func:`kvcert.method.certificate.robust_radius`, from the layers'
 eviction sketches) is traced the same way, step by step with the same aggregations, and
 written as the record's second certificate field (:meth:`CertificateTrace.robust_record`).
 """
@@ -21,8 +21,8 @@ import math
 
 import torch
 
-from ..recorder import StepCertificates
-from ..certificate import aggregate, anytime_radius, bernstein_radius, robust_radius
+from ..method.recorder import StepCertificates
+from ..method.certificate import aggregate, anytime_radius, bernstein_radius, robust_radius
 from .record import certificate_field, evicted_mass_field
 
 
@@ -208,7 +208,7 @@ def attention_entropy(step: StepCertificates) -> torch.Tensor | None:
 
 
 def evicted_mass(layers, aggregations: tuple[str, ...], row: int = 0) -> dict | None:
-    """The record's ``evicted_mass`` field from the layers' :class:`~kvcert.cache.ScoreMass` of batch
+    """The record's ``evicted_mass`` field from the layers' :class:`~kvcert.method.cache.ScoreMass` of batch
     ``row``: per (layer, KV head) the evicted share of the scorer's importance mass (0 where the
     mass is 0), aggregated over layers × KV heads with each aggregation; realised, and expected
     (Σ(1 − π) s / Σ s) for the randomized samplers. None when nothing was compressed (the full cache)."""

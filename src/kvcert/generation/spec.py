@@ -10,7 +10,7 @@ The budget enters here: :func:`generation_budget` is its one conversion from kvp
 ``budget=`` / ``compression_ratio=`` and :func:`kvcert.generate_answer`; the engine hands the
 spec's own budget to its press.
 
-Nothing here imports torch: the names a config may use come from :mod:`kvcert.names`, so that
+Nothing here imports torch: the names a config may use come from :mod:`kvcert.config.names`, so that
 Snakemake plans a run and the scoring step reads the plan without loading it.
 """
 
@@ -22,9 +22,9 @@ from numbers import Real
 from typing import Any
 
 from ..budget import ROUNDINGS, kept_budget
-from ..design_params import RetentionDesign
-from ..names import AGGREGATIONS, ALLOCATIONS, KVPRESS_PREFIX, SAMPLERS, SCORER_OPTIONS
-from ..sources import ModelSpec
+from ..config.design_params import RetentionDesign
+from ..config.names import AGGREGATIONS, ALLOCATIONS, KVPRESS_PREFIX, SAMPLERS, SCORER_OPTIONS
+from ..config.sources import ModelSpec
 
 CONDITIONS = ("full", "aware", "streaming")
 
@@ -41,10 +41,10 @@ def generation_budget(budget: Any = None, compression_ratio: Any = None, default
 
 
 def _scorer_options(scorer: str) -> set[str]:
-    """The options a scorer takes: from :data:`kvcert.names.SCORER_OPTIONS` (no torch); a ``kvpress:`` scorer's are
+    """The options a scorer takes: from :data:`kvcert.config.names.SCORER_OPTIONS` (no torch); a ``kvpress:`` scorer's are
     its press's fields, read from kvpress (imported only for such a scorer)."""
     if scorer.startswith(KVPRESS_PREFIX):
-        from ..scorers.kvpress_scorer import press_options
+        from ..method.scorers.kvpress_scorer import press_options
 
         return press_options(scorer)
     return set(SCORER_OPTIONS[scorer])
@@ -94,7 +94,7 @@ class MethodSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MethodSpec":
-        """Build from a method config (``configs/method/<name>.yaml``, :func:`kvcert.methods.method_config`),
+        """Build from a method config (``configs/method/<name>.yaml``, :func:`kvcert.config.methods.method_config`),
         rejecting unknown keys."""
         method = dict(data or {})
         _reject_unknown("method", method, set(cls.__dataclass_fields__))
@@ -157,8 +157,8 @@ class GenerationSpec:
 
     def hashed_dict(self) -> dict[str, Any]:
         """What a record's ``config_hash`` covers: :meth:`to_dict` with the model's local path reduced
-        to what identifies it (:func:`kvcert.sources.path_identity`), not where it lives."""
-        from ..sources import path_identity
+        to what identifies it (:func:`kvcert.config.sources.path_identity`), not where it lives."""
+        from ..config.sources import path_identity
 
         d = self.to_dict()
         d["model"]["path"] = path_identity(d["model"]["path"])

@@ -55,10 +55,10 @@ class Sources:
 
 
 def _grid_needs(experiment: str, configs: Path | None, prereg: Path | None):
-    from ..paths import configs_dir, prereg_dir
-    from ..pipeline.jobs import config_file
-    from ..pipeline.config import experiment_grid
-    from ..pipeline.plan import build_plan
+    from ..config.paths import configs_dir, prereg_dir
+    from ..generation.jobs import config_file
+    from ..config.experiment import experiment_grid
+    from ..generation.plan import build_plan
 
     configs = configs or configs_dir()
     prereg = prereg or prereg_dir()

@@ -76,7 +76,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from kvcert.sources import SourceError, missing
+from kvcert.config.sources import SourceError, missing
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import TaskRecord, check_text, progress_of, read_utf8
 
@@ -244,7 +244,7 @@ def question_prompt(qa: Mapping[str, Any], rng: random.Random) -> tuple[str, dic
 def locomo_records(samples: Iterable[Mapping[str, Any]], tokenizer: Any, seed: int = 0,
                    categories: Sequence[int] | None = None, bar: Any = None) -> list[TaskRecord]:
     """One record per QA item (optionally only the given categories), conversation after conversation as in
-    the file (a grid cell that takes a sample of them: :func:`kvcert.pipeline.manifest.build_records`).
+    the file (a grid cell that takes a sample of them: :func:`kvcert.generation.manifest.build_records`).
 
     ``answers`` holds the gold answer (``NO_INFORMATION`` for adversarial items);
     ``metadata``: ``category``, ``category_name``, ``sample_id``, ``qa_index``,

@@ -63,7 +63,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from kvcert.tasks.longbench_metrics import DATASET2METRIC, score_sample
 from kvcert.tasks.prompting import build_prompt_ids
-from kvcert.sources import HUB_PREFIX, SourceError, hub_id, missing
+from kvcert.config.sources import HUB_PREFIX, SourceError, hub_id, missing
 from kvcert.tasks.records import TaskRecord, check_text, progress_of, utf8_lines
 
 __all__ = [
@@ -232,7 +232,7 @@ def load_longbench(source: str | Path, dataset: str, split: str = "test",
 
     ``source`` is a local file (``.jsonl`` or ``.parquet``), a local directory (see
     the module docstring for the layouts searched), or a Hub dataset id written
-    ``hf:owner/name`` (:mod:`kvcert.sources`), loaded as ``datasets.load_dataset(source, dataset, split=split,
+    ``hf:owner/name`` (:mod:`kvcert.config.sources`), loaded as ``datasets.load_dataset(source, dataset, split=split,
     revision=revision)`` and, when the repository has no configuration of that name
     (e.g. the ``refs/convert/parquet`` branch), with ``data_dir=dataset`` instead.
     """

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import torch
 from tqdm.auto import tqdm
 
-from kvcert.integration import cache_argument
+from kvcert.method.integration import cache_argument
 from kvcert.tasks import TASKS, build_prompt_ids, is_correct
 
 EVAL_SEED = 0
@@ -134,8 +134,8 @@ def evaluate_compressed(
     from kvcert.generation.engine import Engine
     from kvcert.generation.forked import generate
     from kvcert.generation.spec import GenerationSpec, MethodSpec
-    from kvcert.integration import enable_certified_attention
-    from kvcert.models import ModelSpec
+    from kvcert.method.integration import enable_certified_attention
+    from kvcert.method.models import ModelSpec
 
     tasks, lengths = list(tasks), list(lengths)
     previous = model.config._attn_implementation
@@ -196,8 +196,8 @@ def evaluate_regime(
     from kvcert.generation.engine import Engine
     from kvcert.generation.forked import generate
     from kvcert.generation.spec import GenerationSpec, MethodSpec
-    from kvcert.integration import enable_certified_attention
-    from kvcert.models import ModelSpec
+    from kvcert.method.integration import enable_certified_attention
+    from kvcert.method.models import ModelSpec
 
     tasks, lengths, cells, samplers = list(tasks), list(lengths), list(cells), list(samplers)
     previous = model.config._attn_implementation

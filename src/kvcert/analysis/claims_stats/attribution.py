@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...analysis_plan import AnalysisPlan
+from ...config.analysis_plan import AnalysisPlan
 from .auc import names, prepare_auc
 from .base import AUC_COUNTS, Kind, Prepared, empty, signal_rows
 

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from ...analysis_plan import AnalysisPlan
+from ...config.analysis_plan import AnalysisPlan
 from ..stats import AUCIndex, StratifiedAUCIndex, auc, stratified_auc
 from .base import Prepared, strata_codes, units
 

@@ -9,7 +9,7 @@ from typing import Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from ...analysis_plan import AnalysisPlan
+from ...config.analysis_plan import AnalysisPlan
 from ..stats import encode_units
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...analysis_plan import AnalysisPlan
+from ...config.analysis_plan import AnalysisPlan
 from ..replay_stats import CELL_KEY, PATH_KEY, QUERY_KINDS, VARIANTS, log_tightness, simultaneous_anytime
 from .base import Kind, Prepared, empty, ratio
 

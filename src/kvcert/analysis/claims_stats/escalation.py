@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...analysis_plan import AnalysisPlan
+from ...config.analysis_plan import AnalysisPlan
 from ..gating import Escalation
 from ..stats import encode_units
 from .base import Kind, Prepared, empty

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ...analysis_plan import AnalysisPlan
+from ...config.analysis_plan import AnalysisPlan
 from ..stats import weighted_mean
 from .base import Kind, Prepared, empty, units
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...analysis_plan import AnalysisPlan
+from ...config.analysis_plan import AnalysisPlan
 from ..gating import RecomputeGate, StratifiedRecomputeGate, random_gain
 from .base import Kind, Prepared, empty, signal_rows, strata_codes, units
 

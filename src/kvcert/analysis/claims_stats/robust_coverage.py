@@ -1,4 +1,4 @@
-"""C8: the coverage and tightness of the robust certificate ε_R (:func:`kvcert.certificate.robust_radius`: the
+"""C8: the coverage and tightness of the robust certificate ε_R (:func:`kvcert.method.certificate.robust_radius`: the
 plug-in radius plus the eviction sketch's shadow terms), computed as :mod:`.coverage` computes the plug-in's:
 
     coverage_robust = Σ_c w_c · #{‖ô − o‖ ≤ ε_R}_c / Σ_c w_c · n_c,    tightness_robust = median ε_R / ‖ô − o‖
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ...analysis_plan import AnalysisPlan
+from ...config.analysis_plan import AnalysisPlan
 from ..replay_stats import QUERY_KINDS
 from .coverage import prepare as prepare_coverage
 from .base import Kind, Prepared

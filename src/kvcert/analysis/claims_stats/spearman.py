@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ...analysis_plan import AnalysisPlan
+from ...config.analysis_plan import AnalysisPlan
 from ..replay_stats import CELL_KEY, step_cell_spearman, within_cell_spearman, within_head_spearman
 from ..stats import SpearmanIndex, spearman, weighted_quantile
 from .base import Kind, Prepared, empty

@@ -1,0 +1,404 @@
+"""The pre-registered analysis plan, typed: ``analysis_plan`` of ``preregistration/claims.yaml``.
+
+The twin of :class:`kvcert.generation.spec.GenerationSpec` on the analysis side: the one
+reader of the frozen plan (:func:`kvcert.config.prereg.load_claims` builds it), validated once
+(:meth:`AnalysisPlan.from_dict`: an unknown key is refused in one line naming it, a value out
+of range too), handed to every stage that reads the plan — generation (the design, δ, the
+replay) and the analysis (scoring, claims, signals, report) — instead of the dict. Torch-free,
+at the configuration stage. ``kvcert prereg freeze`` also checks the block against
+``analysis_plan.schema.yaml`` beside this module (:func:`check_schema`).
+
+Its parts, each a frozen dataclass (defaults: the value the code used when a freeze lacks the
+key, so every committed freeze loads as it was analysed):
+
+* ``design`` — the retention design (sinks, window, top_fraction, floor, temper, dense_layers;
+  :class:`kvcert.method.design.RetentionDesign` builds it at the model stage);
+* ``delta`` — the certificate's level δ ∈ (0, 1): P(‖ô − o‖ > ε_δ) ≤ δ;
+* ``bootstrap`` — the unit bootstrap (resamples, seed, interval level, unit) and its
+  ``stability_seeds``: the verdict redone under seeds ``seed + 1, …, seed + stability_seeds``;
+* ``placebos`` — the placebos of each data set and their seed;
+* ``replay`` — the replay cell (budgets, draws, later queries, query kinds, the minimum of
+  diverged decodes, the sampling ``seed``);
+* ``robust_certificate`` — the robust certificate's registered parameters (checked against
+  :data:`kvcert.method.sketch.PLAN` where it is computed);
+* signals — ``certificate_signal``, ``multiturn_gate``, ``confidence_signal``,
+  ``correctness`` (pass marks), ``comparison_signals``;
+* ``strata``, ``minimum_cell``, ``recompute``, ``escalation`` — what the claims' statistics read.
+
+:meth:`AnalysisPlan.to_dict` is the registered mapping itself (what ``claims.json`` records).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+#: the JSON schema of ``analysis_plan`` (checked at ``kvcert prereg freeze``)
+SCHEMA = Path(__file__).with_name("analysis_plan.schema.yaml")
+#: the strata of the stratified statistics when ``strata`` names none
+DEFAULT_STRATA = ("model", "task", "condition", "budget", "target_tokens", "method")
+#: the keys of ``design`` (the fields of :class:`kvcert.method.design.RetentionDesign`, built at the model stage)
+DESIGN_KEYS = ("sinks", "window", "top_fraction", "floor", "temper", "dense_layers")
+#: the keys of ``robust_certificate`` (those of :data:`kvcert.method.sketch.PLAN`, which checks their values)
+ROBUST_KEYS = ("sketch_fraction", "key_bits", "drift", "window", "score", "successor_horizon", "successor_penalty",
+               "combination", "floor")
+#: the placebos of each data set when ``placebos`` names none
+DEFAULT_PLACEBOS = {"generations": ("stratum_base_rate", "random_score"),
+                    "replay": ("step_cell_median_radius", "step_cell_permuted_radius")}
+
+
+class AnalysisPlanError(ValueError):
+    """The pre-registered ``analysis_plan`` is malformed (one line naming the key)."""
+
+
+def _reject_unknown(section: str, given: Mapping, cls) -> None:
+    """Refuse a key of ``given`` that is not a field of ``cls`` (or not in ``cls``, a tuple of key names)."""
+    names = cls if isinstance(cls, tuple) else [f.name for f in fields(cls)]
+    allowed = sorted(n for n in names if not n.startswith("_"))
+    for key in given:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            where = f"analysis_plan.{section}." if section else "analysis_plan."
+            raise AnalysisPlanError(f"{where}{key}: unknown{hint}; allowed keys: {', '.join(allowed)}")
+
+
+def _mapping(section: str, value: Any) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise AnalysisPlanError(f"analysis_plan.{section}: must be a mapping, got {value!r}")
+    return dict(value)
+
+
+def _fraction(section: str, value: Any, high_open: bool = True) -> float:
+    v = float(value)
+    if not (0.0 < v < 1.0 if high_open else 0.0 < v <= 1.0):
+        raise AnalysisPlanError(f"analysis_plan.{section}: must lie in (0, 1{')' if high_open else ']'}, got {value!r}")
+    return v
+
+
+def _part(cls, section: str, data: Any):
+    """``cls`` built from the mapping ``data`` (its fields by name), unknown keys refused."""
+    data = _mapping(section, data)
+    _reject_unknown(section, data, cls)
+    return cls(**data)
+
+
+@dataclass(frozen=True)
+class BootstrapPart:
+    """``bootstrap``: the unit bootstrap of every interval (resamples, seed, level, unit = example) and the
+    Monte-Carlo stability check: the verdict redone under ``stability_seeds`` other seeds."""
+
+    resamples: int = 1000
+    seed: int = 0
+    level: float = 0.9
+    unit: str = "example"
+    stability_seeds: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "resamples", int(self.resamples))
+        object.__setattr__(self, "seed", int(self.seed))
+        object.__setattr__(self, "level", _fraction("bootstrap.level", self.level))
+        object.__setattr__(self, "stability_seeds", int(self.stability_seeds))
+        if self.resamples < 1:
+            raise AnalysisPlanError(f"analysis_plan.bootstrap.resamples: must be >= 1, got {self.resamples}")
+        if self.stability_seeds < 0:
+            raise AnalysisPlanError(f"analysis_plan.bootstrap.stability_seeds: must be >= 0, got {self.stability_seeds}")
+
+    @property
+    def other_seeds(self) -> list[int]:
+        """The stability check's seeds: ``seed + 1, …, seed + stability_seeds``."""
+        return [self.seed + k for k in range(1, self.stability_seeds + 1)]
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class PlacebosPart:
+    """``placebos``: the placebos each data set's claims are scored with (None: :data:`DEFAULT_PLACEBOS`) and the
+    seed of their random draws."""
+
+    generations: tuple[str, ...] | None = None
+    replay: tuple[str, ...] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("generations", "replay"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(str(v) for v in value))
+        object.__setattr__(self, "seed", int(self.seed))
+
+    def names(self, source: str) -> list[str]:
+        """The placebos registered for ``source`` ("generations" or "replay")."""
+        registered = getattr(self, source)
+        return list(DEFAULT_PLACEBOS[source] if registered is None else registered)
+
+
+@dataclass(frozen=True)
+class ReplayPart:
+    """``replay``: the replay cell's budgets, draws per budget, later queries, query kinds, the minimum number of
+    diverged decodes C8's diverged coverage needs, and the sampling seed of the draws.
+
+    ``seed``: **the schema default, not a registered value**: no freeze so far registers it, and 0 is the seed
+    every replay so far was drawn with (``kvcert replay``'s former ``--seed`` default); the next amendment
+    registers it (``replay.seed`` in ``claims.yaml``)."""
+
+    budgets: tuple[float, ...] = ()
+    draws: int = 0
+    later_queries: int = 0
+    query_kinds: tuple[str, ...] = ("setting", "later")
+    minimum_diverged_decodes: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "budgets", tuple(_fraction("replay.budgets", b, False) for b in self.budgets))
+        object.__setattr__(self, "query_kinds", tuple(str(k) for k in self.query_kinds))
+        for name in ("draws", "later_queries", "minimum_diverged_decodes", "seed"):
+            object.__setattr__(self, name, int(getattr(self, name)))
+
+
+@dataclass(frozen=True)
+class SignalPart:
+    """``certificate_signal`` / ``multiturn_gate``: which number of a record's certificate is its signal (the field,
+    its aggregation over heads and layers, its reduction over decode steps); the gate's ``threshold``."""
+
+    field: str = "relative_steps"
+    aggregation: str = "mean"
+    over_steps: str = "mean"
+    threshold: float | None = None
+
+
+@dataclass(frozen=True)
+class ConfidencePart:
+    """``confidence_signal``: the primary and the secondary confidence signal (a record's field names)."""
+
+    primary: str = "mean_logprob"
+    secondary: str = "min_logprob"
+
+
+@dataclass(frozen=True)
+class CorrectnessPart:
+    """``correctness``: a run is correct when its score ≥ the pass mark of its task (the longest matching prefix of
+    ``by_task_prefix``, else ``default``)."""
+
+    default: float = 1.0
+    by_task_prefix: dict = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "default", float(self.default))
+        object.__setattr__(self, "by_task_prefix", {str(k): float(v) for k, v in (self.by_task_prefix or {}).items()})
+
+
+@dataclass(frozen=True)
+class MinimumCell:
+    """``minimum_cell``: the least generations (replay: replay cells), positives and negatives a claim's cell needs."""
+
+    generations: int = 0
+    positives: int = 0
+    negatives: int = 0
+
+    def count(self, key: str) -> int:
+        return int(getattr(self, key))
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class RecomputePart:
+    """``recompute``: C7's recompute rates (the curve) and the rate its verdict is taken at."""
+
+    gate_rates: tuple[float, ...] = ()
+    verdict_rate: float = 0.2
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gate_rates", tuple(float(r) for r in self.gate_rates))
+        object.__setattr__(self, "verdict_rate", float(self.verdict_rate))
+
+    @property
+    def rates(self) -> list[float]:
+        """Every rate computed: the curve's and the verdict's, ascending."""
+        return sorted(set(self.gate_rates) | {self.verdict_rate})
+
+
+@dataclass(frozen=True)
+class EscalationPart:
+    """``escalation``: C5's budget ladder and the certificate quantile that escalates a run."""
+
+    budgets: tuple[float, ...] = ()
+    threshold_quantile: float = 0.5
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "budgets", tuple(sorted(_fraction("escalation.budgets", b, False)
+                                                         for b in self.budgets)))
+        object.__setattr__(self, "threshold_quantile", float(self.threshold_quantile))
+
+
+@dataclass(frozen=True)
+class ComparisonSignal:
+    """One comparison signal: its source (a record field), the direction that means failure, its methods."""
+
+    source: str
+    failure: str
+    methods: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.failure not in ("higher", "lower"):
+            raise AnalysisPlanError(f"analysis_plan.comparison_signals: failure must be 'higher' or 'lower', "
+                                    f"got {self.failure!r}")
+        object.__setattr__(self, "methods", tuple(str(m) for m in self.methods))
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "failure": self.failure, "methods": list(self.methods)}
+
+
+@dataclass(frozen=True)
+class TurnDistance:
+    """``comparison_signals.turn_distance``: the signals and the inclusive buckets [lo, hi] of the multi-turn AUC."""
+
+    signals: tuple[str, ...] = ()
+    buckets: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "signals", tuple(str(s) for s in self.signals))
+        object.__setattr__(self, "buckets", tuple((int(lo), int(hi)) for lo, hi in self.buckets))
+
+
+@dataclass(frozen=True)
+class ComparisonPart:
+    """``comparison_signals``: the secondary analyses' signals, the claims whose cells they use (``prediction``,
+    ``attribution``), the breakdown keys ``by``, the turn-distance buckets; ``over_steps`` and ``aggregation``
+    turn a record's per-step series into one number."""
+
+    over_steps: str = "mean"
+    aggregation: str = "mean"
+    signals: dict = field(default_factory=dict, hash=False)  # name → ComparisonSignal, in the plan's order
+    prediction: dict = field(default_factory=dict, hash=False)
+    attribution: dict = field(default_factory=dict, hash=False)
+    by: tuple[str, ...] = ("method", "condition", "target_tokens")
+    turn_distance: TurnDistance | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "ComparisonPart":
+        data = _mapping("comparison_signals", data)
+        _reject_unknown("comparison_signals", data, cls)
+        signals = {}
+        for name, spec in _mapping("comparison_signals.signals", data.pop("signals", None)).items():
+            signals[str(name)] = _part(ComparisonSignal, f"comparison_signals.signals.{name}", spec)
+        for task in ("prediction", "attribution"):
+            part = _mapping(f"comparison_signals.{task}", data.get(task))
+            unknown = [k for k in part if k != "cells"]
+            if unknown:
+                raise AnalysisPlanError(f"analysis_plan.comparison_signals.{task}.{unknown[0]}: unknown; allowed keys: cells")
+            data[task] = part
+        td = data.pop("turn_distance", None)
+        if "by" in data:
+            data["by"] = tuple(str(k) for k in data["by"])
+        return cls(**data, signals=signals, turn_distance=_part(TurnDistance, "comparison_signals.turn_distance", td)
+                   if td else None)
+
+    def cells(self, task: str) -> str:
+        """The claim whose cells ``task`` ("prediction" or "attribution") is computed on."""
+        return str(getattr(self, task)["cells"])
+
+
+@dataclass(frozen=True)
+class AnalysisPlan:
+    """The frozen pre-registration's ``analysis_plan`` (module docstring), validated once."""
+
+    delta: float
+    design: dict = field(default_factory=dict, hash=False)
+    bootstrap: BootstrapPart = BootstrapPart()
+    placebos: PlacebosPart = PlacebosPart()
+    replay: ReplayPart = ReplayPart()
+    robust_certificate: dict | None = field(default=None, hash=False)
+    certificate_signal: SignalPart = SignalPart()
+    multiturn_gate: SignalPart = SignalPart()
+    confidence_signal: ConfidencePart = ConfidencePart()
+    correctness: CorrectnessPart = CorrectnessPart()
+    comparison_signals: ComparisonPart | None = None
+    strata: tuple[str, ...] = DEFAULT_STRATA
+    minimum_cell: MinimumCell = MinimumCell()
+    recompute: RecomputePart = RecomputePart()
+    escalation: EscalationPart = EscalationPart()
+    _registered: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "delta", _fraction("delta", self.delta))
+
+    #: the parts built from a mapping of their own fields
+    PARTS = {"bootstrap": BootstrapPart, "placebos": PlacebosPart, "replay": ReplayPart,
+             "certificate_signal": SignalPart, "multiturn_gate": SignalPart, "confidence_signal": ConfidencePart,
+             "correctness": CorrectnessPart, "minimum_cell": MinimumCell, "recompute": RecomputePart,
+             "escalation": EscalationPart}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "AnalysisPlan":
+        """Build from the ``analysis_plan`` mapping of a ``claims.yaml``, refusing an unknown key (one line naming
+        it) and a value out of range."""
+        if isinstance(data, AnalysisPlan):
+            return data
+        registered = _mapping("", data)
+        given = copy.deepcopy(registered)
+        _reject_unknown("", given, cls)
+        if "delta" not in given:
+            raise AnalysisPlanError("analysis_plan.delta: missing (the certificate's level δ)")
+        kwargs: dict[str, Any] = {}
+        for name, part in cls.PARTS.items():
+            if name in given:
+                kwargs[name] = _part(part, name, given.pop(name))
+        if "comparison_signals" in given:
+            kwargs["comparison_signals"] = ComparisonPart.from_dict(given.pop("comparison_signals"))
+        kwargs["design"] = _mapping("design", given.pop("design", None))
+        _reject_unknown("design", kwargs["design"], DESIGN_KEYS)
+        robust = given.pop("robust_certificate", None)
+        if robust is not None:
+            kwargs["robust_certificate"] = _mapping("robust_certificate", robust)
+            _reject_unknown("robust_certificate", kwargs["robust_certificate"], ROBUST_KEYS)
+        strata = given.pop("strata", None)
+        if strata:  # none named: DEFAULT_STRATA
+            kwargs["strata"] = tuple(str(s) for s in strata)
+        return cls(**given, **kwargs, _registered=registered)
+
+    @classmethod
+    def of(cls, plan: "AnalysisPlan | Mapping") -> "AnalysisPlan":
+        """``plan`` itself, or built from a mapping (a test's, or the copy a ``claims.json`` records)."""
+        return plan if isinstance(plan, AnalysisPlan) else cls.from_dict(plan)
+
+    @classmethod
+    def of_document(cls, doc: Mapping, default_delta: float | None = None) -> "AnalysisPlan":
+        """The plan of a claims document: a ``claims.yaml`` loaded by :func:`kvcert.config.prereg.load_claims` (typed
+        already) or a ``claims.json`` (the registered mapping it records). ``default_delta``: a document without a
+        plan gets the defaults at this δ (else it is refused)."""
+        plan = doc.get("analysis_plan")
+        if not plan and default_delta is not None:
+            return cls(delta=default_delta)
+        if plan is None:
+            raise AnalysisPlanError("analysis_plan: the claims document has none")
+        return cls.of(plan)
+
+    def to_dict(self) -> dict:
+        """The registered mapping, as frozen (what ``claims.json`` records; empty for a plan built from defaults
+        rather than from a mapping)."""
+        return copy.deepcopy(self._registered)
+
+
+def check_schema(data: Any, where: str = "analysis_plan") -> None:
+    """Refuse, in one line naming the key, an ``analysis_plan`` that does not satisfy :data:`SCHEMA` (then build
+    it: the typed checks too)."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    try:
+        jsonschema.validate(data, schema)
+    except jsonschema.ValidationError as exc:
+        path = ".".join(str(p) for p in exc.absolute_path)
+        raise AnalysisPlanError(f"{where}{'.' + path if path else ''}: {exc.message}") from None
+    AnalysisPlan.from_dict(data)
