@@ -143,6 +143,37 @@ def test_a_crop_shorter_than_the_stored_slots_is_exact_and_compaction_cannot_be_
 
 
 @torch.no_grad()
+def test_a_snapshot_restores_the_decoded_tokens_away_and_refuses_a_compaction_since():
+    """The cache owns its rewind (what the decode benchmarks time, then drop): decoding after a restore gives the
+    same logits and certificates as the first time, the recorded steps go with the tokens, and a layer compacted
+    after the mark is refused, naming it."""
+    model = enable_certified_attention(tiny_model("llama", layers=2))
+    cache = CertifiedCache(press=poisson_press())
+    model(input_ids=ids(CONTEXT, 0), cache=cache)
+    cache.pop_steps()
+    mark, stored = cache.snapshot(), [layer.length for layer in cache.layers]
+
+    def decode():
+        x, out = ids(1, 5), []
+        for _ in range(4):
+            out.append(model(input_ids=x, cache=cache).logits[0, -1])
+            x = out[-1].argmax().reshape(1, 1)
+        return torch.stack(out), [s.variance[0].clone() for s in cache.pop_steps()]
+
+    first, first_v = decode()
+    model(input_ids=ids(1, 6), cache=cache)  # a step more, recorded and not popped
+    cache.restore(mark)
+    assert [layer.length for layer in cache.layers] == stored and not cache.step_log
+    again, again_v = decode()
+    assert torch.equal(first, again) and all(torch.equal(a, b) for a, b in zip(first_v, again_v))
+    cache.restore(mark)
+    cache.arm(poisson_press())
+    model(input_ids=ids(QUESTION, 1), cache=cache)  # compacts every layer again
+    with pytest.raises(ValueError, match="^restore: layer 0 was compacted after the mark"):
+        cache.restore(mark)
+
+
+@torch.no_grad()
 def test_a_press_that_gathers_keys_into_a_kvcert_cache_raises():
     """What a kvpress ScorerPress's hook does (``cache_layer.keys = gathered keys``) is refused."""
     model = enable_certified_attention(tiny_model("llama", layers=2))

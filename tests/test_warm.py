@@ -183,3 +183,15 @@ def test_the_server_ends_with_its_owner(tmp_path):
         owner.kill()
         owner.wait()
     server.wait(timeout=60)  # a hang guard: the server looks for its owner twice a second, after its imports
+
+
+def test_the_entry_point_is_resolved_by_name_to_the_console_commands():
+    """The server runs what pyproject.toml's console script names, found by name (warm imports no command)."""
+    import tomllib
+    from pathlib import Path
+
+    from kvcert.cli import main
+
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert project["project"]["scripts"]["kvcert"] == warm.ENTRY_POINT
+    assert warm.entry_point() is main

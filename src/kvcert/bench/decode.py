@@ -16,7 +16,7 @@ signals_overhead_poisson=<ratio> signals_overhead_topk=<ratio>`` (25 % vs full, 
 
 from __future__ import annotations
 
-from .timing import interleaved_medians
+from .timing import decode_steps, interleaved_medians
 
 # torch, transformers and the library are imported inside the functions, so that
 # `kvcert --help` and the pipeline's light commands stay fast.
@@ -71,39 +71,6 @@ def filled_cache(model, length: int, budget: float | None, seed: int, record: bo
                                    scaling=dim**-0.5, layer_idx=layer_idx, num_layers=cfg.num_hidden_layers)
             press.compress_layer(layer, obs)
     return cache
-
-
-def decode_steps(model, cache, steps: int, token: int = 7, signals: bool | None = None):
-    """Decode ``steps`` tokens, then drop them again so every repeat sees the same cache.
-
-    ``signals`` (True / False): decode as the engine does — the next token's log-probabilities
-    and argmax every step — with (True) or without (False) the comparison signals:
-    the attention entropy recorded by the cache, the next-token entropy and top-2 margin, folded
-    as the engine folds them. The same cache serves both (only its ``record_entropy`` switch
-    changes), so the two differ by the signals' work alone. None: the forward only."""
-    import torch
-
-    from ..generation.signals import StepSignals, attention_entropy, next_token_signals
-
-    x = torch.tensor([[token]])
-    lengths = [(layer.length, layer.seen, layer.kept.clone(), layer.undecided) for layer in cache.layers]
-    folded = StepSignals(attention=True)
-    if signals is not None:
-        cache.recorder.entropy = bool(signals)
-    for _ in range(steps):
-        logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-        if signals is not None:
-            lp = torch.log_softmax(logits.float(), dim=-1)
-            int(lp.argmax())
-            steps_done = cache.pop_steps()
-            if signals:
-                folded.add_next_token(next_token_signals(lp))
-                for step in steps_done:
-                    folded.add_attention(attention_entropy(step))
-    for layer, (length, seen, kept, undecided) in zip(cache.layers, lengths):
-        layer.length, layer.seen, layer.kept, layer.undecided = length, seen, kept, undecided
-        layer._refresh_views()
-    cache.step_log.clear()
 
 
 def run(args) -> int:

@@ -107,8 +107,7 @@ def _tensor_bytes(tensors) -> int:
 def certified_alloc(cache) -> int:
     """Every tensor a CertifiedCache's layers hold (keys, values, log π, 1 − π, ‖v − c‖, their spare slots, the
     kept counts), the sketch apart."""
-    return _tensor_bytes(t for layer in cache.layers
-                         for t in (layer._k, layer._v, layer._lp, layer._om, layer._dev, layer.kept))
+    return _tensor_bytes(cache.allocated_tensors())
 
 
 def dynamic_bytes(cache) -> int:
@@ -139,7 +138,7 @@ def variants(kv_model, hf_model, ids, budget: float = 0.25, reserve: int = 64) -
 
     from ..method.cache import CertifiedCache
     from ..method.press import EvictionPress
-    from .decode import decode_steps
+    from .timing import decode_steps
 
     def certified(sampler: str | None, record: bool = True, sketch: bool = True):
         def prefill():

@@ -11,7 +11,7 @@ prefills a random prompt of 4096 tokens four times, under a :class:`~kvcert.meth
 
 Each cache then decodes ``steps`` tokens as the engine does (the next token's log-probabilities and
 argmax every step, the step log popped), is put back as it was after the prefill (the decoded tokens
-dropped, as :func:`kvcert.bench.decode.decode_steps` does), and decodes again: the variants interleaved,
+dropped, as :func:`kvcert.bench.timing.decode_steps` does), and decodes again: the variants interleaved,
 ``repeats`` times, one untimed warm-up round first (the Triton kernels compile there). ms/token is the
 minimum over the repeats, between ``torch.cuda.synchronize()`` calls. The model folder: ``--folder``, else
 ``$KVCERT_REAL_MODEL`` (the model's folder itself), else the model cache's (``$KVCERT_MODEL_DIR/NAME`` or
@@ -64,13 +64,6 @@ def model_folder(folder: str | None = None, name: str = REAL_MODEL) -> tuple[Pat
     if problem is not None:
         return None, f"{problem}; or {how}"
     return path, "kvcert-fetch.json receipt: sizes match"
-
-
-def _restore(cache, saved) -> None:
-    for layer, (length, seen, kept, undecided) in zip(cache.layers, saved):
-        layer.length, layer.seen, layer.kept, layer.undecided = length, seen, kept.clone(), undecided
-        layer._refresh_views()
-    cache.step_log.clear()
 
 
 def _decode(model, cache, steps: int, first, trace) -> None:
@@ -135,7 +128,7 @@ def _real_model_decode(folder: str | Path, *, prompt_tokens: int = 4096, budget:
         prefill_ms[variant] = (time.perf_counter() - t0) * 1e3
         cache.pop_steps()
         caches[variant] = cache
-        saved[variant] = [(la.length, la.seen, la.kept.clone(), la.undecided) for la in cache.layers]
+        saved[variant] = cache.snapshot()
         kept[variant] = sum(la.length for la in cache.layers) / (len(cache.layers) * (prompt_tokens - 1))
 
     def trace_for(variant):
@@ -155,7 +148,7 @@ def _real_model_decode(folder: str | Path, *, prompt_tokens: int = 4096, budget:
                 times[variant].append((time.perf_counter() - t0) * 1e3 / steps)
                 if trace is not None:
                     certified_steps = len(trace.variance_mean)
-            _restore(cache, saved[variant])
+            cache.restore(saved[variant])
     ms = {v: min(t) for v, t in times.items()}
     kernel = None
     if cuda:

@@ -10,7 +10,7 @@ for the jobs of a local run — the ``kvcert`` commands of :data:`COMMANDS` ask 
   environment and working folder): it listens at once on an abstract Unix socket, imports :data:`PRELOAD`,
   then forks a child per request;
 * the child takes the job's standard streams (passed over the socket), working folder, environment and
-  arguments, runs :func:`kvcert.cli.main` as the job's own process would, and sends back its exit status;
+  arguments, runs :data:`ENTRY_POINT` (:func:`kvcert.cli.main`) as the job's own process would, and sends back its exit status;
 * the job's process waits for that status. A signal it receives (SIGTERM, SIGINT, SIGHUP) is passed on to the
   child; when the job's process dies (SIGKILL) the child kills itself. Every process stays in the run's
   process group, so killing a job, or the whole run, kills its work as before;
@@ -52,9 +52,20 @@ PRELOAD = (
 #: transformers' lazy attributes the model loading reads (the first access scans its model packages)
 PRELOAD_ATTRIBUTES = (("transformers", "AutoModelForCausalLM"), ("transformers", "AutoTokenizer"),
                       ("transformers", "AutoConfig"))
+#: what a job runs, by name: the ``kvcert`` console command's entry point (pyproject.toml's
+#: ``[project.scripts]``), resolved in the fork so that this module imports nothing of the commands it serves
+ENTRY_POINT = "kvcert.cli:main"
 _VOLATILE = frozenset({"_"})  # bash's last-command variable
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _HEADER = struct.Struct("!I")
+
+
+def entry_point():
+    """The function :data:`ENTRY_POINT` names."""
+    import importlib
+
+    module, _, name = ENTRY_POINT.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def own_jobs_warm(local: bool) -> None:
@@ -360,9 +371,7 @@ def _child(conn: socket.socket, fds: list[int], request: dict) -> int:
 
     threading.Thread(target=watch, name="kvcert-warm-watch", daemon=True).start()
     try:
-        from kvcert.cli import main
-
-        status = main(argv)
+        status = entry_point()(argv)
     except SystemExit as exc:
         code = exc.code
         if code is None or isinstance(code, int):

@@ -466,9 +466,32 @@ class CertifiedCache(Cache):
             self.peak_nbytes = max(self.peak_nbytes, self.nbytes())  # this layer is still full here
             self.schedule.after_attention(layer, obs)
 
+    # --- rewinding: what a benchmark decodes, dropped again ----------------------------
+    def snapshot(self) -> tuple:
+        """A mark of what every layer holds now (tokens seen, compactions) for :meth:`restore`."""
+        return tuple((layer.seen, layer.compactions) for layer in self.layers)
+
+    def restore(self, mark: tuple) -> None:
+        """Drop the tokens appended since ``mark`` (:meth:`snapshot`) and the steps recorded since: each layer
+        is cropped back (:meth:`CompactLayer.crop`). A layer compacted since cannot be rewound (its evictions
+        are not undone): refused."""
+        if len(mark) != len(self.layers):
+            raise ValueError(f"restore: the mark holds {len(mark)} layers, the cache {len(self.layers)}")
+        for i, (layer, (seen, compactions)) in enumerate(zip(self.layers, mark)):
+            if layer.compactions != compactions:
+                raise ValueError(f"restore: layer {i} was compacted after the mark; only appended tokens are dropped")
+            layer.crop(seen)
+        self.recorder.pop_steps()
+
     # --- reporting -------------------------------------------------------------------
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers if isinstance(layer, CompactLayer))
+
+    def allocated_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the layers hold (keys, values, log π, 1 − π, ‖v − c‖ with their spare slots, the kept
+        counts), the sketch apart: what a memory comparison counts."""
+        return [t for layer in self.layers if isinstance(layer, CompactLayer)
+                for t in (layer._k, layer._v, layer._lp, layer._om, layer._dev, layer.kept) if t is not None]
 
     def kv_nbytes(self) -> int:
         return sum(layer.kv_nbytes() for layer in self.layers if isinstance(layer, CompactLayer))
