@@ -504,6 +504,97 @@ def test_kernel_sketch_equals_torch_path(seed):
     check("shadow_range", res[5], torch_res.shadow_range.double(), 1e-5, seed)
 
 
+def cache_aux(k, v, lp, c, lengths):
+    """What a cache keeps per slot beside log π: 1 − π and ‖v − c‖ (fp32; 0 on padding and past a head's length)."""
+    invalid = ~torch.isfinite(lp) | (torch.arange(lp.shape[-1], device=lp.device) >= lengths.unsqueeze(-1))
+    om = (-torch.expm1(lp.float())).clamp(min=0).masked_fill(invalid, 0.0)
+    dev = torch.linalg.vector_norm(v.float() - c.unsqueeze(-2), dim=-1).masked_fill(invalid, 0.0)
+    return om.contiguous(), dev.contiguous()
+
+
+@pytest.mark.parametrize("dtype,splits", [(torch.float32, 1), (torch.float32, 3), (torch.bfloat16, 2)],
+                         ids=["float32-1", "float32-3", "bfloat16-2"])
+@kernel_test
+def test_the_caches_one_minus_pi_and_deviation_are_read_not_recomputed(seed, dtype, splits):
+    """Given the cache's 1 − π and ‖v − c‖, the kernel reads them (halving 1 − π halves V̂ and b̂_c exactly in
+    the reference's terms) and matches float64 as when it recomputes them."""
+    q, k, v, lp, c, lengths = make_case(seed, dtype, group=4)
+    scale = q.shape[-1] ** -0.5
+    om, dev = cache_aux(k, v, lp, c, lengths)
+    res = certified_decode(q, k, v, lp, c, scale, lengths=lengths, num_splits=splits, block_n=BLOCK_N, poison=True,
+                           one_minus=om, dev=dev)
+    ref, vs = reference(q, k, v, lp, c, scale, lengths)
+    check_all(res, ref, dtype, seed, var_scale=vs)
+    half = certified_decode(q, k, v, lp, c, scale, lengths=lengths, num_splits=splits, block_n=BLOCK_N, poison=True,
+                            one_minus=om * 0.5, dev=dev)
+    check_all((res[0], res[1], half[2] * 2, half[3] * 2), ref, dtype, seed, var_scale=vs)
+    with pytest.raises(ValueError, match="give both"):
+        certified_decode(q, k, v, lp, c, scale, one_minus=om)
+
+
+def stat_buffers(steps, b, hq, names=("variance", "range_term", "output_norm", "entropy")):
+    """Per-step statistics buffers as a recorder keeps them: views of one tensor [T, F, B, Hq], NaN-filled."""
+    flat = torch.full((steps, len(names), b, hq), float("nan"), device=DEVICE)
+    return {name: flat[:, i] for i, name in enumerate(names)}
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@kernel_test
+def test_a_plan_writes_each_steps_statistics_at_the_device_step_index(seed, splits):
+    """A decode plan runs again over new queries, each run writing V̂, b̂_c, ‖ô‖ and the entropy at the row its
+    device step index names (the other rows untouched), equal to what one call of the kernel returns; a query
+    of another layout is refused (the compiled kernel is specialised for the planned one)."""
+    from kvcert_kernels.certified_decode import decode_plan
+    from kvcert_kernels.launch import QueryMismatch
+
+    q, k, v, lp, c, lengths = make_case(seed, torch.float32, group=2)
+    scale = q.shape[-1] ** -0.5
+    b, hq = q.shape[:2]
+    stats = stat_buffers(4, b, hq)
+    step = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    plan = decode_plan(q, k, v, lp, c, scale, lengths, num_splits=splits, block_n=BLOCK_N, entropy=True,
+                       stats=stats, step=step)
+    queries = [q, torch.randn(q.shape, generator=_gen(seed + 1)).to(DEVICE)]
+    for t, query in zip((1, 2), queries):
+        step.fill_(t)
+        out = plan.run(query)[0].clone()
+        one = certified_decode(query, k, v, lp, c, scale, lengths=lengths, num_splits=splits, block_n=BLOCK_N,
+                               entropy=True)
+        assert torch.equal(out, one[0])
+        for name, got in (("variance", one[2]), ("range_term", one[3]), ("entropy", one[4])):
+            assert torch.equal(stats[name][t], got.reshape(b, hq)), name
+        ref = decode_reference(query, k, v, lp, c, scale, lengths)[0]
+        check("output_norm", stats["output_norm"][t], torch.linalg.vector_norm(ref, dim=-1), 1e-5, seed)
+    assert all(torch.isnan(buf[0]).all() and torch.isnan(buf[3]).all() for buf in stats.values())
+    with pytest.raises(QueryMismatch, match="layout or alignment"):
+        plan.run(q[:, :, 0])
+    with pytest.raises(ValueError, match="stats: entropy missing"):
+        decode_plan(q, k, v, lp, c, scale, entropy=True, stats={n: stats[n] for n in ("variance", "range_term")},
+                    step=step)
+
+
+def test_an_emulated_gpu_records_the_planned_launches_and_runs_none():
+    """Under ``emulating`` a plan is made as for the emulated GPU (its split policy) and its launches go to the
+    recorder, on any device; nothing is computed (the buffers keep what they held)."""
+    from kvcert_kernels.certified_decode import decode_plan, default_num_splits
+    from kvcert_kernels.launch import emulating
+
+    b, hq, hkv, length, d = 1, 32, 8, 32768, 128
+    q = torch.randn(b, hq, 1, d, dtype=torch.bfloat16)
+    k = torch.zeros(b, hkv, length, d, dtype=torch.bfloat16)
+    lp = torch.zeros(b, hkv, length)
+    seen = []
+    with emulating(arch=90, sms=132, record=seen.append):
+        plan = decode_plan(q, k, k, lp, torch.zeros(b, hkv, d), d**-0.5)
+        plan.results[0].fill_(7.0)
+        plan.run(q)
+        plan.run(q.clone())
+        splits = default_num_splits(b, hkv, length, q.device, 16, 3)
+    assert [launch.grid for launch in seen] == [(b * hkv, splits), (b * hkv,)] * 2
+    assert seen[2].args[0] is not q and seen[2].args[1:] == seen[0].args[1:]
+    assert torch.all(plan.results[0] == 7.0)  # nothing ran
+
+
 def test_the_kernels_package_imports_nothing_of_kvcert():
     """kvcert imports kvcert_kernels (kvcert.method.attention), never the other way round."""
     import ast

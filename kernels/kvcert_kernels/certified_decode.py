@@ -67,6 +67,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import DecodePlan, Launch, QueryMismatch, emulation
+
 LOG2E = 1.4426950408889634
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -181,7 +183,8 @@ def _stage1(
     OUT, LSE, VAR, RNG,
     P_M, P_L, P_ACC, P_A, P_B, P_C, P_M0, P_M1,
     SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, ENT, P_E,
-    scale_log2e, seq_len, chunk, n_splits, n_slots, group,
+    OM, DEV, NORM, STEP,
+    scale_log2e, seq_len, chunk, n_splits, n_slots, group, stride_step,
     stride_qb, stride_qh, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
@@ -197,7 +200,7 @@ def _stage1(
     CERT: tl.constexpr, HAS_LP: tl.constexpr, HAS_LEN: tl.constexpr, SPLIT: tl.constexpr,
     SKETCH: tl.constexpr, BLOCK_R: tl.constexpr, SK_DOT16: tl.constexpr,
     DOT_PREC: tl.constexpr, CERT_PREC: tl.constexpr, SPLIT_R: tl.constexpr, INTERP_BF16: tl.constexpr, INTERP_OUT_BF16: tl.constexpr,
-    ENTROPY: tl.constexpr,
+    ENTROPY: tl.constexpr, HAS_AUX: tl.constexpr, HAS_NORM: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -225,6 +228,8 @@ def _stage1(
     k_base = K + b * stride_kb + h * stride_kh
     v_base = V + b * stride_vb + h * stride_vh
     lp_base = LP + b * stride_lb + h * stride_lh
+    om_base = OM + b * stride_lb + h * stride_lh  # the cache's 1 − π and ‖v − c‖: log π's layout
+    dev_base = DEV + b * stride_lb + h * stride_lh
 
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
@@ -284,14 +289,20 @@ def _stage1(
             pv = tl.dot(p.to(V.dtype.element_ty), v, input_precision=DOT_PREC)
         acc = acc * alpha[:, None] + pv
         if CERT:
-            # (1 − π) = −expm1(log π): a Taylor series near 0 keeps its relative accuracy there
-            x = tl.where(valid, lp, 0.0)
-            series = -x * (1.0 + x * (0.5 + x * (0.16666666666666666 + x * (0.041666666666666664
-                                                                             + x * 0.008333333333333333))))
-            om = tl.where(x > -0.125, series, 1.0 - tl.exp(x))
-            om = tl.where(valid, tl.maximum(om, 0.0), 0.0)
-            vc = tl.where(valid[:, None] & dv_ok[None, :], v.to(tl.float32) - c_vec[None, :], 0.0)
-            sq = tl.sum(vc * vc, 1)
+            if HAS_AUX:  # the cache's own 1 − π and ‖v − c‖ of each slot (0 for certain tokens and padding)
+                om = tl.load(om_base + offs * stride_ln, mask=valid, other=0.0)
+                dn = tl.load(dev_base + offs * stride_ln, mask=valid, other=0.0)
+                sq = dn * dn
+            else:
+                # (1 − π) = −expm1(log π): a Taylor series near 0 keeps its relative accuracy there
+                x = tl.where(valid, lp, 0.0)
+                series = -x * (1.0 + x * (0.5 + x * (0.16666666666666666 + x * (0.041666666666666664
+                                                                                 + x * 0.008333333333333333))))
+                om = tl.where(x > -0.125, series, 1.0 - tl.exp(x))
+                om = tl.where(valid, tl.maximum(om, 0.0), 0.0)
+                vc = tl.where(valid[:, None] & dv_ok[None, :], v.to(tl.float32) - c_vec[None, :], 0.0)
+                sq = tl.sum(vc * vc, 1)
+                dn = tl.sqrt(sq)
             wp = p * om[None, :]
             r = wp * p
             a2 = alpha * alpha
@@ -299,7 +310,7 @@ def _stage1(
             b_acc = b_acc * a2[:, None] + _raw_moment(r, v, SPLIT_R, INTERP_BF16, CERT_PREC)
             c_i = c_i * a2 + tl.sum(r * sq[None, :], 1)
             m0_i = tl.maximum(m0_i * alpha, tl.max(wp, 1))
-            m1_i = tl.maximum(m1_i * alpha, tl.max(wp * tl.sqrt(sq)[None, :], 1))
+            m1_i = tl.maximum(m1_i * alpha, tl.max(wp * dn[None, :], 1))
         m_i = m_new
 
     if SPLIT:
@@ -331,18 +342,21 @@ def _stage1(
         srow = b * (HKV * group) + hq
         lse = tl.where(nonempty, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
         tl.store(LSE + srow, lse, mask=g_ok)
+        trow = tl.load(STEP).to(tl.int64) * stride_step + srow  # the statistics' row at the device step index
         if ENTROPY:
-            tl.store(ENT + srow, _entropy(l_i, e_i), mask=g_ok)
+            tl.store(ENT + trow, _entropy(l_i, e_i), mask=g_ok)
         if CERT:
             out_c = tl.where(dv_ok[None, :], out - c_vec[None, :], 0.0)
             var = _variance(c_i, b_acc, a_i, c_vec, out_c, l_safe)
             oc = tl.sqrt(tl.sum(out_c * out_c, 1))
             rng = (m1_i + m0_i * oc) / l_safe
-            tl.store(VAR + srow, var, mask=g_ok)
-            tl.store(RNG + srow, rng, mask=g_ok)
+            tl.store(VAR + trow, var, mask=g_ok)
+            tl.store(RNG + trow, rng, mask=g_ok)
+            if HAS_NORM:
+                tl.store(NORM + trow, tl.sqrt(tl.sum(out * out, 1)), mask=g_ok)
             if SKETCH:
                 _sketch_epilogue(
-                    Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, b, h, srow, tl.where(nonempty, m_i + tl.log2(l_safe), float("inf")), oc,
+                    Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, b, h, trow, tl.where(nonempty, m_i + tl.log2(l_safe), float("inf")), oc,
                     scale_log2e, n_slots, group, stride_qb, stride_qh, stride_qd,
                     stride_kcb, stride_kch, stride_kcr, stride_kcd, stride_ksb, stride_ksh, stride_ksr,
                     stride_knb, stride_knh, G_PAD=G_PAD, D=D, BLOCK_D=BLOCK_D, BLOCK_R=BLOCK_R, DOT16=SK_DOT16,
@@ -354,7 +368,8 @@ def _merge(
     Q, CEN, OUT, LSE, VAR, RNG,
     P_M, P_L, P_ACC, P_A, P_B, P_C, P_M0, P_M1,
     SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, ENT, P_E,
-    n_splits, scale_log2e, n_slots, group,
+    NORM, STEP,
+    n_splits, scale_log2e, n_slots, group, stride_step,
     stride_qb, stride_qh, stride_qd,
     stride_cb, stride_ch, stride_cd,
     stride_ob, stride_oh, stride_od,
@@ -364,7 +379,7 @@ def _merge(
     HKV: tl.constexpr, G_PAD: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     CERT: tl.constexpr, INTERP_OUT_BF16: tl.constexpr,
     SKETCH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, SK_DOT16: tl.constexpr,
-    ENTROPY: tl.constexpr,
+    ENTROPY: tl.constexpr, HAS_NORM: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     b = (pid_bh // HKV).to(tl.int64)
@@ -422,19 +437,22 @@ def _merge(
     srow = b * (HKV * group) + hq
     lse = tl.where(nonempty, (m + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
     tl.store(LSE + srow, lse, mask=g_ok)
+    trow = tl.load(STEP).to(tl.int64) * stride_step + srow  # the statistics' row at the device step index
     if ENTROPY:
-        tl.store(ENT + srow, _entropy(l_i, e_i), mask=g_ok)
+        tl.store(ENT + trow, _entropy(l_i, e_i), mask=g_ok)
     if CERT:
         c_vec = tl.load(CEN + b * stride_cb + h * stride_ch + offs_dv * stride_cd, mask=dv_ok, other=0.0).to(tl.float32)
         out_c = tl.where(dv_ok[None, :], out - c_vec[None, :], 0.0)
         var = _variance(c_i, b_acc, a_i, c_vec, out_c, l_safe)
         oc = tl.sqrt(tl.sum(out_c * out_c, 1))
         rng = (m1_i + m0_i * oc) / l_safe
-        tl.store(VAR + srow, var, mask=g_ok)
-        tl.store(RNG + srow, rng, mask=g_ok)
+        tl.store(VAR + trow, var, mask=g_ok)
+        tl.store(RNG + trow, rng, mask=g_ok)
+        if HAS_NORM:
+            tl.store(NORM + trow, tl.sqrt(tl.sum(out * out, 1)), mask=g_ok)
         if SKETCH:
             _sketch_epilogue(
-                Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, b, h, srow, tl.where(nonempty, m + tl.log2(l_safe), float("inf")), oc,
+                Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, b, h, trow, tl.where(nonempty, m + tl.log2(l_safe), float("inf")), oc,
                 scale_log2e, n_slots, group, stride_qb, stride_qh, stride_qd,
                 stride_kcb, stride_kch, stride_kcr, stride_kcd, stride_ksb, stride_ksh, stride_ksr,
                 stride_knb, stride_knh, G_PAD=G_PAD, D=D, BLOCK_D=BLOCK_D, BLOCK_R=BLOCK_R, DOT16=SK_DOT16,
@@ -533,7 +551,10 @@ def merge_config(value_dim: int, group: int, dtype: torch.dtype, *, certificate:
 
 
 def device_arch(device: torch.device) -> int | None:
-    """Compute capability of a CUDA device as major·10 + minor (90 for sm_90); None elsewhere or in the interpreter."""
+    """Compute capability of a CUDA device as major·10 + minor (90 for sm_90); None elsewhere or in the interpreter;
+    the emulated GPU's under :func:`kvcert_kernels.launch.emulating`."""
+    if emulation() is not None:
+        return emulation().arch
     if device.type != "cuda" or interpreting():
         return None
     major, minor = torch.cuda.get_device_capability(device)
@@ -545,24 +566,14 @@ def _regs(maxnreg: int | None) -> dict:
     return {} if maxnreg is None else {"maxnreg": int(maxnreg)}
 
 
-@dataclass(frozen=True)
-class Launch:
-    """One kernel launch: ``kernel[grid](*args, **kwargs)`` (kwargs: constexprs, num_warps, num_stages)."""
-
-    kernel: object
-    grid: tuple
-    args: tuple
-    kwargs: dict
-
-    def __call__(self):
-        return self.kernel[self.grid](*self.args, **self.kwargs)
-
-
 _SMS: dict = {}
 
 
 def _multiprocessors(device: torch.device) -> int:
-    """The device's streaming multiprocessors (asked once per device)."""
+    """The device's streaming multiprocessors (asked once per device; the emulated GPU's under
+    :func:`kvcert_kernels.launch.emulating`)."""
+    if emulation() is not None:
+        return emulation().sms
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SMS:
         _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
@@ -634,7 +645,7 @@ def default_num_splits(batch: int, kv_heads: int, length: int, device: torch.dev
                        ctas_per_sm: int = 4) -> int:
     """Split-K policy: ``ctas_per_sm`` programs per streaming multiprocessor (the resident programs
     the launch configuration is sized for: one wave), ≥ 4 key blocks per split."""
-    if device.type != "cuda" or interpreting():
+    if emulation() is None and (device.type != "cuda" or interpreting()):
         return 1
     sms = _multiprocessors(device)
     want = -(-ctas_per_sm * sms // max(1, batch * kv_heads))
@@ -668,6 +679,10 @@ def _check(query, key, value, log_pi, centre, lengths):
         raise ValueError(f"lengths: shape {tuple(lengths.shape)} does not match key {tuple(key.shape[:2])}")
 
 
+#: the per-step statistics a plan can write at a device step index (``plan_decode(stats=..., step=...)``)
+STAT_NAMES = ("variance", "range_term", "output_norm", "shadow_sum", "shadow_range", "entropy")
+
+
 def certified_decode(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -686,6 +701,8 @@ def certified_decode(
     out: tuple | None = None,
     sketch=None,
     entropy: bool = False,
+    one_minus: torch.Tensor | None = None,
+    dev: torch.Tensor | None = None,
 ):
     """Hájek decode attention with its certificate in one pass over the compacted cache.
 
@@ -710,37 +727,76 @@ def certified_decode(
     p_i ∝ exp(s_i − log π_i) over the valid slots (0 for a head with none), fp32, the stat
     shape, appended as the last returned tensor (with or without the certificate). The
     other outputs are the same bits either way.
+
+    ``one_minus``, ``dev`` [B, Hkv, L] fp32, log π's layout (both or neither): the cache's own 1 − π and
+    ‖v − c‖ of each slot, read instead of recomputed from log π and the values.
+
+    One call plans and launches (:func:`plan_decode`); a caller that decodes the same layer again keeps the
+    plan (:class:`kvcert_kernels.launch.DecodePlan`) and runs it.
     """
     _check_mode()
     launches, results = plan_decode(
         query, key, value, log_pi, centre, scaling, lengths, certificate, num_splits, block_n=block_n,
         num_warps=num_warps, num_stages=num_stages, poison=poison, out=out, sketch=sketch, entropy=entropy,
-        arch=device_arch(query.device),
+        one_minus=one_minus, dev=dev, arch=device_arch(query.device),
     )
     for launch in launches:
         launch()
     return results
 
 
+def decode_plan(query, key, value, log_pi, centre, scaling, lengths=None, certificate=True, **kwargs) -> DecodePlan:
+    """:func:`plan_decode`'s launches and buffers as a :class:`~kvcert_kernels.launch.DecodePlan` (same arguments,
+    the target's compute capability taken from the query's device): made once, run every decode step."""
+    _check_mode()
+    launches, results = plan_decode(query, key, value, log_pi, centre, scaling, lengths, certificate,
+                                    arch=device_arch(query.device), **kwargs)
+    return DecodePlan(launches, results)
+
+
 def plan_decode(
     query, key, value, log_pi, centre, scaling, lengths=None, certificate=True, num_splits=None, *,
     block_n=None, num_warps=None, num_stages=None, poison=False, out=None, sketch=None, entropy=False, arch=None,
+    one_minus=None, dev=None, stats=None, step=None,
 ):
     """The launches of :func:`certified_decode` (same arguments, plus the target's compute
     capability ``arch``, e.g. 90; None: the interpreter's defaults) without running them:
     ``(launches, results)``, ``results`` the buffers the launches fill. The launch parameters
     come from :func:`launch_config` and :func:`merge_config` unless given;
-    :mod:`kvcert_kernels.compile_check` compiles these same launches for a GPU it does not have."""
+    :mod:`kvcert_kernels.compile_check` compiles these same launches for a GPU it does not have.
+
+    ``stats`` (with ``step``): the per-step statistics are written into these buffers instead of fresh ones,
+    at the row a device step index says — a mapping from names of :data:`STAT_NAMES` to fp32 tensors
+    [T, B, Hq] whose last two dimensions are contiguous, all with one stride between steps, and ``step`` an
+    int32 tensor whose first element is the step (read by the kernels at launch). ``variance`` and
+    ``range_term`` are needed with the certificate, ``shadow_sum`` and ``shadow_range`` with a sketch,
+    ``entropy`` with the entropy; ``output_norm`` (‖ô‖ of each query row) is written where given. The
+    results then hold these buffers in place of the per-call statistics."""
     _check(query, key, value, log_pi, centre, lengths)
     if sketch is not None and not certificate:
         raise ValueError("sketch: the shadow terms belong to the certificate; pass certificate=True")
     if sketch is not None and (tuple(sketch.codes.shape[:2]) != tuple(key.shape[:2]) or sketch.codes.shape[-1] != key.shape[-1]):
         raise ValueError(f"sketch: codes of shape {tuple(sketch.codes.shape)} do not fit key {tuple(key.shape)}")
+    if (one_minus is None) != (dev is None):
+        raise ValueError("one_minus, dev: give both (the cache's 1 − π and ‖v − c‖) or neither")
+    if one_minus is not None:
+        if log_pi is None:
+            raise ValueError("one_minus, dev: they come with log π (a cache with no log π has no tail to certify)")
+        for name, t in (("one_minus", one_minus), ("dev", dev)):
+            if tuple(t.shape) != tuple(log_pi.shape) or t.stride() != log_pi.stride() or t.dtype != torch.float32:
+                raise ValueError(f"{name}: expected fp32 of log π's shape {tuple(log_pi.shape)} and strides "
+                                 f"{log_pi.stride()}, got {t.dtype} {tuple(t.shape)} {t.stride()}")
+    if log_pi is not None and log_pi.dtype != torch.float32 and one_minus is not None:
+        raise ValueError("log_pi: fp32 with one_minus and dev (the three share one layout)")
     q3 = query[:, :, 0] if query.ndim == 4 else query
     bsz, hq, d = q3.shape
     hkv, seq_len, dv = key.shape[1], key.shape[2], value.shape[-1]
     group = hq // hkv
-    dev = query.device
+    dev_ = query.device
+    if (stats is None) != (step is None):
+        raise ValueError("stats, step: give both (the statistics buffers and the device step index) or neither")
+    if stats is not None:
+        _check_stats(stats, step, bsz, hq, certificate, sketch is not None, entropy)
     g_pad = _next_pow2(group)
     block_d, block_dv = _next_pow2(d), _next_pow2(dv)
     cfg = launch_config(d, dv, group, key.dtype, certificate=certificate, sketch=sketch is not None,
@@ -751,7 +807,7 @@ def plan_decode(
     num_warps = cfg.num_warps if num_warps is None else num_warps
     num_stages = cfg.num_stages if num_stages is None else num_stages
     if num_splits is None:
-        num_splits = default_num_splits(bsz, hkv, seq_len, dev, block_n, cfg.ctas_per_sm)
+        num_splits = default_num_splits(bsz, hkv, seq_len, dev_, block_n, cfg.ctas_per_sm)
     num_splits = max(1, int(num_splits))
     chunk = -(-max(seq_len, 1) // num_splits)
     chunk = -(-chunk // block_n) * block_n
@@ -759,48 +815,64 @@ def plan_decode(
     split = num_splits > 1
 
     stat_shape = (bsz, hq, 1) if query.ndim == 4 else (bsz, hq)
+    # an emulated GPU computes nothing: its launches leave the buffers as made, zeros (finite outputs downstream)
+    empty = torch.zeros if emulation() is not None else torch.empty
     if out is not None:
         output, lse, variance, range_term = out
     else:
-        output = torch.empty(query.shape[:-1] + (dv,), device=dev, dtype=query.dtype)
-        if certificate:  # lse, V̂ and b̂_c from one allocation, each a contiguous slice on a 128-byte boundary
+        output = empty(query.shape[:-1] + (dv,), device=dev_, dtype=query.dtype)
+        if certificate and stats is None:  # lse, V̂ and b̂_c from one allocation, each a contiguous slice on a 128-byte boundary
             n = bsz * hq
             stride = -(-n // 32) * 32
-            flat = torch.empty(3 * stride, device=dev, dtype=torch.float32)
+            flat = empty(3 * stride, device=dev_, dtype=torch.float32)
             lse, variance, range_term = (flat.narrow(0, i * stride, n).view(stat_shape) for i in range(3))
         else:
-            lse, variance, range_term = torch.empty(stat_shape, device=dev, dtype=torch.float32), None, None
+            lse, variance, range_term = empty(stat_shape, device=dev_, dtype=torch.float32), None, None
+    if stats is not None:
+        variance, range_term = stats.get("variance"), stats.get("range_term")
     o3 = output[:, :, 0] if output.ndim == 4 else output
     for t in (lse, variance, range_term):
-        if t is not None and not t.is_contiguous():
+        if t is not None and stats is None and not t.is_contiguous():
             raise ValueError("out: lse, variance and range_term must be contiguous")
     if centre is None:
-        centre_t = _constant(dev, "centre", (bsz, hkv, dv), torch.float32)
+        centre_t = _constant(dev_, "centre", (bsz, hkv, dv), torch.float32)
     else:
         centre_t = centre if centre.dtype == torch.float32 else centre.to(torch.float32)
-    lp = log_pi if log_pi is not None else _constant(dev, "log_pi", (1, 1, 1), torch.float32)
+    lp = log_pi if log_pi is not None else _constant(dev_, "log_pi", (1, 1, 1), torch.float32)
     if lp.dtype != torch.float32:
         lp = lp.to(torch.float32)
-    len_t = lengths if lengths is not None else _constant(dev, "lengths", (1, 1), torch.int32)
+    len_t = lengths if lengths is not None else _constant(dev_, "lengths", (1, 1), torch.int32)
     if len_t.dtype not in (torch.int32, torch.int64):
         len_t = len_t.to(torch.int32)
+    if step is None:
+        step_t, stride_step = _constant(dev_, "step", (1,), torch.int32), 0
+    else:
+        step_t, stride_step = step, _step_stride(stats)
 
     if split:
         rows = bsz * hkv * num_splits * group
-        p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1, p_e = _workspace(dev, rows, dv, certificate, entropy, poison)
+        p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1, p_e = _workspace(dev_, rows, dv, certificate, entropy, poison)
     else:
         p_m = p_l = p_acc = p_a = p_b = p_c = p_m0 = p_m1 = p_e = lse
-    ent = torch.empty(stat_shape, device=dev, dtype=torch.float32) if entropy else None
+    if stats is not None:
+        ent = stats.get("entropy") if entropy else None
+    else:
+        ent = empty(stat_shape, device=dev_, dtype=torch.float32) if entropy else None
     if poison:
         for t in (output, lse, variance, range_term, ent):
             if t is not None:
                 t.fill_(float("nan"))
     var_arg = variance if variance is not None else lse
     rng_arg = range_term if range_term is not None else lse
+    norm_t = stats.get("output_norm") if stats is not None and certificate else None
+    norm_arg = norm_t if norm_t is not None else lse
     use_sketch = sketch is not None and sketch.slots > 0
     if sketch is not None:
-        shadow_v = torch.zeros(stat_shape, device=dev, dtype=torch.float32)
-        shadow_r = torch.zeros(stat_shape, device=dev, dtype=torch.float32)
+        if stats is not None:  # a sketch without a shadow slot writes nothing: the caller's zeros stand
+            shadow_v, shadow_r = stats["shadow_sum"], stats["shadow_range"]
+        else:
+            shadow_v = torch.zeros(stat_shape, device=dev_, dtype=torch.float32)
+            shadow_r = torch.zeros(stat_shape, device=dev_, dtype=torch.float32)
     if use_sketch:
         sk_c, sk_s, sk_e, sk_d = sketch.codes, sketch.scale, sketch.key_error, sketch.value_dev
         sk_n = sketch.count
@@ -816,6 +888,7 @@ def plan_decode(
     sv_arg = shadow_v if use_sketch else lse
     mcfg = merge_config(dv, group, query.dtype, certificate=certificate, sketch=use_sketch, entropy=entropy, arch=arch)
     sr_arg = shadow_r if use_sketch else lse
+    om_arg, dev_arg = (one_minus, dev) if one_minus is not None else (lp, lp)
 
     interp = interpreting()  # the interpreter's fp32 → bf16 cast truncates: round explicitly there
     interp_out = interp and output.dtype == torch.bfloat16
@@ -824,12 +897,15 @@ def plan_decode(
     dot_prec = "ieee" if fp32 else "tf32"
     cert_prec = "ieee" if fp32 else "tf32"
     consts = dict(HKV=hkv, G_PAD=g_pad)
+    # argument 0 is the caller's query itself (q3's strides describe it: the pointer is the same), so a plan run
+    # over a new query swaps the tensor and nothing else
     launches = [Launch(_stage1, (bsz * hkv, num_splits), (
-        q3, key, value, lp, centre_t, len_t,
+        query, key, value, lp, centre_t, len_t,
         o3, lse, var_arg, rng_arg,
         p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1,
         sk_c, sk_s, sk_e, sk_d, sk_n, sv_arg, sr_arg, ent if entropy else lse, p_e,
-        float(scaling) * LOG2E, seq_len, chunk, num_splits, n_slots, group,
+        om_arg, dev_arg, norm_arg, step_t,
+        float(scaling) * LOG2E, seq_len, chunk, num_splits, n_slots, group, stride_step,
         q3.stride(0), q3.stride(1), q3.stride(2),
         key.stride(0), key.stride(1), key.stride(2), key.stride(3),
         value.stride(0), value.stride(1), value.stride(2), value.stride(3),
@@ -844,14 +920,16 @@ def plan_decode(
         SKETCH=use_sketch and not split, BLOCK_R=SKETCH_BLOCK, SK_DOT16=sk_dot16,
         DOT_PREC=dot_prec, CERT_PREC=cert_prec, SPLIT_R=not fp32,
         INTERP_BF16=interp and key.dtype == torch.bfloat16, INTERP_OUT_BF16=interp_out,
-        ENTROPY=bool(entropy), num_warps=num_warps, num_stages=num_stages, **_regs(maxnreg),
+        ENTROPY=bool(entropy), HAS_AUX=one_minus is not None, HAS_NORM=norm_t is not None,
+        num_warps=num_warps, num_stages=num_stages, **_regs(maxnreg),
     ))]
     if split:
         launches.append(Launch(_merge, (bsz * hkv,), (
-            q3, centre_t, o3, lse, var_arg, rng_arg,
+            query, centre_t, o3, lse, var_arg, rng_arg,
             p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1,
             sk_c, sk_s, sk_e, sk_d, sk_n, sv_arg, sr_arg, ent if entropy else lse, p_e,
-            num_splits, float(scaling) * LOG2E, n_slots, group,
+            norm_arg, step_t,
+            num_splits, float(scaling) * LOG2E, n_slots, group, stride_step,
             q3.stride(0), q3.stride(1), q3.stride(2),
             centre_t.stride(0), centre_t.stride(1), centre_t.stride(2),
             o3.stride(0), o3.stride(1), o3.stride(2),
@@ -859,12 +937,37 @@ def plan_decode(
         ), dict(
             **consts, DV=dv, BLOCK_DV=block_dv, CERT=bool(certificate), INTERP_OUT_BF16=interp_out,
             SKETCH=use_sketch, D=d, BLOCK_D=block_d, BLOCK_R=SKETCH_BLOCK, SK_DOT16=sk_dot16, ENTROPY=bool(entropy),
+            HAS_NORM=norm_t is not None,
             num_warps=mcfg.num_warps, num_stages=mcfg.num_stages, **_regs(mcfg.maxnreg),
         )))
     res = (output, lse, variance, range_term) + ((shadow_v, shadow_r) if sketch is not None else ())
     return launches, (res + (ent,) if entropy else res)
 
 
+def _step_stride(stats: dict) -> int:
+    return next(iter(stats.values())).stride(0)
+
+
+def _check_stats(stats: dict, step: torch.Tensor, bsz: int, hq: int, certificate: bool, sketch: bool,
+                 entropy: bool) -> None:
+    """``plan_decode``'s ``stats`` and ``step`` as its docstring says, or one line saying what differs."""
+    unknown = set(stats) - set(STAT_NAMES)
+    if unknown:
+        raise ValueError(f"stats: unknown statistics {sorted(unknown)}; the names are {', '.join(STAT_NAMES)}")
+    needed = (["variance", "range_term"] if certificate else []) + (["shadow_sum", "shadow_range"] if sketch else []) \
+        + (["entropy"] if entropy else [])
+    missing = [n for n in needed if n not in stats]
+    if missing:
+        raise ValueError(f"stats: {', '.join(missing)} missing (needed by what this decode computes)")
+    strides = {t.stride(0) for t in stats.values()}
+    for name, t in stats.items():
+        if t.dtype != torch.float32 or t.ndim != 3 or tuple(t.shape[1:]) != (bsz, hq) or t.stride()[1:] != (hq, 1):
+            raise ValueError(f"stats: {name} must be fp32 [T, {bsz}, {hq}] with contiguous rows, got {t.dtype} "
+                             f"{tuple(t.shape)} strides {t.stride()}")
+    if len(strides) != 1:
+        raise ValueError(f"stats: the buffers' step strides differ ({sorted(strides)}); give views of one tensor")
+    if step.dtype != torch.int32 or step.numel() < 1 or step.device != next(iter(stats.values())).device:
+        raise ValueError("step: an int32 tensor on the statistics' device, its first element the step index")
 
 
 def decode_bytes(key: torch.Tensor, value: torch.Tensor, log_pi: torch.Tensor | None, lengths=None) -> int:
@@ -877,6 +980,6 @@ def decode_bytes(key: torch.Tensor, value: torch.Tensor, log_pi: torch.Tensor | 
 
 
 __all__ = [
-    "Launch", "LaunchConfig", "certified_decode", "decode_bytes", "default_num_splits", "device_arch", "interpreting",
-    "launch_config", "merge_config", "plan_decode",
+    "STAT_NAMES", "DecodePlan", "Launch", "LaunchConfig", "QueryMismatch", "certified_decode", "decode_bytes", "decode_plan",
+    "default_num_splits", "device_arch", "interpreting", "launch_config", "merge_config", "plan_decode",
 ]

@@ -49,7 +49,8 @@ from ..method.certificate import unit_roundoff
 from ..method.fork import Branch, ForkingCache, join_view_caches, row_view_cache, stacked_cache, take_cache_rows, width_buckets
 from ..tasks.prompting import build_prompt_ids
 from .engine import Engine, check_logits, greedy, refusing_non_finite, stop_rules, sync_device
-from .signals import CertificateTrace, StepSignals, add_rows, attention_entropy, evicted_mass, next_token_signals
+from .signals import (CertificateTrace, StepSignals, add_rows, attention_entropy, evicted_mass, fold_recorded,
+                      next_token_signals)
 
 
 def forkable(engine: Engine) -> bool:
@@ -100,6 +101,7 @@ class _Batch:
     rows: list[int]  # batch row -> run index
     logits: torch.Tensor  # [rows, V]: the next token's
     alone: bool = False
+    tails: list | None = None  # per row: the layers that certify it (None: every layer that records)
 
 
 @torch.inference_mode()
@@ -232,7 +234,12 @@ def _prefill_forks(engines, forks, record, ids, question_start, traces, signals,
 def _decode(engines, record, ids, question_start, batches: list[_Batch], traces, signals, done: _Prefilled,
             roundoff: float, started: str) -> list[dict]:
     """Greedy decoding of every batch, a step of each at a time: a row that emits a stop token or reaches its
-    limit is recorded and leaves its batch (a stacked one is repacked without it)."""
+    limit is recorded and leaves its batch (a stacked one is repacked without it).
+
+    A step reads one thing back from the device: the greedy tokens of its rows with their log-probabilities and
+    whether the logits they came from were finite. The certificates and attention entropies stay in the
+    batch's recorder until a row finishes or the batch ends (:func:`~kvcert.generation.signals.fold_recorded`),
+    and the traces stay on the device until a record is written."""
     e0 = engines[0]
     model, device = e0.model, e0.device
     specs = [e.spec for e in engines]
@@ -242,13 +249,20 @@ def _decode(engines, record, ids, question_start, batches: list[_Batch], traces,
     logprobs: list[list[float]] = [[] for _ in engines]
     decode_seconds = [0.0] * len(engines)
     records: dict[int, dict] = {}
+    for batch in batches:
+        batch.tails = _row_layers(batch)
     while batches:
         for batch in list(batches):
             t = time.perf_counter()
             lp = torch.log_softmax(batch.logits.float(), dim=-1)
             best = greedy(lp, first_forbidden if not tokens[batch.rows[0]] else set())  # rows of a batch step together
             picked = lp.gather(-1, best.unsqueeze(-1)).squeeze(-1)
-            best, picked = best.tolist(), picked.tolist()
+            finite = torch.isfinite(batch.logits).all(-1)
+            # the one read of the step: tokens, their log-probabilities, and whether the logits were finite
+            read = torch.stack((best.to(torch.float64), picked.to(torch.float64), finite.to(torch.float64))).tolist()
+            if not all(read[2]):
+                check_logits(batch.logits, e0.model_path)  # names the model in one line
+            best, picked = [int(x) for x in read[0]], read[1]
             step_signals = next_token_signals(lp)
             finished = []
             for pos, i in enumerate(batch.rows):
@@ -257,6 +271,8 @@ def _decode(engines, record, ids, question_start, batches: list[_Batch], traces,
                 signals[i].add_next_token(step_signals, pos)
                 if best[pos] in stops or len(tokens[i]) == limits[i]:
                     finished.append(pos)
+            if finished:
+                _fold_batch(batch, traces, signals)
             for pos in finished:
                 i = batch.rows[pos]
                 if batch.alone:  # its own cache: what a batch-1 run's cache reports
@@ -280,16 +296,25 @@ def _decode(engines, record, ids, question_start, batches: list[_Batch], traces,
                     continue
                 batch.cache = take_cache_rows(batch.cache, keep)
                 batch.rows = [batch.rows[pos] for pos in keep]
+                batch.tails = None if batch.tails is None else [batch.tails[pos] for pos in keep]
             x = torch.tensor([tokens[i][-1] for i in batch.rows], dtype=torch.long, device=device).unsqueeze(-1)
             batch.logits = model(input_ids=x, cache=batch.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-            check_logits(batch.logits, e0.model_path)
-            if batch.alone:
-                _fold_alone(traces[batch.rows[0]], signals[batch.rows[0]], batch.cache.pop_steps())
-            else:
-                _fold([traces[i] for i in batch.rows], [signals[i] for i in batch.rows], batch.cache,
-                      batch.cache.pop_steps(), range(len(batch.rows)))
             sync_device(device)
             dt = time.perf_counter() - t
             for i in batch.rows:
                 decode_seconds[i] += dt / len(batch.rows)
     return [records[i] for i in range(len(engines))]
+
+
+def _row_layers(batch: _Batch) -> list[set] | None:
+    """Per batch row, the layers that certify it (where it has a sampled tail), read once per batch; None for a run
+    on its own cache (every layer that records certifies it)."""
+    if batch.alone:
+        return None
+    tails = [layer.row_tail.tolist() for layer in batch.cache.layers]
+    return [{i for i, rows in enumerate(tails) if rows[pos]} for pos in range(len(batch.rows))]
+
+
+def _fold_batch(batch: _Batch, traces, signals) -> None:
+    """Fold what the batch's recorder holds into its rows' traces and step signals."""
+    fold_recorded(batch.cache.recorder, [traces[i] for i in batch.rows], [signals[i] for i in batch.rows], batch.tails)

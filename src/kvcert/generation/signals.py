@@ -21,59 +21,57 @@ import math
 
 import torch
 
+from ..checks import check_delta
 from ..method.recorder import StepCertificates
-from ..method.certificate import aggregate, anytime_radius, bernstein_radius, robust_radius
+from ..method.certificate import aggregate, bernstein_radius
 from .record import certificate_field, evicted_mass_field
 
 
+def _series(radius: torch.Tensor, any_radius: torch.Tensor, norm: torch.Tensor, aggregations) -> torch.Tensor:
+    """[..., 3·A, T] from radii [..., T, layers, Hq]: per aggregation the step radius, the anytime radius and the
+    relative radius (ε / ‖ô‖), each aggregated over layers and heads."""
+    relative = radius / norm.clamp(min=1e-12)
+    return torch.stack([aggregate(x, a, (-2, -1)) for a in aggregations for x in (radius, any_radius, relative)], -2)
+
+
 class _Block:
-    """One certificate's trace: per aggregation, the step radii, anytime radii and relative radii."""
+    """One certificate's trace: per aggregation, the step radii, anytime radii and relative radii, kept on the
+    device as they are folded in (chunks of steps) and read once (:meth:`CertificateTrace.read`)."""
 
     def __init__(self, aggregations: tuple[str, ...], num_layers: int):
         self.aggregations = aggregations
         self.num_layers = num_layers
-        self.steps: dict[str, list[float]] = {a: [] for a in aggregations}
-        self.anytime: dict[str, list[float]] = {a: [] for a in aggregations}
-        self.relative: dict[str, list[float]] = {a: [] for a in aggregations}
-        self.first_step_layers: dict[str, list[float]] | None = None
+        self.chunks: list[torch.Tensor] = []  # [3·A, T] each
+        self.first: tuple[torch.Tensor, list[int]] | None = None  # the first step's per-layer radii [A, layers]
 
-    def add(self, radius: torch.Tensor, any_radius: torch.Tensor, norm: torch.Tensor | None, layers: list[int]) -> None:
-        relative = radius / norm.clamp(min=1e-12) if norm is not None else torch.full_like(radius, float("nan"))
-        for a in self.aggregations:
-            self.steps[a].append(float(aggregate(radius, a, (0, 1))))
-            self.anytime[a].append(float(aggregate(any_radius, a, (0, 1))))
-            self.relative[a].append(float(aggregate(relative, a, (0, 1))))
-        if self.first_step_layers is None:
-            per_layer = {a: [0.0] * self.num_layers for a in self.aggregations}
-            for row, layer_idx in enumerate(layers):
-                for a in self.aggregations:
-                    per_layer[a][layer_idx] = float(aggregate(radius[row], a, (0,)))
-            self.first_step_layers = per_layer
+    def fold(self, series: torch.Tensor, radius: torch.Tensor, layers: list[int]) -> None:
+        """Steps' ``series`` [3·A, T] (:func:`_series`); ``radius`` [T, layers, Hq] for the first step's layers."""
+        self.chunks.append(series)
+        if self.first is None:
+            self.first = (torch.stack([aggregate(radius[0], a, (1,)) for a in self.aggregations]), list(layers))
 
-    @staticmethod
-    def add_many(blocks: list["_Block"], radius: torch.Tensor, any_radius: torch.Tensor, norm: torch.Tensor | None,
-                 layers: list[int]) -> None:
-        """:meth:`add` for several blocks at once: radius, any_radius, norm [rows, layers, Hq], a row per block."""
-        relative = radius / norm.clamp(min=1e-12) if norm is not None else torch.full_like(radius, float("nan"))
-        for a in blocks[0].aggregations:
-            for series, values in ((lambda b: b.steps, radius), (lambda b: b.anytime, any_radius),
-                                   (lambda b: b.relative, relative)):
-                for block, value in zip(blocks, aggregate(values, a, (1, 2)).tolist()):
-                    series(block)[a].append(value)
-        for row, block in enumerate(blocks):
-            if block.first_step_layers is None:
-                per_layer = {a: [0.0] * block.num_layers for a in block.aggregations}
-                for a in block.aggregations:
-                    for layer_idx, value in zip(layers, aggregate(radius[row], a, (1,)).tolist()):
-                        per_layer[a][layer_idx] = value
-                block.first_step_layers = per_layer
+    def tensors(self) -> list[torch.Tensor]:
+        return [torch.cat(self.chunks, -1).flatten(), self.first[0].flatten()]
 
-    def record(self, delta: float, variance_mean: list[float]) -> dict:
-        return certificate_field(delta, self.steps, self.anytime, self.relative, variance_mean, self.first_step_layers)
+    def record(self, delta: float, values: list[list[float]], variance_mean: list[float]) -> dict:
+        """The record's field from :meth:`tensors`' values, as read."""
+        flat, first = values
+        a_n, t_n = len(self.aggregations), len(flat) // (3 * len(self.aggregations))
+        table = [flat[i * t_n : (i + 1) * t_n] for i in range(3 * a_n)]
+        steps = {a: table[3 * i] for i, a in enumerate(self.aggregations)}
+        anytime = {a: table[3 * i + 1] for i, a in enumerate(self.aggregations)}
+        relative = {a: table[3 * i + 2] for i, a in enumerate(self.aggregations)}
+        layers = self.first[1]
+        per_layer = {a: [0.0] * self.num_layers for a in self.aggregations}
+        for i, a in enumerate(self.aggregations):
+            for j, layer_idx in enumerate(layers):
+                per_layer[a][layer_idx] = first[i * len(layers) + j]
+        return certificate_field(delta, steps, anytime, relative, variance_mean, per_layer)
 
 
 class CertificateTrace:
-    """Accumulates the certificates of one generation, step by step (plug-in and robust)."""
+    """Accumulates the certificates of one generation, step by step (plug-in and robust), on the device: the
+    radii are computed and aggregated as steps are folded in, and read back once, when the record is written."""
 
     def __init__(self, delta: float, aggregations: tuple[str, ...], num_layers: int, roundoff: float = 0.0):
         self.delta = delta
@@ -82,11 +80,9 @@ class CertificateTrace:
         self.roundoff = roundoff  # u of the cache dtype: the robust radius's floor u·‖ô‖
         self.plugin = _Block(aggregations, num_layers)
         self.robust = _Block(aggregations, num_layers)
-        self.variance_mean: list[float] = []
-
-    @property
-    def steps(self) -> dict[str, list[float]]:
-        return self.plugin.steps
+        self.count = 0  # certified steps folded in
+        self._variance_mean: list[torch.Tensor] = []
+        self._read: dict | None = None
 
     def add(self, step: StepCertificates, row: int = 0, layers=None) -> None:
         """Fold in one forward's certificates (the last query of the forward) of batch ``row``.
@@ -97,26 +93,79 @@ class CertificateTrace:
         layers = sorted(step.variance) if layers is None else [i for i in sorted(step.variance) if i in layers]
         if not layers:
             return
-        t = len(self.variance_mean) + 1
-        stack = lambda d: torch.stack([d[i][row, :, -1] for i in layers]).double()  # noqa: E731 - [layers, Hq]
-        var, rng = stack(step.variance), stack(step.range_term)
-        norm = stack(step.output_norm) if step.output_norm else None
-        shadow = all(i in step.shadow_sum for i in layers)
-        sv = stack(step.shadow_sum) if shadow else torch.zeros_like(var)
-        self.plugin.add(bernstein_radius(var, rng, self.delta), anytime_radius(var, rng, self.delta, t), norm, layers)
-        floor = None if norm is None else self.roundoff * norm
-        self.robust.add(robust_radius(var, rng, sv, self.delta, floor=floor),
-                        robust_radius(var, rng, sv, self.delta, t, floor=floor), norm, layers)
-        self.variance_mean.append(float(var.mean()))
+        stack = lambda d: torch.stack([d[i][row, :, -1] for i in layers]).unsqueeze(0)  # noqa: E731 - [1, layers, Hq]
+        self.fold(stack(step.variance), stack(step.range_term), stack(step.output_norm), stack(step.shadow_sum), layers)
+
+    def fold(self, variance: torch.Tensor, range_term: torch.Tensor, output_norm: torch.Tensor,
+             shadow_sum: torch.Tensor, layers: list[int]) -> None:
+        """Fold in T certified steps at once: V̂, b̂_c, ‖ô‖ and Σ t_j [T, layers, Hq] (fp32 or fp64) of the
+        ``layers`` that certify them; the radii in float64 on the statistics' device, nothing read back."""
+        fold_many([self], variance.unsqueeze(0), range_term.unsqueeze(0), output_norm.unsqueeze(0),
+                  shadow_sum.unsqueeze(0), layers)
+
+    @property
+    def steps(self) -> dict[str, list[float]]:
+        return self.read()["plugin"]["steps"] if self.count else {a: [] for a in self.aggregations}
+
+    @property
+    def variance_mean(self) -> list[float]:
+        return self.read()["plugin"]["variance_mean_steps"] if self.count else []
+
+    def read(self) -> dict:
+        """Both fields' values, read from the device in one transfer (once: folding later starts over)."""
+        if self._read is None or self._read.get("count") != self.count:
+            blocks = (self.plugin, self.robust)
+            parts = [t for block in blocks for t in block.tensors()] + [torch.cat(self._variance_mean)]
+            sizes = [t.numel() for t in parts]
+            flat = torch.cat([t.to(torch.float64) for t in parts]).tolist()
+            values, at = [], 0
+            for n in sizes:
+                values.append(flat[at : at + n])
+                at += n
+            vm = values[4]
+            self._read = {"count": self.count,
+                          "plugin": self.plugin.record(self.delta, values[0:2], vm),
+                          "robust": self.robust.record(self.delta, values[2:4], vm)}
+        return self._read
 
     def to_record(self) -> dict | None:
         """The plug-in certificate's field of the generation record (None: no certified step)."""
-        return self.plugin.record(self.delta, self.variance_mean) if self.variance_mean else None
+        return self.read()["plugin"] if self.count else None
 
     def robust_record(self) -> dict | None:
         """The robust certificate's field (same layout; ``variance_mean_steps`` is the plug-in's V̂, which
         ε_R shares: the shadow adds Σ t_j to the radius, not to the variance)."""
-        return self.robust.record(self.delta, self.variance_mean) if self.variance_mean else None
+        return self.read()["robust"] if self.count else None
+
+
+def _log_terms(delta: float, first: int, steps: int, device) -> torch.Tensor:
+    """L_t = log(2/δ_t), δ_t = δ / (t (t + 1)), for the certified steps t = first + 1 … first + steps: [T, 1, 1]
+    float64, the same arithmetic as :func:`kvcert.method.certificate.anytime_radius` (no host read)."""
+    t = torch.arange(first + 1, first + steps + 1, dtype=torch.float64, device=device)
+    return torch.log(2.0 / (check_delta(delta) / (t * (t + 1.0)))).reshape(-1, 1, 1)
+
+
+def fold_many(traces: list[CertificateTrace], variance, range_term, output_norm, shadow_sum, layers) -> None:
+    """Fold T certified steps into each of ``traces`` at once: V̂, b̂_c, ‖ô‖, Σ t_j [rows, T, layers, Hq], a row
+    per trace; the traces share δ, the aggregations, the rounding floor and the count of steps folded so far."""
+    first = traces[0]
+    # contiguous, so that every reduction over (layers, heads) sums in the order a single step's does
+    var, rng, norm, sv = (x.to(torch.float64).contiguous() for x in (variance, range_term, output_norm, shadow_sum))
+    n_steps = var.shape[1]
+    big_l = _log_terms(first.delta, first.count, n_steps, var.device)
+    plugin = bernstein_radius(var, rng, first.delta)
+    anytime = torch.sqrt(2.0 * var.clamp(min=0) * big_l) + (2.0 / 3.0) * rng * big_l
+    floor = first.roundoff * norm
+    robust = torch.maximum(plugin + sv, floor)
+    robust_any = torch.maximum(anytime + sv, floor)
+    plugin_series = _series(plugin, anytime, norm, first.aggregations)
+    robust_series = _series(robust, robust_any, norm, first.aggregations)
+    variance_mean = var.mean(dim=(-2, -1))
+    for r, trace in enumerate(traces):
+        trace.plugin.fold(plugin_series[r], plugin[r], layers)
+        trace.robust.fold(robust_series[r], robust[r], layers)
+        trace._variance_mean.append(variance_mean[r])
+        trace.count += n_steps
 
 
 def add_rows(traces: list[CertificateTrace], step: StepCertificates, rows: list[int], layers: list) -> None:
@@ -127,27 +176,13 @@ def add_rows(traces: list[CertificateTrace], step: StepCertificates, rows: list[
     for trace, row, allowed in zip(traces, rows, layers):
         mine = tuple(i for i in sorted(step.variance) if i in allowed)
         if mine:
-            key = (len(trace.variance_mean), trace.delta, trace.aggregations, trace.roundoff, mine)
+            key = (trace.count, trace.delta, trace.aggregations, trace.roundoff, mine)
             groups.setdefault(key, []).append((trace, row))
-    for (done, delta, _, roundoff, mine), members in groups.items():
-        if len(members) == 1:
-            members[0][0].add(step, members[0][1], mine)
-            continue
+    for (_, _, _, _, mine), members in groups.items():
         idx = torch.tensor([row for _, row in members])
-        stack = lambda d: torch.stack([d[i][idx, :, -1] for i in mine], 1).double()  # noqa: E731 - [rows, layers, Hq]
-        var, rng = stack(step.variance), stack(step.range_term)
-        norm = stack(step.output_norm) if step.output_norm else None
-        shadow = all(i in step.shadow_sum for i in mine)
-        sv = stack(step.shadow_sum) if shadow else torch.zeros_like(var)
-        t, layers_ = done + 1, list(mine)
-        traces_ = [trace for trace, _ in members]
-        _Block.add_many([tr.plugin for tr in traces_], bernstein_radius(var, rng, delta),
-                        anytime_radius(var, rng, delta, t), norm, layers_)
-        floor = None if norm is None else roundoff * norm
-        _Block.add_many([tr.robust for tr in traces_], robust_radius(var, rng, sv, delta, floor=floor),
-                        robust_radius(var, rng, sv, delta, t, floor=floor), norm, layers_)
-        for tr, vm in zip(traces_, var.mean(dim=(1, 2)).tolist()):
-            tr.variance_mean.append(vm)
+        stack = lambda d: torch.stack([d[i][idx, :, -1] for i in mine], 1).unsqueeze(1)  # noqa: E731 - [rows, 1, layers, Hq]
+        fold_many([trace for trace, _ in members], stack(step.variance), stack(step.range_term),
+                  stack(step.output_norm), stack(step.shadow_sum), list(mine))
 
 
 class StepSignals:
@@ -168,7 +203,12 @@ class StepSignals:
     def add_attention(self, values: torch.Tensor | None, row: int = 0) -> None:
         """``values`` from :func:`attention_entropy` ([B]; None: no compressed layer in that forward)."""
         if values is not None and self._attention is not None:
-            self._attention.append(values[row])
+            self._attention.append(values[row : row + 1])
+
+    def add_attention_steps(self, values: torch.Tensor) -> None:
+        """Several steps' attention entropies at once ([T])."""
+        if self._attention is not None:
+            self._attention.append(values)
 
     def _next_table(self) -> list[list[float]]:
         return torch.stack(self._next).double().tolist() if self._next else []
@@ -185,7 +225,7 @@ class StepSignals:
     def attention_entropy(self) -> list[float] | None:
         if self._attention is None:
             return None
-        return torch.stack(self._attention).double().tolist() if self._attention else []
+        return torch.cat(self._attention).double().tolist() if self._attention else []
 
 
 def next_token_signals(logprobs: torch.Tensor) -> torch.Tensor:
@@ -205,6 +245,53 @@ def attention_entropy(step: StepCertificates) -> torch.Tensor | None:
     if not step.entropy:
         return None
     return torch.stack([step.entropy[i][:, :, -1] for i in sorted(step.entropy)]).mean(dim=(0, 2))
+
+
+def fold_recorded(recorder, traces: list, signals: list, row_layers: list | None = None) -> None:
+    """Fold every forward a cache's recorder holds (:class:`~kvcert.method.recorder.StepRecorder`) into the traces
+    and step signals of its batch rows (``traces[pos]`` None: that row certifies nothing), then clear it. The
+    statistics stay on the device: runs of forwards that recorded the same layers are folded at once
+    (:func:`fold_many`), and nothing is read back. ``row_layers[pos]``: the layers that certify row ``pos`` (where
+    it has a sampled tail; a batch of forks records every layer where some row has one); None: all recorded."""
+    from ..method.recorder import ENTROPY, NORM, RANGE, SHADOW_SUM, VARIANCE
+
+    marks = recorder.marks
+    if not marks:
+        return
+    data = recorder.buffer.data
+    start = 0
+    while start < len(marks):
+        stop = start + 1
+        while stop < len(marks) and marks[stop] == marks[start]:
+            stop += 1
+        mark, rows = marks[start], data[start:stop]  # [T, layers, 6, B, Hq]
+        if mark.entropy:
+            entropy = rows[:, sorted(mark.entropy), ENTROPY].mean(dim=(1, 3))  # [T, B]
+            for pos, sig in enumerate(signals):
+                sig.add_attention_steps(entropy[:, pos])
+        if mark.certified:
+            groups: dict[tuple, list] = {}
+            for pos, trace in enumerate(traces):
+                if trace is None:
+                    continue
+                allowed = None if row_layers is None else row_layers[pos]
+                mine = tuple(i for i in sorted(mark.certified) if allowed is None or i in allowed)
+                if mine:
+                    key = (trace.count, trace.delta, trace.aggregations, trace.roundoff, mine)
+                    groups.setdefault(key, []).append((trace, pos))
+            for (_, _, _, _, mine), members in groups.items():
+                picked = rows[:, list(mine)]  # [T, layers, 6, B, Hq]
+                if len(members) == picked.shape[3]:
+                    picked = picked.permute(3, 0, 1, 2, 4)  # [rows, T, layers, 6, Hq]: every row, in order
+                    if [pos for _, pos in members] != list(range(len(members))):
+                        picked = picked[torch.tensor([pos for _, pos in members], device=picked.device)]
+                else:
+                    picked = picked[:, :, :, torch.tensor([pos for _, pos in members], device=picked.device)]
+                    picked = picked.permute(3, 0, 1, 2, 4)
+                fold_many([trace for trace, _ in members], picked[:, :, :, VARIANCE], picked[:, :, :, RANGE],
+                          picked[:, :, :, NORM], picked[:, :, :, SHADOW_SUM], list(mine))
+        start = stop
+    recorder.clear()
 
 
 def evicted_mass(layers, aggregations: tuple[str, ...], row: int = 0) -> dict | None:

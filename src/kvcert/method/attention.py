@@ -16,8 +16,8 @@ every older (retained) key.
 
 from __future__ import annotations
 
+import contextlib
 import math
-
 import os
 import warnings
 from dataclasses import dataclass
@@ -122,25 +122,49 @@ def _causal_allowed(n_queries: int, q_start: int, q_total: int, length: int, dev
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _kernel_fn = None
+_kernel_module = None
+#: the fused kernel serves every device, not only CUDA (:func:`kernel_on_every_device`)
+_KERNEL_EVERYWHERE = False
 
 
 def _on_kernel_device(t: torch.Tensor) -> bool:
     """Whether the fused Triton decode kernel serves tensors on ``t``'s device (CUDA)."""
-    return t.is_cuda
+    return t.is_cuda or _KERNEL_EVERYWHERE
+
+
+@contextlib.contextmanager
+def kernel_on_every_device():
+    """Take the fused kernel's path on any device (a CPU too): with ``kvcert_kernels.launch.emulating`` it is
+    how ``kvcert bench host`` runs a GPU's host path on a CPU, and under ``TRITON_INTERPRET=1`` how the tests
+    run the kernel path through the whole model."""
+    global _KERNEL_EVERYWHERE
+    previous, _KERNEL_EVERYWHERE = _KERNEL_EVERYWHERE, True
+    try:
+        yield
+    finally:
+        _KERNEL_EVERYWHERE = previous
 
 
 def _decode_kernel():
     """``kvcert_kernels.certified_decode``, imported on first use (None if Triton is unusable)."""
-    global _kernel_fn
+    global _kernel_fn, _kernel_module
     if _kernel_fn is None:
         try:
-            from kvcert_kernels.certified_decode import certified_decode
+            import importlib
+
+            module = importlib.import_module("kvcert_kernels.certified_decode")
         except Exception as exc:  # noqa: BLE001 - any import failure means: use the torch path
             warnings.warn(f"kvcert: fused decode kernel unavailable ({exc}); using the torch path", stacklevel=3)
             _kernel_fn = False
         else:
-            _kernel_fn = certified_decode
+            _kernel_fn, _kernel_module = module.certified_decode, module
     return _kernel_fn or None
+
+
+def decode_kernel_module():
+    """The module ``kvcert_kernels.certified_decode`` (its plans, :func:`decode_plan`), imported on first use."""
+    _decode_kernel()
+    return _kernel_module
 
 
 def use_decode_kernel(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, extra_mask) -> bool:

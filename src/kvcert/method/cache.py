@@ -99,6 +99,7 @@ class CompactLayer(CacheLayerMixin):
         self.sketch: EvictionSketch | None = None
         self.score_mass: ScoreMass | None = None  # what compaction evicted of the scorer's importance
         self._k = self._v = self._lp = self._om = self._dev = self._aux = None
+        self._len_dev: torch.Tensor | None = None  # the slots in use on the device, once a kernel plan reads them
 
     # --- storage -------------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -139,6 +140,16 @@ class CompactLayer(CacheLayerMixin):
         n = self.length
         self._views = (self._k.narrow(2, 0, n), self._v.narrow(2, 0, n))
         self._aux_views = None  # a full cache's decode step reads log π alone: its views are made when read
+        if self._len_dev is not None:
+            self._len_dev.fill_(n)
+
+    def lengths_on_device(self) -> torch.Tensor:
+        """The slots in use as an int32 tensor [1] on the layer's device, kept equal to ``length`` from now on:
+        what the fused kernel's plans read (:mod:`kvcert.method.decode_plans`), so that a decode step's launch
+        does not change with the cache's length."""
+        if self._len_dev is None:
+            self._len_dev = torch.full((1,), self.length, dtype=torch.int32, device=self.device)
+        return self._len_dev
 
     def _aux_view(self, which: int) -> torch.Tensor | None:
         views = self._aux_views
@@ -413,7 +424,7 @@ class CertifiedCache(Cache):
                  record_entropy: bool = False, schedule=None):
         super().__init__(layer_class_to_replicate=lambda: CompactLayer(reserve=reserve))
         self.schedule = PressSchedule(press) if schedule is None else schedule
-        self.recorder = StepRecorder(record_certificates, record_entropy, capture_layers)
+        self.recorder = StepRecorder(record_certificates, record_entropy, capture_layers, steps_hint=reserve + 4)
         self.peak_nbytes = 0
 
     # --- the public API of the schedule and the recorder -------------------------------
@@ -481,7 +492,7 @@ class CertifiedCache(Cache):
             if layer.compactions != compactions:
                 raise ValueError(f"restore: layer {i} was compacted after the mark; only appended tokens are dropped")
             layer.crop(seen)
-        self.recorder.pop_steps()
+        self.recorder.clear()
 
     # --- reporting -------------------------------------------------------------------
     def nbytes(self) -> int:

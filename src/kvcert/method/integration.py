@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AttentionInterface
 
-from .attention import causal_sdpa, hajek_attention, plain_sdpa
+from .attention import causal_sdpa, hajek_attention, plain_sdpa, use_decode_kernel
 from .cache import CertifiedCache
+from .decode_plans import kernel_decode
 from .scorers.base import LayerObservation
 
 ATTENTION_NAME = "kvcert"
@@ -78,6 +79,9 @@ def kvcert_attention_forward(
     extra = attention_mask if isinstance(attention_mask, torch.Tensor) else None
     if not biased and not entropy and extra is None and n_q in (1, length):
         output = causal_sdpa(query, key, value, scaling) if n_q > 1 else plain_sdpa(query, key, value, scaling)
+    elif layer is not None and use_decode_kernel(query, key, value, extra):  # the fused kernel, through the layer's plan
+        output = kernel_decode(layer, module.layer_idx, _num_layers(module, cache), query, scaling, certify, entropy,
+                               recorder)
     else:
         res = hajek_attention(
             query, key, value,
@@ -95,18 +99,24 @@ def kvcert_attention_forward(
         )
         output = res.output
         if entropy and res.entropy is not None:
-            recorder.entropy_of(module.layer_idx, res.entropy)
+            recorder.entropy_of(module.layer_idx, _num_layers(module, cache), res.entropy)
         if certify and res.pending is not None:  # combined with the other layers' when the forward ends
-            recorder.defer(module.layer_idx, res.pending)
+            recorder.defer(module.layer_idx, _num_layers(module, cache), res.pending)
         elif certify:
             norm = torch.linalg.vector_norm(output.float(), dim=-1)
-            recorder.certificate(module.layer_idx, res.variance, res.range_term, norm, res.shadow_sum,
-                                 res.shadow_range)
+            recorder.certificate(module.layer_idx, _num_layers(module, cache), res.variance, res.range_term, norm,
+                                 res.shadow_sum, res.shadow_range)
     if layer is not None:  # the armed press (the cache's schedule) compresses the layer now
         cache.after_attention(module, query, scaling)
     elif cache is not None and n_q > 1 and n_q == length and getattr(module, "kvcert_compress", None) is not None:
         module.kvcert_compress(module, cache, query, scaling)  # a kvcert press used the kvpress way
     return output.transpose(1, 2).contiguous(), None
+
+
+def _num_layers(module: torch.nn.Module, cache) -> int:
+    """The model's decoder layers (what the recorder's buffer is sized for)."""
+    config = module.__dict__.get("config")
+    return getattr(config, "num_hidden_layers", None) or len(cache.layers)
 
 
 def plain_log_pi(module: torch.nn.Module, n_q: int, length: int, device) -> torch.Tensor | None:
