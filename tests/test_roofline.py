@@ -145,7 +145,17 @@ def test_measured_efficiency_scales_the_roofline(tmp_path):
     assumed = plan_roofline(_Plan, archs, answers, gpu)
     measured = plan_roofline(_Plan, archs, answers, gpu, read_gpu_check(_check_file(tmp_path)).efficiency)
     key = ("llama-3.1-8b-instruct", 16384)
-    assert measured[key][0] == pytest.approx(assumed[key][0] * EFFICIENCY / 0.25) and measured[key][1] == 4
+    # the measured decode efficiency scales the decode alone: a prefill's GEMMs keep their own
+    costs = [generation_cost(arch, 16384, 1.0, 32, 2, compressed=False), generation_cost(arch, 16384, 0.25, 32, 2)]
+    prefill = 2 * sum(c.prefill_flops for c in costs) / (gpu.flops * EFFICIENCY)
+    decode = 2 * sum(c.decode_bytes for c in costs) / gpu.bandwidth
+    assert assumed[key][0] == pytest.approx(prefill + decode / EFFICIENCY)
+    assert measured[key][0] == pytest.approx(prefill + decode / 0.25) and measured[key][1] == 4
+    # the host's time per decode step, shared by a forked batch's rows: 2 examples × 2 runs × 32 steps / 2 rows
+    host = plan_roofline(_Plan, archs, answers, gpu, host_step=1e-3)
+    assert host[key][0] == pytest.approx(assumed[key][0] + 2 * 2 * 32 / 2 * 1e-3)
+    slow_prefill = plan_roofline(_Plan, archs, answers, gpu, prefill_efficiency=0.25)
+    assert slow_prefill[key][0] == pytest.approx(2 * prefill + decode / EFFICIENCY)
 
 
 def _plan_cli(capsys, *extra):
@@ -163,11 +173,12 @@ def test_plan_gpu_check_replaces_the_assumed_efficiency(tmp_path, capsys):
     status, out, _ = _plan_cli(capsys, "--gpu-check", str(path))
     assert status == 0
     lines = out.strip().splitlines()
-    said = [line for line in lines if line.startswith("roofline: efficiency 0.25 measured on NVIDIA H200")]
+    said = [line for line in lines if line.startswith("roofline: decode efficiency 0.25 measured on NVIDIA H200")]
     assert len(said) == 1 and str(path) in said[0] and "replacing the assumed 0.5" in said[0]
     assert "--gpu h200 for the measured one" in said[0]  # the plan's --gpu (h100-sxm) is another GPU
-    assert any("efficiency 0.25 of both" in line for line in lines)
-    assert float(lines[-1].split("gpu_hours_roofline=")[1]) == pytest.approx(2 * assumed, abs=0.011)
+    assert any("decode at 0.25 of the bandwidth, prefill at 0.5 of the FLOPs" in line for line in lines)
+    measured = float(lines[-1].split("gpu_hours_roofline=")[1])
+    assert assumed < measured < 2 * assumed  # the decode's share doubles, the prefill's stays
 
 
 @pytest.mark.parametrize("extra,words", [

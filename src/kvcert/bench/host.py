@@ -130,15 +130,17 @@ class Counter:
         return False
 
 
-def smollm2_model(seed: int = 0):
-    """A random-init model of SmolLM2-135M-Instruct's shape, fp32, with kvcert attention."""
+def smollm2_model(seed: int = 0, layers: int | None = None):
+    """A random-init model of SmolLM2-135M-Instruct's shape (``layers`` of its 30, default all), fp32, with kvcert
+    attention."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from ..method.integration import enable_certified_attention
 
     torch.manual_seed(seed)
-    return enable_certified_attention(LlamaForCausalLM(LlamaConfig(**SMOLLM2)).eval())
+    config = dict(SMOLLM2, num_hidden_layers=layers or SMOLLM2["num_hidden_layers"])
+    return enable_certified_attention(LlamaForCausalLM(LlamaConfig(**config)).eval())
 
 
 def _engine(model, tokenizer, sampler: str, new_tokens: int):
@@ -181,11 +183,15 @@ def prompt_record(tokenizer, tokens: int = 1024):
 
 # --- graph safety -------------------------------------------------------------------------------------------
 class StepTrace:
-    """What a forward dispatches, as a CUDA graph would replay it: each operation and launch with its arguments,
-    tensors made before the trace by address (with offset, shape, strides, dtype), tensors made within it by
-    the order they were made in; and the values read back (a context manager)."""
+    """What a step dispatches, as a CUDA graph would replay it: each operation and launch with its arguments —
+    the tensors that outlive the step (``static``: the storages of the weights, the cache, the plans' buffers,
+    the step's own buffers) by address, offset, shape, strides and dtype; any other tensor by the order it first
+    appears in (a graph's own allocations: the same from one replay to the next whatever their addresses) — and
+    the values read back (a context manager). View operations do no device work and are left out: what they
+    alias shows in the arguments of the work that reads it."""
 
-    def __init__(self):
+    def __init__(self, static: set[int]):
+        self.static = static
         self.events: list = []
         self.reads = 0
 
@@ -194,7 +200,12 @@ class StepTrace:
 
         if isinstance(value, torch.Tensor):
             ptr = value.untyped_storage().data_ptr()
-            where = ("made", self._made[ptr]) if ptr in self._made else ("before", ptr)
+            if ptr in self.static:
+                where = ("static", ptr)
+            elif ptr in self._made:  # the operation that last made this storage, and which of its outputs
+                where = ("made", self._made[ptr])
+            else:  # made where no operation shows (a factory inside a fused one): by first appearance
+                where = ("unseen", self._unseen.setdefault(ptr, len(self._unseen)))
             return (where, value.storage_offset(), tuple(value.shape), value.stride(), value.dtype)
         if isinstance(value, (list, tuple)):
             return tuple(self._sig(v) for v in value)
@@ -204,16 +215,6 @@ class StepTrace:
             return value
         return type(value).__name__
 
-    def _made_by(self, out, inputs) -> None:
-        import torch
-
-        for t in out if isinstance(out, (list, tuple)) else (out,):
-            if isinstance(t, torch.Tensor):
-                ptr = t.untyped_storage().data_ptr()
-                if ptr not in inputs:
-                    self._made[ptr] = len(self._made_order)
-                    self._made_order.append(ptr)
-
     def __enter__(self):
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -222,18 +223,24 @@ class StepTrace:
         from kvcert_kernels.launch import emulation
 
         trace = self
-        self._made, self._made_order = {}, []
+        self._made, self._unseen = {}, {}
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 if func is torch.ops.aten._local_scalar_dense.default:
                     trace.reads += 1
-                inputs = {a.untyped_storage().data_ptr() for a in tree_leaves((args, kwargs))
-                          if isinstance(a, torch.Tensor)}
-                trace.events.append((str(func), trace._sig(args), trace._sig(kwargs)))
+                signature = (str(func), trace._sig(args), trace._sig(kwargs))
                 out = func(*args, **kwargs)
-                trace._made_by(out, inputs)
+                inputs = {a.untyped_storage().data_ptr() for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
+                made = [(j, t.untyped_storage().data_ptr()) for j, t in enumerate(tree_leaves(out))
+                        if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs]
+                if func.is_view and not made:  # an alias: no device work (what it aliases shows where it is read)
+                    return out
+                for j, ptr in made:  # a new storage (not one written in place)
+                    if ptr not in trace.static:
+                        trace._made[ptr] = (len(trace.events), j)
+                trace.events.append(signature)
                 return out
 
         emulated = emulation()
@@ -251,6 +258,29 @@ class StepTrace:
         return False
 
 
+def static_storages(model, cache, step) -> set[int]:
+    """The storages of :func:`static_tensors`."""
+    return {t.untyped_storage().data_ptr() for t in static_tensors(model, cache, step)}
+
+
+def static_tensors(model, cache, step) -> list:
+    """The tensors that outlive a decode step: the model's weights and buffers, every tensor the cache's layers
+    and recorder hold, every tensor argument of the layers' kernel plans, and the step's own buffers."""
+    import torch
+
+    tensors = list(model.parameters()) + list(model.buffers()) + [step.input, step.position, step.out]
+    for layer in cache.layers:
+        tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+        if layer.sketch is not None:
+            tensors += [t for t in vars(layer.sketch).values() if isinstance(t, torch.Tensor)]
+        for planned in vars(layer).get("_decode_plans", {}).values():
+            tensors += [a for launch in planned.plan.launches for a in launch.args[1:] if isinstance(a, torch.Tensor)]
+    buffer = cache.recorder.buffer
+    if buffer is not None:
+        tensors += [buffer.data] + ([buffer.index] if buffer.index is not None else [])
+    return tensors
+
+
 def first_difference(a: list, b: list) -> str | None:
     """Where two traces' events first differ (None: they are the same)."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -262,26 +292,30 @@ def first_difference(a: list, b: list) -> str | None:
 
 
 def graph_safety(model, tokenizer, record) -> tuple[int, str]:
-    """(1 or 0, what differed) for two consecutive decode forwards of the certified cache (module docstring)."""
-    import torch
-
+    """(1 or 0, what differed) for two consecutive decode steps of the certified cache (module docstring): the
+    step of the generation path (:class:`~kvcert.generation.decode_step.DecodeStep`) over a cache whose decode
+    steps take the kernel's plans (``static_decode``)."""
+    from ..generation.decode_step import DecodeStep
     from ..method.cache import CertifiedCache
     from ..tasks.prompting import build_prompt_ids
 
     engine = _engine(model, tokenizer, "poisson", 8)
     ids, _ = build_prompt_ids(tokenizer, record)
-    cache = CertifiedCache(reserve=16)
+    cache = CertifiedCache(reserve=16, static_decode=True)
     engine.prefill(ids, len(ids), cache, engine.press(record.id))
+    cache.pop_steps()
+    step = DecodeStep(model, cache, [ids[-1]], cache.get_seq_length(), engine.device)
+    step.forward()  # the first step makes the plans and buffers
+    static = static_storages(model, cache, step)
     traces = []
-    x = torch.tensor([[ids[-1]]])
-    for _ in range(3):
-        with StepTrace() as trace:
-            model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+    for _ in range(2):
+        with StepTrace(static) as trace:
+            step.forward()
         traces.append(trace)
-    difference = first_difference(traces[1].events, traces[2].events)
-    reads = traces[2].reads
+    difference = first_difference(traces[0].events, traces[1].events)
+    reads = traces[1].reads
     if difference is None and reads:
-        difference = f"{reads} value(s) read back within the forward"
+        difference = f"{reads} value(s) read back within the step"
     return (1 if difference is None else 0), difference or "the same launches and operations, nothing read back"
 
 
@@ -334,7 +368,7 @@ def run(args) -> int:
     from ..training.tokenizer import build_tokenizer
     from . import check_counts
 
-    check_counts(args, calls=1, repeats=1, steps=1)
+    check_counts(args, calls=1, repeats=1, steps=1, layers=1, prompt_tokens=64)
     torch.set_num_threads(args.threads)
     out = {}
     cert_us = us_per_call(True, args.calls, args.repeats)
@@ -343,13 +377,13 @@ def run(args) -> int:
           f"certified {cert_us:.1f}, plain {plain_us:.1f}", flush=True)
     out["host_us_per_call_cert"], out["host_us_per_call_plain"] = cert_us, plain_us
     tokenizer = build_tokenizer()
-    model = smollm2_model()
+    model = smollm2_model(layers=args.layers)
     record = prompt_record(tokenizer, args.prompt_tokens)
     with emulating(sms=SMS), kernel_on_every_device(), torch.inference_mode():
         ops_topk, reads_topk = per_step(model, tokenizer, record, "topk", args.steps)
         ops_cert, reads_cert = per_step(model, tokenizer, record, "poisson", args.steps)
         safe, why = graph_safety(model, tokenizer, record)
-    print(f"per decode step (SmolLM2-135M shape, {args.prompt_tokens}-token prompt, SnapKV 25 %): "
+    print(f"per decode step (SmolLM2-135M shape, {args.layers} layers, {args.prompt_tokens}-token prompt, SnapKV 25 %): "
           f"top-k {ops_topk:.0f} operations, {reads_topk:.2f} reads; Poisson + certificate {ops_cert:.0f} "
           f"operations, {reads_cert:.2f} reads (+{ops_cert - ops_topk:.0f} operations)", flush=True)
     print(f"graph-safe decode step: {'yes' if safe else 'no'} ({why})", flush=True)
@@ -369,5 +403,6 @@ def register(subparsers) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timings per variant; the fastest counts (default 5)")
     p.add_argument("--steps", type=int, default=8, help="decode steps counted (default 8)")
     p.add_argument("--prompt-tokens", type=int, default=1024, help="prompt length of the per-step count (default 1024)")
+    p.add_argument("--layers", type=int, default=30, help="layers of the SmolLM2-135M shape (default 30: all)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.set_defaults(func=run)

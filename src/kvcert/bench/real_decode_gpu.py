@@ -44,6 +44,9 @@ VARIANTS: dict[str, tuple[str | None, bool]] = {
     "poisson": ("poisson", False),
     "poisson_certified": ("poisson", True),
 }
+#: how the decode steps run: eagerly (the default path: SDPA over an uncompressed or top-k cache), and replayed
+#: from a CUDA graph (every variant on the fused kernel's plans, ``static_decode``)
+MODES = ("eager", "graph")
 #: what ``kernels/gpu_check.sh`` writes per step besides its exit status
 STEP_FILES = {"compile": "compile.json", "bench": "bench.json", "real_decode": "real_decode.json"}
 
@@ -66,19 +69,23 @@ def model_folder(folder: str | None = None, name: str = REAL_MODEL) -> tuple[Pat
     return path, "kvcert-fetch.json receipt: sizes match"
 
 
-def _decode(model, cache, steps: int, first, trace) -> None:
-    """``steps`` tokens decoded as the engine decodes (log-softmax, argmax to the host, the step log popped and,
-    for a certified run, folded into ``trace``); the greedy token is fed back."""
-    import torch
+def _decode(step, cache, steps: int, first: int, position: int, trace) -> list[int]:
+    """``steps`` tokens decoded as the generation path decodes (:class:`~kvcert.generation.decode_step.DecodeStep`:
+    the forward, the greedy token, one read per step), then a certified run's statistics folded into ``trace`` once
+    (:func:`~kvcert.generation.signals.fold_recorded`); the greedy tokens."""
+    from ..generation.signals import fold_recorded
 
-    x = first
-    for _ in range(steps):
-        logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
-        token = int(torch.log_softmax(logits.float(), dim=-1).argmax())
-        for step in cache.pop_steps():
-            if trace is not None:
-                trace.add(step)
-        x = torch.tensor([[token]], dtype=torch.long, device=first.device)
+    step.reset([first], position)
+    tokens = [int(step()[0][0]) for _ in range(steps)]
+    if trace is not None:
+        fold_recorded(cache.recorder, [trace], [_NoSignals()])
+        trace.read()  # the one read of the certificates: what writing the record costs
+    return tokens
+
+
+class _NoSignals:
+    def add_attention_steps(self, values) -> None:
+        pass
 
 
 def real_model_decode(*args, **kwargs) -> dict:
@@ -92,14 +99,16 @@ def real_model_decode(*args, **kwargs) -> dict:
 
 def _real_model_decode(folder: str | Path, *, prompt_tokens: int = 4096, budget: float = 0.25, steps: int = 32,
                       repeats: int = 3, device: str = "cuda", dtype: str = "bfloat16", seed: int = 0,
-                      name: str = REAL_MODEL) -> dict:
-    """ms/token of the :data:`VARIANTS` on the model in ``folder`` (the module docstring), and the ratios."""
+                      name: str = REAL_MODEL, modes: tuple[str, ...] = MODES) -> dict:
+    """ms/token of the :data:`VARIANTS` on the model in ``folder``, eager and graph-replayed (the module
+    docstring), the ratios, and whether each variant's graph-replayed tokens are the eager ones."""
     import torch
 
-    from ..method.cache import CertifiedCache
-    from ..method.certificate import unit_roundoff
+    from ..generation.decode_step import DecodeStep
     from ..generation.signals import CertificateTrace
     from ..generation.spec import CertificateSpec
+    from ..method.cache import CertifiedCache
+    from ..method.certificate import unit_roundoff
     from ..method.models import ModelSpec, load_model
     from ..method.press import EvictionPress
 
@@ -114,57 +123,78 @@ def _real_model_decode(folder: str | Path, *, prompt_tokens: int = 4096, budget:
     cfg = model.config.get_text_config()
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, cfg.vocab_size, (1, prompt_tokens), generator=gen).to(dev)
-    first = ids[:, -1:]
+    first = int(ids[0, -1])
     spec = CertificateSpec()
     roundoff = unit_roundoff(next(model.parameters()).dtype)
-    caches, saved, kept, prefill_ms = {}, {}, {}, {}
-    for variant, (sampler, record) in VARIANTS.items():
-        press = None if sampler is None else EvictionPress(scorer="snapkv", budget=budget, sampler=sampler, seed=seed)
-        cache = CertifiedCache(press=press, record_certificates=record)
-        sync()
-        t0 = time.perf_counter()
-        model(input_ids=ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
-        sync()
-        prefill_ms[variant] = (time.perf_counter() - t0) * 1e3
-        cache.pop_steps()
-        caches[variant] = cache
-        saved[variant] = cache.snapshot()
-        kept[variant] = sum(la.length for la in cache.layers) / (len(cache.layers) * (prompt_tokens - 1))
+    runs, kept, prefill_ms = {}, {}, {}
+    for mode in modes:
+        for variant, (sampler, record) in VARIANTS.items():
+            press = None if sampler is None else EvictionPress(scorer="snapkv", budget=budget, sampler=sampler, seed=seed)
+            cache = CertifiedCache(press=press, record_certificates=record, reserve=steps + 8,
+                                   record_entropy=False, static_decode=mode == "graph")
+            sync()
+            t0 = time.perf_counter()
+            model(input_ids=ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
+            sync()
+            prefill_ms[variant] = (time.perf_counter() - t0) * 1e3
+            cache.pop_steps()
+            position = cache.get_seq_length()
+            step = DecodeStep(model, cache, [first], position, dev, graph=mode == "graph")
+            runs[mode, variant] = (cache, step, cache.snapshot(), position)
+            kept[variant] = sum(la.length for la in cache.layers) / (len(cache.layers) * (prompt_tokens - 1))
 
     def trace_for(variant):
         return (CertificateTrace(spec.delta, spec.aggregations, cfg.num_hidden_layers, roundoff)
                 if VARIANTS[variant][1] else None)
 
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    times: dict[str, dict[str, list[float]]] = {m: {v: [] for v in VARIANTS} for m in modes}
+    tokens: dict[str, dict[str, list[int]]] = {m: {} for m in modes}
+    replayed: dict[str, bool] = {}
     certified_steps = 0
-    for rep in range(repeats + 1):  # round 0: the untimed warm-up (kernel compiles, allocator)
-        for variant, cache in caches.items():
+    for rep in range(repeats + 1):  # round 0: the untimed warm-up (kernel compiles, plans, the graphs' capture)
+        for (mode, variant), (cache, step, mark, position) in runs.items():
             trace = trace_for(variant)
             sync()
             t0 = time.perf_counter()
-            _decode(model, cache, steps if rep else min(steps, 2), first, trace)
+            out = _decode(step, cache, steps, first, position, trace)
             sync()
             if rep:
-                times[variant].append((time.perf_counter() - t0) * 1e3 / steps)
+                times[mode][variant].append((time.perf_counter() - t0) * 1e3 / steps)
                 if trace is not None:
-                    certified_steps = len(trace.variance_mean)
-            cache.restore(saved[variant])
-    ms = {v: min(t) for v, t in times.items()}
+                    certified_steps = trace.count
+            tokens[mode][variant] = out
+            if mode == "graph":
+                replayed[variant] = step.replaying
+            cache.restore(mark)
+    ms = {m: {v: min(t) for v, t in per.items()} for m, per in times.items()}
     kernel = None
     if cuda:
         from ..method.attention import _decode_kernel
 
         kernel = _decode_kernel() is not None and os.environ.get("KVCERT_DECODE_KERNEL", "1") != "0"
-    ratio = lambda a, b: ms[a] / ms[b] if ms[b] > 0 else math.nan  # noqa: E731
-    return {
+    ratio = lambda m, a, b: ms[m][a] / ms[m][b] if ms[m][b] > 0 else math.nan  # noqa: E731
+    out = {
         "status": "measured", "model": name, "folder": Path(folder).name, "dtype": dtype,
         "device": torch.cuda.get_device_name(dev) if cuda else str(dev), "decode_kernel": kernel,
         "prompt_tokens": prompt_tokens, "budget": budget, "scorer": "snapkv", "steps": steps, "repeats": repeats,
-        "load_seconds": load_s, "prefill_ms": prefill_ms, "kept_fraction": kept,
-        "ms_per_token": ms, "ms_per_token_repeats": times, "certified_steps": certified_steps,
-        "certified_over_topk": ratio("poisson_certified", "topk"), "poisson_over_topk": ratio("poisson", "topk"),
-        "certified_over_poisson": ratio("poisson_certified", "poisson"), "topk_over_full": ratio("topk", "full"),
+        "load_seconds": load_s, "prefill_ms": prefill_ms, "kept_fraction": kept, "modes": list(modes),
+        "certified_steps": certified_steps,
     }
+    for m in modes:
+        tail = "" if m == "eager" else f"_{m}"
+        out[f"ms_per_token{tail}"] = ms[m]
+        out[f"ms_per_token_repeats{tail}"] = times[m]
+        out[f"certified_over_topk{tail}"] = ratio(m, "poisson_certified", "topk")
+        out[f"poisson_over_topk{tail}"] = ratio(m, "poisson", "topk")
+        out[f"certified_over_poisson{tail}"] = ratio(m, "poisson_certified", "poisson")
+        out[f"topk_over_full{tail}"] = ratio(m, "topk", "full")
+    if "graph" in modes:
+        out["graph_replayed"] = replayed
+        if "eager" in modes:
+            out["graph_tokens_equal_eager"] = {v: tokens["graph"][v] == tokens["eager"][v] for v in VARIANTS}
+            out["graph_over_eager"] = {v: ms["graph"][v] / ms["eager"][v] if ms["eager"][v] > 0 else math.nan
+                                       for v in VARIANTS}
+    return out
 
 
 def _strict(obj):
@@ -204,11 +234,14 @@ def decode_command(args) -> int:
     res["folder_note"] = note
     print(f"device {res['device']}, {res['dtype']}, fused decode kernel: {res['decode_kernel']}; "
           f"model load {res['load_seconds']:.1f} s")
-    print(f"{'variant':<18} {'ms/token':>9} {'kept':>6} {'prefill ms':>11}")
+    graph = res.get("ms_per_token_graph")
+    print(f"{'variant':<18} {'ms/token':>9} {'graph ms/token':>15} {'same tokens':>12} {'kept':>6} {'prefill ms':>11}")
     for v, t in res["ms_per_token"].items():
-        print(f"{v:<18} {t:>9.3f} {res['kept_fraction'][v]:>6.3f} {res['prefill_ms'][v]:>11.1f}")
-    print(f"certified_over_topk={res['certified_over_topk']:.3f} poisson_over_topk={res['poisson_over_topk']:.3f} "
-          f"certified_over_poisson={res['certified_over_poisson']:.3f} topk_over_full={res['topk_over_full']:.3f}")
+        g = "" if graph is None else f"{graph[v]:.3f}" + ("" if res["graph_replayed"].get(v) else " (eager)")
+        same = "" if graph is None else str(res["graph_tokens_equal_eager"][v])
+        print(f"{v:<18} {t:>9.3f} {g:>15} {same:>12} {res['kept_fraction'][v]:>6.3f} {res['prefill_ms'][v]:>11.1f}")
+    print(" ".join(f"{k}={res[k]:.3f}" for k in ("certified_over_topk", "poisson_over_topk", "certified_over_poisson",
+                                                  "topk_over_full", "certified_over_topk_graph") if k in res))
     if args.output:
         _write_json(args.output, res)
     return 0
@@ -288,9 +321,15 @@ def build_summary(outdir: str | Path, gpu: str, steps: dict[str, str], arch: str
     real_out = {k: real.get(k) for k in ("status", "reason", "model", "dtype", "decode_kernel", "prompt_tokens",
                                         "budget", "scorer", "steps", "repeats") if k in real}
     if real.get("status") == "measured":
-        real_out["ms_per_token"] = {k: _finite(v) for k, v in real.get("ms_per_token", {}).items()}
-        for k in ("certified_over_topk", "poisson_over_topk", "certified_over_poisson", "topk_over_full"):
-            real_out[k] = _finite(real.get(k))
+        for tail in ("", "_graph"):
+            if f"ms_per_token{tail}" in real:
+                real_out[f"ms_per_token{tail}"] = {k: _finite(v) for k, v in real[f"ms_per_token{tail}"].items()}
+            for k in ("certified_over_topk", "poisson_over_topk", "certified_over_poisson", "topk_over_full"):
+                if f"{k}{tail}" in real or not tail:
+                    real_out[f"{k}{tail}"] = _finite(real.get(f"{k}{tail}"))
+        for k in ("graph_replayed", "graph_tokens_equal_eager"):
+            if k in real:
+                real_out[k] = real[k]
     return {
         "format": GPU_CHECK_FORMAT,
         "gpu": gpu,

@@ -30,11 +30,15 @@ def _experiment(args) -> tuple[dict, object]:
 
 
 def _efficiency(args) -> tuple[float, str | None]:
-    """The roofline's efficiency: ``--efficiency``, the one measured in ``--gpu-check FILE``
+    """The roofline's decode efficiency: ``--efficiency``, the one measured in ``--gpu-check FILE``
     (:func:`kvcert.generation.roofline.read_gpu_check`), else the assumed one; with the line that says
-    where a measured one comes from (None otherwise)."""
+    where a measured one comes from (None otherwise). The host's seconds per decode step go to
+    ``args.host_step``: ``--host-us-per-step``, else the one the file measured, else the stated one."""
     from ..generation import roofline as rf
 
+    stated_host = None if args.host_us_per_step is None else args.host_us_per_step / 1e6
+    args.host_step = rf.HOST_SECONDS_PER_STEP if stated_host is None else stated_host
+    args.host_source = "stated" if stated_host is None else "given"
     if args.gpu_check is None:
         return (rf.EFFICIENCY if args.efficiency is None else args.efficiency), None
     if args.efficiency is not None:
@@ -44,9 +48,11 @@ def _efficiency(args) -> tuple[float, str | None]:
     other = "" if table is rf.GPUS[args.gpu] else (
         f"; the bound below is for the {rf.GPUS[args.gpu].name}"
         + (f" (--gpu {next(k for k, g in rf.GPUS.items() if g is table)} for the measured one)" if table else ""))
-    line = (f"roofline: efficiency {m.efficiency:.3g} measured on {m.gpu} ({m.path}: the certified kernel's "
-            f"achieved share of {m.basis} bandwidth at 4k-32k retained tokens), replacing the assumed "
+    line = (f"roofline: decode efficiency {m.efficiency:.3g} measured on {m.gpu} ({m.path}: the certified kernel's "
+            f"achieved share of {m.basis} bandwidth where its device time dominates), replacing the assumed "
             f"{rf.EFFICIENCY:g}{other}")
+    if m.host_step is not None and stated_host is None:
+        args.host_step, args.host_source = m.host_step, f"measured on {m.gpu} (the real model's graph-replayed step)"
     return m.efficiency, line
 
 
@@ -80,11 +86,13 @@ def _roofline_lines(args, exp: dict, plan) -> float:
     archs, unknown = {}, []
     if getattr(args, "measured_line", None):
         print(args.measured_line)
-    print(f"roofline: {gpu.name}, {gpu.bandwidth / 1e12:.2f} TB/s HBM, {gpu.flops / 1e12:.0f} TFLOP/s dense bf16, "
-          f"efficiency {args.efficiency:g} of both; a task of native length at {rf.NATIVE_TOKENS} tokens")
+    print(f"roofline: {gpu.name}, {gpu.bandwidth / 1e12:.2f} TB/s HBM, {gpu.flops / 1e12:.0f} TFLOP/s dense bf16; "
+          f"decode at {args.efficiency:g} of the bandwidth, prefill at {args.prefill_efficiency:g} of the FLOPs, "
+          f"host {args.host_step * 1e6:.0f} µs per decode step ({args.host_source}); a task of native length at "
+          f"{rf.NATIVE_TOKENS} tokens")
     print("  prefill 2·P·T + 2·layers·heads·head_dim·T² FLOPs once per example (shared by its forked runs); "
           "decode per step: the weights once per forked batch, each row's kept cache (budget·T + A/2 tokens, "
-          "log π) and sketch")
+          "log π) and sketch, and the host's step time shared by the batch's rows")
     print(f"  {'model':<24} {'params':>8} {'layers':>6} {'heads':>5} {'kv':>3} {'head':>4} {'bytes':>5}  source")
     for model in plan.grid["models"]:
         setting = model_setting(config_dir, model)
@@ -100,7 +108,8 @@ def _roofline_lines(args, exp: dict, plan) -> float:
               f"{arch.head_dim:>4} {arch.dtype_bytes:>5}  {source}")
     answers = {s.task: task_answer_tokens(config_dir, s.task) for s in plan.shards}
     print("  answer tokens: " + ", ".join(f"{t} {a}" for t, a in sorted(answers.items())))
-    cost = rf.plan_roofline(plan, archs, answers, gpu, args.efficiency)
+    cost = rf.plan_roofline(plan, archs, answers, gpu, args.efficiency, prefill_efficiency=args.prefill_efficiency,
+                            host_step=args.host_step)
     print(f"  {'model':<24} {'length':>6} {'estimate s/gen':>14} {'roofline s/gen':>14} {'ratio':>6}")
     for (model, length), (sec, gens) in cost.items():
         est = seconds_per(exp["seconds_per_generation"], model, length) * fork_factor(exp["fork_speedup"], model, length)
@@ -187,14 +196,19 @@ def _common(p) -> None:
 def register(subparsers) -> None:
     p = subparsers.add_parser("plan", help="generations, jobs per rule and expected GPU hours of an experiment")
     _common(p)
-    from ..generation.roofline import DEFAULT_GPU, EFFICIENCY, GPUS
+    from ..generation.roofline import DEFAULT_GPU, EFFICIENCY, GPUS, HOST_SECONDS_PER_STEP
 
     p.add_argument("--gpu", choices=sorted(GPUS), default=DEFAULT_GPU, help="GPU of the roofline bound")
     p.add_argument("--efficiency", type=float, default=None,
-                   help=f"share of peak bandwidth and FLOPs a run attains (roofline; default {EFFICIENCY:g})")
+                   help=f"share of peak bandwidth a decode attains (roofline; default {EFFICIENCY:g})")
+    p.add_argument("--prefill-efficiency", type=float, default=EFFICIENCY,
+                   help=f"share of peak FLOPs a prefill attains (roofline; default {EFFICIENCY:g})")
+    p.add_argument("--host-us-per-step", type=float, default=None,
+                   help="the host's µs per decode step of a forked batch (default: measured by --gpu-check, else "
+                        f"{HOST_SECONDS_PER_STEP * 1e6:.0f})")
     p.add_argument("--gpu-check", metavar="FILE", default=None,
-                   help="gpu_check.json written by kernels/gpu_check.sh on a GPU: its measured efficiency "
-                   "replaces the assumed one")
+                   help="gpu_check.json written by kernels/gpu_check.sh on a GPU: its measured decode efficiency "
+                   "(and host time per step) replace the assumed ones")
     p.set_defaults(func=plan_command)
 
     p = subparsers.add_parser("check", help="pre-flight: pre-registration, model folders, data, profile placeholders")

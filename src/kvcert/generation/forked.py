@@ -38,6 +38,7 @@ loop, and the tests compare every path with it.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -48,6 +49,7 @@ from ..method.cache import CertifiedCache
 from ..method.certificate import unit_roundoff
 from ..method.fork import Branch, ForkingCache, join_view_caches, row_view_cache, stacked_cache, take_cache_rows, width_buckets
 from ..tasks.prompting import build_prompt_ids
+from .decode_step import ENTROPY, FINITE, LOGPROB, MARGIN, TOKEN, DecodeStep
 from .engine import Engine, check_logits, greedy, refusing_non_finite, stop_rules, sync_device
 from .signals import (CertificateTrace, StepSignals, add_rows, attention_entropy, evicted_mass, fold_recorded,
                       next_token_signals)
@@ -102,6 +104,7 @@ class _Batch:
     logits: torch.Tensor  # [rows, V]: the next token's
     alone: bool = False
     tails: list | None = None  # per row: the layers that certify it (None: every layer that records)
+    step: DecodeStep | None = None  # its decode step (None until the first token is taken from the prefill)
 
 
 @torch.inference_mode()
@@ -236,10 +239,11 @@ def _decode(engines, record, ids, question_start, batches: list[_Batch], traces,
     """Greedy decoding of every batch, a step of each at a time: a row that emits a stop token or reaches its
     limit is recorded and leaves its batch (a stacked one is repacked without it).
 
-    A step reads one thing back from the device: the greedy tokens of its rows with their log-probabilities and
-    whether the logits they came from were finite. The certificates and attention entropies stay in the
-    batch's recorder until a row finishes or the batch ends (:func:`~kvcert.generation.signals.fold_recorded`),
-    and the traces stay on the device until a record is written."""
+    A step (:class:`~kvcert.generation.decode_step.DecodeStep`: the forward, the greedy tokens, their
+    log-probabilities, whether the logits were finite, the next-token signals) reads one tensor back from the
+    device. The certificates and attention entropies stay in the batch's recorder until a row finishes or the
+    batch ends (:func:`~kvcert.generation.signals.fold_recorded`), and the traces stay on the device until a record
+    is written. ``KVCERT_DECODE_GRAPH=1`` replays the steps from a CUDA graph on a GPU."""
     e0 = engines[0]
     model, device = e0.model, e0.device
     specs = [e.spec for e in engines]
@@ -249,27 +253,32 @@ def _decode(engines, record, ids, question_start, batches: list[_Batch], traces,
     logprobs: list[list[float]] = [[] for _ in engines]
     decode_seconds = [0.0] * len(engines)
     records: dict[int, dict] = {}
+    graph = os.environ.get("KVCERT_DECODE_GRAPH", "0") == "1"
     for batch in batches:
         batch.tails = _row_layers(batch)
     while batches:
         for batch in list(batches):
             t = time.perf_counter()
-            lp = torch.log_softmax(batch.logits.float(), dim=-1)
-            best = greedy(lp, first_forbidden if not tokens[batch.rows[0]] else set())  # rows of a batch step together
-            picked = lp.gather(-1, best.unsqueeze(-1)).squeeze(-1)
-            finite = torch.isfinite(batch.logits).all(-1)
-            # the one read of the step: tokens, their log-probabilities, and whether the logits were finite
-            read = torch.stack((best.to(torch.float64), picked.to(torch.float64), finite.to(torch.float64))).tolist()
-            if not all(read[2]):
-                check_logits(batch.logits, e0.model_path)  # names the model in one line
-            best, picked = [int(x) for x in read[0]], read[1]
-            step_signals = next_token_signals(lp)
+            if batch.step is None:  # the first token: from the prefill's logits (the first-token rules apply)
+                lp = torch.log_softmax(batch.logits.float(), dim=-1)
+                best = greedy(lp, first_forbidden)
+                picked = lp.gather(-1, best.unsqueeze(-1)).squeeze(-1)
+                nts = next_token_signals(lp).to(torch.float64)
+                read = torch.stack((best.to(torch.float64), picked.to(torch.float64),
+                                    torch.isfinite(batch.logits).all(-1).to(torch.float64), nts[:, 0], nts[:, 1])).tolist()
+                logits = batch.logits
+            else:
+                read = batch.step()
+                logits = batch.step.logits
+            if not all(read[FINITE]):
+                check_logits(logits, e0.model_path)  # names the model in one line
             finished = []
             for pos, i in enumerate(batch.rows):
-                tokens[i].append(best[pos])
-                logprobs[i].append(picked[pos])
-                signals[i].add_next_token(step_signals, pos)
-                if best[pos] in stops or len(tokens[i]) == limits[i]:
+                token = int(read[TOKEN][pos])
+                tokens[i].append(token)
+                logprobs[i].append(read[LOGPROB][pos])
+                signals[i].add_next_token_values(read[ENTROPY][pos], read[MARGIN][pos])
+                if token in stops or len(tokens[i]) == limits[i]:
                     finished.append(pos)
             if finished:
                 _fold_batch(batch, traces, signals)
@@ -297,8 +306,10 @@ def _decode(engines, record, ids, question_start, batches: list[_Batch], traces,
                 batch.cache = take_cache_rows(batch.cache, keep)
                 batch.rows = [batch.rows[pos] for pos in keep]
                 batch.tails = None if batch.tails is None else [batch.tails[pos] for pos in keep]
-            x = torch.tensor([tokens[i][-1] for i in batch.rows], dtype=torch.long, device=device).unsqueeze(-1)
-            batch.logits = model(input_ids=x, cache=batch.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+                batch.step = None
+            if batch.step is None:  # a new step for these rows: their last tokens, at the position they reached
+                batch.step = DecodeStep(model, batch.cache, [tokens[i][-1] for i in batch.rows],
+                                        batch.cache.get_seq_length(), device, graph=graph)
             sync_device(device)
             dt = time.perf_counter() - t
             for i in batch.rows:

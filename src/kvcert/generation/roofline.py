@@ -15,11 +15,16 @@ rule; 1 on the batch-1 path):
 
       bytes/step/row = P · dtype / W  +  layers · kv_heads · [(β·T + A/2)(2 · head_dim · dtype + 4) + sketch]
 
-  time = F / (W · flops · η) + A · bytes/step/row / (bandwidth · η), with η the stated
-  efficiency (the share of peak a real run attains; :data:`EFFICIENCY`), or one measured on a
-  GPU: ``kernels/gpu_check.sh`` writes ``gpu_check.json`` (:func:`read_gpu_check`), whose
-  ``efficiency`` is the fused kernel's roofline time over its measured time
-  (:func:`kernel_efficiency`); ``kvcert plan --gpu-check FILE`` uses it.
+* **host**, A steps: what the host spends per decode step of a forked batch (the step's launches or graph
+  replay, its one read back, the loop's bookkeeping), shared by the batch's W rows: h seconds per step.
+
+  time = F / (W · flops · η_prefill) + A · bytes/step/row / (bandwidth · η_decode) + A · h / W. The
+  efficiencies are the shares of peak a real run attains: η_prefill of the dense FLOPs (stated,
+  :data:`EFFICIENCY`), η_decode of the bandwidth (stated, or measured on a GPU: ``kernels/gpu_check.sh``
+  writes ``gpu_check.json`` (:func:`read_gpu_check`), whose ``efficiency`` is the fused kernel's roofline
+  time over its device time, :func:`kernel_efficiency`; ``kvcert plan --gpu-check FILE`` uses it for the
+  decode alone — a decode kernel's share of bandwidth says nothing of a prefill's GEMMs). h is stated
+  (:data:`HOST_SECONDS_PER_STEP`) or measured by the same file (the real model's graph-replayed step).
 
 The model's architecture comes from its ``config.json`` where the checkpoint is on disk, else
 from :data:`ARCHITECTURES` (the official configs' numbers of the paper's models).
@@ -36,6 +41,12 @@ from pathlib import Path
 #: dozen small kernels at batch ≤ 13 rarely passes half of HBM bandwidth, and long-prompt
 #: prefill (FlashAttention-2, bf16 GEMMs) reaches 50–70 % of the dense peak
 EFFICIENCY = 0.5
+
+#: the host's seconds per decode step of a forked batch, stated: a graph-replayed step (one replay, one read back,
+#: the loop's bookkeeping); an eager step of a ~30-layer model costs its ~2,000 dispatched operations at ~8 µs
+#: each instead (``kvcert bench host`` counts them). Not measured on a GPU yet: ``gpu_check.json`` measures it
+#: (:func:`read_gpu_check`)
+HOST_SECONDS_PER_STEP = 2e-4
 
 #: tokens of a task with its own length (LoCoMo conversations: 9k–26k tokens)
 NATIVE_TOKENS = 16384
@@ -148,13 +159,19 @@ def gpu_of_device(name: str) -> GPU | None:
 
 @dataclass(frozen=True)
 class Generation:
-    """One generation's share of the work: prefill FLOPs and decode bytes (per generation)."""
+    """One generation's share of the work: prefill FLOPs, decode bytes and decode steps of the host (per
+    generation: a forked batch's step counts 1 / W for each of its W rows)."""
 
     prefill_flops: float
     decode_bytes: float
+    host_steps: float = 0.0
 
-    def seconds(self, gpu: GPU, efficiency: float = EFFICIENCY) -> float:
-        return self.prefill_flops / (gpu.flops * efficiency) + self.decode_bytes / (gpu.bandwidth * efficiency)
+    def seconds(self, gpu: GPU, efficiency: float = EFFICIENCY, prefill_efficiency: float = EFFICIENCY,
+                host_step: float = 0.0) -> float:
+        """Prefill at ``prefill_efficiency`` of the FLOPs, decode at ``efficiency`` of the bandwidth, and
+        ``host_step`` seconds per host step."""
+        return (self.prefill_flops / (gpu.flops * prefill_efficiency) + self.decode_bytes / (gpu.bandwidth * efficiency)
+                + self.host_steps * host_step)
 
 
 def generation_cost(arch: Architecture, tokens: int, budget: float, answer_tokens: int, width: int,
@@ -172,11 +189,12 @@ def generation_cost(arch: Architecture, tokens: int, budget: float, answer_token
     cache = arch.layers * arch.kv_heads * kept * per_head_token
     sketch = sketch_fraction * t * arch.kv_bytes_per_token() if compressed else 0.0
     step = arch.params * arch.dtype_bytes / width + cache + sketch
-    return Generation(prefill / width, a * step)
+    return Generation(prefill / width, a * step, a / width)
 
 
 def shard_roofline_seconds(shard, arch: Architecture, answer_tokens: int, gpu: GPU,
-                           efficiency: float = EFFICIENCY, native_tokens: int = NATIVE_TOKENS) -> float:
+                           efficiency: float = EFFICIENCY, native_tokens: int = NATIVE_TOKENS,
+                           prefill_efficiency: float = EFFICIENCY, host_step: float = 0.0) -> float:
     """The roofline seconds of one shard: every example × run, a forkable run (no chunked
     streaming, two or more in the shard) in a forked batch of the shard's forkable runs."""
     tokens = shard.length or native_tokens
@@ -186,12 +204,13 @@ def shard_roofline_seconds(shard, arch: Architecture, answer_tokens: int, gpu: G
     for run in shard.runs:
         w = width if run.chunk_tokens is None else 1
         cost = generation_cost(arch, tokens, run.budget, answer_tokens, w, compressed=run.condition != "full")
-        total += cost.seconds(gpu, efficiency)
+        total += cost.seconds(gpu, efficiency, prefill_efficiency, host_step)
     return total * (shard.stop - shard.start)
 
 
 def plan_roofline(plan, archs: dict, answers: dict, gpu: GPU, efficiency: float = EFFICIENCY,
-                  native_tokens: int = NATIVE_TOKENS) -> dict:
+                  native_tokens: int = NATIVE_TOKENS, prefill_efficiency: float = EFFICIENCY,
+                  host_step: float = 0.0) -> dict:
     """Roofline seconds of every (model, length) of a plan, {(model, length): (seconds, generations)};
     models without an architecture in ``archs`` ({model: Architecture | None}) are left out.
     ``answers``: {task: answer tokens}."""
@@ -200,7 +219,8 @@ def plan_roofline(plan, archs: dict, answers: dict, gpu: GPU, efficiency: float 
         arch = archs.get(shard.model)
         if arch is None:
             continue
-        sec = shard_roofline_seconds(shard, arch, answers[shard.task], gpu, efficiency, native_tokens)
+        sec = shard_roofline_seconds(shard, arch, answers[shard.task], gpu, efficiency, native_tokens,
+                                     prefill_efficiency, host_step)
         old = out.get((shard.model, shard.length), (0.0, 0))
         out[(shard.model, shard.length)] = (old[0] + sec, old[1] + shard.generations)
     return out
@@ -239,12 +259,14 @@ def kernel_efficiency(rows: list[dict], retained: tuple[int, int] = EFFICIENCY_R
 class MeasuredEfficiency:
     """The efficiency ``kernels/gpu_check.sh`` measured: its value, the GPU (CUDA device name), the file,
     and what the share is of ("peak": the table's peak bandwidth; "copy": a measured device-to-device
-    copy, for a GPU not in :data:`GPUS`)."""
+    copy, for a GPU not in :data:`GPUS`); and the host's seconds per decode step it measured, where it did
+    (the real model's graph-replayed certified step, an upper bound: it includes that small model's device work)."""
 
     efficiency: float
     gpu: str
     path: str
     basis: str = "peak"
+    host_step: float | None = None
 
 
 def read_gpu_check(path: str | Path) -> MeasuredEfficiency:
@@ -274,10 +296,14 @@ def read_gpu_check(path: str | Path) -> MeasuredEfficiency:
     if isinstance(eff, bool) or not isinstance(eff, (int, float)) or not (0.0 < float(eff) <= 1.0):
         raise ValueError(f"--gpu-check {path}: efficiency {eff!r} is not a share in (0, 1]")
     basis = data.get("efficiency_basis", "peak")
-    return MeasuredEfficiency(float(eff), gpu.strip(), str(path), basis if basis in ("peak", "copy") else "peak")
+    graph = (data.get("real_model_decode") or {}).get("ms_per_token_graph") or {}
+    host = graph.get("poisson_certified")
+    host = float(host) / 1e3 if isinstance(host, (int, float)) and not isinstance(host, bool) and host > 0 else None
+    return MeasuredEfficiency(float(eff), gpu.strip(), str(path), basis if basis in ("peak", "copy") else "peak", host)
 
 
 __all__ = ["ARCHITECTURES", "Architecture", "DEFAULT_GPU", "EFFICIENCY", "GPU", "GPUS", "GPU_CHECK_FORMAT", "Generation",
+           "HOST_SECONDS_PER_STEP",
            "MeasuredEfficiency", "gpu_of_device", "kernel_efficiency", "read_gpu_check",
            "NATIVE_TOKENS", "architecture_from_config", "generation_cost", "model_architecture",
            "plan_roofline", "shard_roofline_seconds"]

@@ -200,6 +200,11 @@ class StepSignals:
         """``values`` from :func:`next_token_signals` ([2], or [B, 2] with the batch ``row``)."""
         self._next.append(values if row is None else values[row])
 
+    def add_next_token_values(self, entropy: float, margin: float) -> None:
+        """A step's next-token entropy and top-2 margin, already read back (the decode step reads them with its
+        tokens)."""
+        self._next.append((entropy, margin))
+
     def add_attention(self, values: torch.Tensor | None, row: int = 0) -> None:
         """``values`` from :func:`attention_entropy` ([B]; None: no compressed layer in that forward)."""
         if values is not None and self._attention is not None:
@@ -211,7 +216,11 @@ class StepSignals:
             self._attention.append(values)
 
     def _next_table(self) -> list[list[float]]:
-        return torch.stack(self._next).double().tolist() if self._next else []
+        if not self._next:
+            return []
+        if all(isinstance(v, tuple) for v in self._next):
+            return [list(v) for v in self._next]
+        return [list(v) if isinstance(v, tuple) else v.double().tolist() for v in self._next]
 
     @property
     def output_entropy(self) -> list[float]:

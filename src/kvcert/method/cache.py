@@ -136,19 +136,19 @@ class CompactLayer(CacheLayerMixin):
     def capacity(self) -> int:
         return 0 if self._k is None else self._k.shape[2]
 
-    def _refresh_views(self) -> None:
+    def _refresh_views(self, device_length: bool = True) -> None:
         n = self.length
         self._views = (self._k.narrow(2, 0, n), self._v.narrow(2, 0, n))
         self._aux_views = None  # a full cache's decode step reads log π alone: its views are made when read
-        if self._len_dev is not None:
+        if device_length and self._len_dev is not None:  # the device's count, set to the host's
             self._len_dev.fill_(n)
 
     def lengths_on_device(self) -> torch.Tensor:
-        """The slots in use as an int32 tensor [1] on the layer's device, kept equal to ``length`` from now on:
+        """The slots in use as an int64 tensor [1] on the layer's device, kept equal to ``length`` from now on:
         what the fused kernel's plans read (:mod:`kvcert.method.decode_plans`), so that a decode step's launch
         does not change with the cache's length."""
         if self._len_dev is None:
-            self._len_dev = torch.full((1,), self.length, dtype=torch.int32, device=self.device)
+            self._len_dev = torch.full((1,), self.length, dtype=torch.int64, device=self.device)
         return self._len_dev
 
     def _aux_view(self, which: int) -> torch.Tensor | None:
@@ -242,12 +242,21 @@ class CompactLayer(CacheLayerMixin):
             new[:, :, : self.length] = prev[:, :, : self.length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Append new tokens (π = 1) and return the keys and values in use."""
+        """Append new tokens (π = 1) and return the keys and values in use.
+
+        A layer whose slots in use live on the device (:meth:`lengths_on_device`: a kernel plan reads them)
+        appends a decode step's token there, at the device's own count, and advances it on the device: the
+        step's operations then do not change from one step to the next (what a CUDA graph replays); the
+        host's count follows in :meth:`advance`."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[2]
         if self.length + n > self.capacity:
             self._grow(self.length + n)
+        if n == 1 and self._len_dev is not None:
+            self._append_on_device(key_states, value_states)
+            self.advance(1)
+            return self.keys, self.values
         end, start = self.length + n, self.length
         # narrow + copy_ / fill_: a decode step appends one slot to five tensors, and Python indexing costs
         # several times the write
@@ -266,6 +275,36 @@ class CompactLayer(CacheLayerMixin):
         self.undecided += n
         self._refresh_views()
         return self.keys, self.values
+
+    def _append_on_device(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """One token written at the slot the device's count names (π = 1: log π, 1 − π, ‖v − c‖ zeroed there),
+        the count and the kept tokens advanced on the device."""
+        at = self._len_dev
+        self._k.index_copy_(2, at, key_states)
+        self._v.index_copy_(2, at, value_states)
+        aux = self._aux
+        if aux is not None and self._lp._base is aux and self._om._base is aux and self._dev._base is aux:
+            aux.index_fill_(3, at, 0.0)
+        else:  # the three were replaced one by one (a fork's views, a reorder)
+            for t in (self._lp, self._om, self._dev):
+                t.index_fill_(2, at, 0.0)
+        at.add_(1)
+        self.kept += 1
+
+    def set_counts(self, length: int, seen: int, undecided: int) -> None:
+        """The host's counts (slots in use, tokens seen, undecided) set back to these, the device's left alone:
+        what undoing the host's side of a captured decode step takes (:mod:`kvcert.generation.decode_step`)."""
+        self.length, self.seen, self.undecided = length, seen, undecided
+        self._refresh_views(device_length=False)
+
+    def advance(self, n: int) -> None:
+        """The host's side of ``n`` tokens appended on the device (:meth:`_append_on_device`): the counts of
+        slots in use, tokens seen and undecided, and the views of the slots in use. A replayed decode step
+        (:mod:`kvcert.generation.decode_step`) runs this alone: its device work is the graph's."""
+        self.length += n
+        self.seen += n
+        self.undecided += n
+        self._refresh_views(device_length=False)
 
     # --- compaction ------------------------------------------------------------------
     def compact(self, sample: Sample, start: int = 0, end: int | None = None,
@@ -418,11 +457,15 @@ class CertifiedCache(Cache):
     reserve: spare slots each layer allocates past the prompt and past each compaction, for the tokens
         appended later (the generation path passes its ``max_new_tokens``, and the question a streaming
         run feeds after compression); a layer that outgrows them grows by ``GROWTH``.
+    static_decode: on a device the fused kernel serves, every decode step takes the kernel's plans — an
+        uncompressed layer too, which otherwise takes PyTorch's SDPA — so that each step launches the same
+        work at the same addresses (:mod:`kvcert.generation.decode_step` captures it in a CUDA graph).
     """
 
     def __init__(self, press=None, record_certificates: bool = True, capture_layers=(), reserve: int = 64,
-                 record_entropy: bool = False, schedule=None):
+                 record_entropy: bool = False, schedule=None, static_decode: bool = False):
         super().__init__(layer_class_to_replicate=lambda: CompactLayer(reserve=reserve))
+        self.static_decode = static_decode
         self.schedule = PressSchedule(press) if schedule is None else schedule
         self.recorder = StepRecorder(record_certificates, record_entropy, capture_layers, steps_hint=reserve + 4)
         self.peak_nbytes = 0

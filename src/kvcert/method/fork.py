@@ -109,25 +109,27 @@ class ForkingCache(CertifiedCache):
         super().__init__(record_certificates=False, reserve=reserve, schedule=ForkSchedule(branches))
 
 
-def _cache(layers: list[CompactLayer], record_certificates: bool, record_entropy: bool = False) -> CertifiedCache:
-    cache = CertifiedCache(record_certificates=record_certificates, record_entropy=record_entropy)
+def _cache(layers: list[CompactLayer], record_certificates: bool, record_entropy: bool = False,
+           static_decode: bool = False) -> CertifiedCache:
+    cache = CertifiedCache(record_certificates=record_certificates, record_entropy=record_entropy,
+                           static_decode=static_decode)
     cache.layers.extend(layers)
     cache.layer_class_to_replicate = None
     return cache
 
 
 def stacked_cache(layer_lists: list[list[CompactLayer]], record_certificates: bool, room: int = 0,
-                  record_entropy: bool = False) -> CertifiedCache:
+                  record_entropy: bool = False, static_decode: bool = False) -> CertifiedCache:
     """A :class:`CertifiedCache` whose rows are the given caches' layers (one list per cache), stacked
     (:meth:`BatchedLayer.stack`)."""
     return _cache([BatchedLayer.stack(list(per_layer), room) for per_layer in zip(*layer_lists)], record_certificates,
-                  record_entropy)
+                  record_entropy, static_decode)
 
 
 def row_view_cache(cache: CertifiedCache, start: int, stop: int) -> CertifiedCache:
     """Rows [start, stop) of a stacked cache as a cache of their own (:meth:`BatchedLayer.row_view`)."""
     return _cache([layer.row_view(start, stop) for layer in cache.layers], cache.recorder.certificates,
-                  cache.recorder.entropy)
+                  cache.recorder.entropy, cache.static_decode)
 
 
 def join_view_caches(cache: CertifiedCache, views: list[CertifiedCache]) -> None:
@@ -138,7 +140,7 @@ def join_view_caches(cache: CertifiedCache, views: list[CertifiedCache]) -> None
 def take_cache_rows(cache: CertifiedCache, rows: list[int]) -> CertifiedCache:
     """A new cache of batch ``rows`` of a stacked cache (:meth:`BatchedLayer.take`)."""
     return _cache([layer.take(rows) for layer in cache.layers], cache.recorder.certificates,
-                  cache.recorder.entropy)
+                  cache.recorder.entropy, cache.static_decode)
 
 
 #: what one more batched forward costs, in row × slot products of attention it saves (CPU-measured

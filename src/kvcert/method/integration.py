@@ -77,11 +77,12 @@ def kvcert_attention_forward(
     # the attention entropy over the retained tokens (a comparison signal): every forward over a compressed layer
     entropy = layer is not None and recorder.entropy and layer.compactions > 0
     extra = attention_mask if isinstance(attention_mask, torch.Tensor) else None
-    if not biased and not entropy and extra is None and n_q in (1, length):
-        output = causal_sdpa(query, key, value, scaling) if n_q > 1 else plain_sdpa(query, key, value, scaling)
-    elif layer is not None and use_decode_kernel(query, key, value, extra):  # the fused kernel, through the layer's plan
+    if (layer is not None and n_q == 1 and (biased or entropy or cache.static_decode)
+            and use_decode_kernel(query, key, value, extra)):  # the fused kernel, through the layer's plan
         output = kernel_decode(layer, module.layer_idx, _num_layers(module, cache), query, scaling, certify, entropy,
                                recorder)
+    elif not biased and not entropy and extra is None and n_q in (1, length):
+        output = causal_sdpa(query, key, value, scaling) if n_q > 1 else plain_sdpa(query, key, value, scaling)
     else:
         res = hajek_attention(
             query, key, value,
