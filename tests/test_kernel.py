@@ -576,7 +576,7 @@ def test_a_plan_writes_each_steps_statistics_at_the_device_step_index(seed, spli
 def test_an_emulated_gpu_records_the_planned_launches_and_runs_none():
     """Under ``emulating`` a plan is made as for the emulated GPU (its split policy) and its launches go to the
     recorder, on any device; nothing is computed (the buffers keep what they held)."""
-    from kvcert_kernels.certified_decode import decode_plan, default_num_splits
+    from kvcert_kernels.certified_decode import decode_plan, default_num_splits, launch_config
     from kvcert_kernels.launch import emulating
 
     b, hq, hkv, length, d = 1, 32, 8, 32768, 128
@@ -589,8 +589,10 @@ def test_an_emulated_gpu_records_the_planned_launches_and_runs_none():
         plan.results[0].fill_(7.0)
         plan.run(q)
         plan.run(q.clone())
-        splits = default_num_splits(b, hkv, length, q.device, 16, 3)
-    assert [launch.grid for launch in seen] == [(b * hkv, splits), (b * hkv,)] * 2
+        cfg = launch_config(d, d, hq // hkv, torch.bfloat16, certificate=True, sketch=False, entropy=False, arch=90)
+        splits = default_num_splits(b, hkv, length, q.device, cfg.block_n, cfg.ctas_per_sm)
+    assert splits > 1
+    assert [launch.grid for launch in seen] == [(b * hkv, splits), (b * hq,)] * 2  # the merge: a program per query row
     assert seen[2].args[0] is not q and seen[2].args[1:] == seen[0].args[1:]
     assert torch.all(plan.results[0] == 7.0)  # nothing ran
 

@@ -133,14 +133,13 @@ def _sketch_epilogue(
 
 @triton.jit
 def _raw_moment(r, v, SPLIT_R: tl.constexpr, INTERP_BF16: tl.constexpr, CERT_PREC: tl.constexpr):
-    """Σ_i r_i v_i [G_PAD, BLOCK_DV] in fp32 from the value tile as loaded. A 16-bit cache (``SPLIT_R``)
-    multiplies on the tensor cores in the tile's own dtype with r in two terms, r ≈ 2^e (hi + lo),
-    hi = r/2^e rounded to the dtype, lo = the remainder rounded again (2^e per row: the largest
-    r/2^e is in [½, 1], so fp16 neither overflows nor loses the row's leading terms): r's relative
+    """Σ_i r_i v_i [G_PAD, BLOCK_DV] in fp32 from the value tile as loaded (the unpacked path, ``PACKED=False``).
+    A 16-bit cache (``SPLIT_R``) multiplies on the tensor cores in the tile's own dtype with r in two terms,
+    r ≈ 2^e (hi + lo), hi = r/2^e rounded to the dtype, lo = the remainder rounded again (2^e per row: the
+    largest r/2^e is in [½, 1], so fp16 neither overflows nor loses the row's leading terms): r's relative
     rounding 2^-16 (bf16) / 2^-22 (fp16), the values exact; fp32 takes one ``CERT_PREC`` dot."""
     if SPLIT_R:
-        r_max = tl.max(r, 1)
-        e = tl.maximum(tl.where(r_max > 0.0, tl.ceil(tl.log2(tl.where(r_max > 0.0, r_max, 1.0))), 0.0), -126.0)
+        e = _row_exponent(r)
         rs = r * tl.exp2(-e)[:, None]
         hi = rs.to(v.dtype)
         lo = (rs - hi.to(tl.float32)).to(v.dtype)
@@ -152,6 +151,48 @@ def _raw_moment(r, v, SPLIT_R: tl.constexpr, INTERP_BF16: tl.constexpr, CERT_PRE
         return part * tl.exp2(e)[:, None]
     else:
         return tl.dot(r, v, input_precision=CERT_PREC)
+
+
+@triton.jit
+def _row_exponent(r):
+    """e per row with the row's largest r/2^e in [½, 1] (0 for a row of zeros; ≥ −126: 2^e stays normal)."""
+    r_max = tl.max(r, 1)
+    return tl.maximum(tl.where(r_max > 0.0, tl.ceil(tl.log2(tl.where(r_max > 0.0, r_max, 1.0))), 0.0), -126.0)
+
+
+@triton.jit
+def _packed_operand(p, r, kind, v, SPLIT_R: tl.constexpr, INTERP_BF16: tl.constexpr):
+    """The left operand [G_PAD, BLOCK_N] of the one p·V product when the certificate rides in its padded rows
+    (``PACKED``): row i of kind 0 holds p of query row i, kind 1 (and 2) the r of query row i − kind·group. A
+    16-bit cache splits r as :func:`_raw_moment` does, r ≈ 2^e (hi + lo), hi on the kind-1 rows and lo on the
+    kind-2 rows, in the tile's dtype (the values exact); returns the operand (in the dtype the dot takes: the
+    tile's, or fp32 holding bf16 values under the interpreter) and 2^e per row (1 on the p rows). An fp32 cache
+    puts r itself on the kind-1 rows (no split, the ``CERT_PREC`` dot)."""
+    k2 = kind[:, None]
+    if SPLIT_R:
+        e = _row_exponent(r)
+        rs = r * tl.exp2(-e)[:, None]
+        if INTERP_BF16:  # the interpreter's fp32 → bf16 cast truncates: round to nearest explicitly
+            hi = _round_bf16(rs)
+            op = tl.where(k2 == 0, _round_bf16(p), tl.where(k2 == 1, hi, _round_bf16(rs - hi)))
+        else:
+            hi = rs.to(v.dtype).to(tl.float32)
+            op = tl.where(k2 == 0, p, tl.where(k2 == 1, hi, rs - hi)).to(v.dtype)
+        return op, tl.where(kind == 0, 1.0, tl.exp2(e))
+    else:
+        return tl.where(k2 == 0, p, r), tl.where(kind == 0, 1.0, 1.0)
+
+
+@triton.jit
+def _packed_b(acc, offs_g, group, SPLIT_R: tl.constexpr, G_PAD: tl.constexpr):
+    """B of each query row g < group from the packed accumulator: the sum of its rows g + group (and
+    g + 2·group: hi and lo), by an fp32 product with a 0/1 selection matrix — exact (two terms and zeros)."""
+    cols = tl.arange(0, G_PAD)
+    sel = cols[None, :] == (offs_g + group)[:, None]
+    if SPLIT_R:
+        sel = sel | (cols[None, :] == (offs_g + 2 * group)[:, None])
+    sel = sel & (offs_g < group)[:, None]
+    return tl.dot(sel.to(tl.float32), acc, input_precision="ieee")
 
 
 @triton.jit
@@ -169,11 +210,12 @@ def _variance(c_i, b_raw, a_i, c_vec, out_c, l_safe):
     clamped at 0, combined in float64 (as the torch path does): the terms nearly cancel when
     the r-weighted values sit far from c, and fp32 here would add its rounding, amplified by
     that cancellation, to the sums' own."""
-    oc64 = out_c.to(tl.float64)
     l64 = l_safe.to(tl.float64)
-    a64 = a_i.to(tl.float64)
-    b_c = b_raw.to(tl.float64) - a64[:, None] * c_vec.to(tl.float64)[None, :]
-    var = c_i.to(tl.float64) - 2.0 * tl.sum(b_c * oc64, 1) + a64 * tl.sum(oc64 * oc64, 1)
+    a64 = a_i.to(tl.float64)[:, None]
+    oc64 = out_c.to(tl.float64)
+    # Σ_d (A (ô − c)_d − 2 (B_d − A c_d)) (ô − c)_d: one float64 expression per element and one row sum
+    b_c = b_raw.to(tl.float64) - a64 * c_vec.to(tl.float64)[None, :]
+    var = c_i.to(tl.float64) + tl.sum((a64 * oc64 - 2.0 * b_c) * oc64, 1)
     return tl.maximum(var / (l64 * l64), 0.0).to(tl.float32)
 
 
@@ -200,7 +242,7 @@ def _stage1(
     CERT: tl.constexpr, HAS_LP: tl.constexpr, HAS_LEN: tl.constexpr, SPLIT: tl.constexpr,
     SKETCH: tl.constexpr, BLOCK_R: tl.constexpr, SK_DOT16: tl.constexpr,
     DOT_PREC: tl.constexpr, CERT_PREC: tl.constexpr, SPLIT_R: tl.constexpr, INTERP_BF16: tl.constexpr, INTERP_OUT_BF16: tl.constexpr,
-    ENTROPY: tl.constexpr, HAS_AUX: tl.constexpr, HAS_NORM: tl.constexpr,
+    ENTROPY: tl.constexpr, HAS_AUX: tl.constexpr, HAS_NORM: tl.constexpr, PACKED: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
@@ -211,13 +253,25 @@ def _stage1(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     offs_n = tl.arange(0, BLOCK_N)
-    g_ok = offs_g < group
+    g_ok = offs_g < group  # the rows whose results are stored: query row g of the group
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
+    if PACKED:
+        # row i is query row i mod group, of kind i // group: 0 carries p (the output), 1 (and 2) carry r
+        # (hi and lo with a 16-bit cache) for B = Σ r v on the same MMA as p·V; the rows past them are padding
+        kind = offs_g // group
+        q_row = offs_g - kind * group
+        if SPLIT_R:
+            q_ok = kind < 3
+        else:
+            q_ok = kind < 2
+    else:
+        q_row = offs_g
+        q_ok = g_ok
 
     # the group's queries [G_PAD, BLOCK_D], in the cache's dtype for the tensor-core dot
-    q_ptrs = Q + b * stride_qb + (h * group + offs_g)[:, None] * stride_qh + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(K.dtype.element_ty)
+    q_ptrs = Q + b * stride_qb + (h * group + q_row)[:, None] * stride_qh + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=q_ok[:, None] & d_ok[None, :], other=0.0).to(K.dtype.element_ty)
 
     length = seq_len
     if HAS_LEN:
@@ -233,13 +287,14 @@ def _stage1(
 
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, BLOCK_DV], tl.float32)
+    acc = tl.zeros([G_PAD, BLOCK_DV], tl.float32)  # packed: Σ p v on the p rows, Σ r v (hi, lo) on the others
     if ENTROPY:
         e_i = tl.zeros([G_PAD], tl.float32)  # Σ p_i (s_i − m): ≤ 0, relative to the running max
     if CERT:
         c_vec = tl.load(CEN + b * stride_cb + h * stride_ch + offs_dv * stride_cd, mask=dv_ok, other=0.0).to(tl.float32)
         a_i = tl.zeros([G_PAD], tl.float32)
-        b_acc = tl.zeros([G_PAD, BLOCK_DV], tl.float32)
+        if not PACKED:
+            b_acc = tl.zeros([G_PAD, BLOCK_DV], tl.float32)
         c_i = tl.zeros([G_PAD], tl.float32)
         m0_i = tl.zeros([G_PAD], tl.float32)
         m1_i = tl.zeros([G_PAD], tl.float32)
@@ -283,11 +338,6 @@ def _stage1(
             shift = (m_safe - tl.where(l_i > 0.0, m_i, m_safe)) * l_i  # no inf · 0 before the first valid slot
             e_i = (e_i - shift) * alpha + tl.sum(p * tl.where(p > 0.0, s - m_safe[:, None], 0.0), 1)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if INTERP_BF16:
-            pv = tl.dot(_round_bf16(p), v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(V.dtype.element_ty), v, input_precision=DOT_PREC)
-        acc = acc * alpha[:, None] + pv
         if CERT:
             if HAS_AUX:  # the cache's own 1 − π and ‖v − c‖ of each slot (0 for certain tokens and padding)
                 om = tl.load(om_base + offs * stride_ln, mask=valid, other=0.0)
@@ -307,15 +357,38 @@ def _stage1(
             r = wp * p
             a2 = alpha * alpha
             a_i = a_i * a2 + tl.sum(r, 1)
-            b_acc = b_acc * a2[:, None] + _raw_moment(r, v, SPLIT_R, INTERP_BF16, CERT_PREC)
             c_i = c_i * a2 + tl.sum(r * sq[None, :], 1)
             m0_i = tl.maximum(m0_i * alpha, tl.max(wp, 1))
             m1_i = tl.maximum(m1_i * alpha, tl.max(wp * dn[None, :], 1))
+            if PACKED:  # one MMA: [p; r_hi; r_lo] · V, each row rescaled by its own factor (α or α²)
+                op, factor = _packed_operand(p, r, kind, v, SPLIT_R, INTERP_BF16)
+                if INTERP_BF16:
+                    pv = tl.dot(op, v.to(tl.float32), input_precision="ieee")
+                else:
+                    pv = tl.dot(op, v, input_precision=DOT_PREC)
+                acc = acc * tl.where(kind == 0, alpha, a2)[:, None] + pv * factor[:, None]
+            else:
+                if INTERP_BF16:
+                    pv = tl.dot(_round_bf16(p), v.to(tl.float32), input_precision="ieee")
+                else:
+                    pv = tl.dot(p.to(V.dtype.element_ty), v, input_precision=DOT_PREC)
+                acc = acc * alpha[:, None] + pv
+                b_acc = b_acc * a2[:, None] + _raw_moment(r, v, SPLIT_R, INTERP_BF16, CERT_PREC)
+        else:
+            if INTERP_BF16:
+                pv = tl.dot(_round_bf16(p), v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(V.dtype.element_ty), v, input_precision=DOT_PREC)
+            acc = acc * alpha[:, None] + pv
         m_i = m_new
 
+    if CERT and PACKED:
+        b_acc = _packed_b(acc, offs_g, group, SPLIT_R, G_PAD)  # B of query row g on row g, as unpacked
+
     if SPLIT:
-        # partial state [B, HKV, n_splits, group(, DV)], contiguous
-        row = (pid_bh * n_splits + split) * group + offs_g
+        # partial state [B, HKV, group, n_splits(, DV)], contiguous: the merge's program of one query row
+        # reads its splits' state as contiguous vectors
+        row = (pid_bh * group + offs_g) * n_splits + split
         tl.store(P_M + row, m_i, mask=g_ok)
         tl.store(P_L + row, l_i, mask=g_ok)
         vec = row[:, None] * DV + offs_dv[None, :]
@@ -364,6 +437,46 @@ def _stage1(
 
 
 @triton.jit
+def _sketch_row(
+    Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR,
+    b, h, hq, trow, lse2, oc, scale_log2e, n_slots,
+    stride_qb, stride_qh, stride_qd,
+    stride_kcb, stride_kch, stride_kcr, stride_kcd,
+    stride_ksb, stride_ksh, stride_ksr,
+    stride_knb, stride_knh,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """:func:`_sketch_epilogue` for one query row (the merge's program): Σ t_j and max t_j of its KV head's
+    shadow tokens. q·codes as fp32 products and sums (the products of int8 codes and a 16-bit query are exact in
+    fp32, as on the tensor cores; an fp32 query's round as in the ieee dot), the per-slot scale after."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_r = tl.arange(0, BLOCK_R)
+    d_ok = offs_d < D
+    q = tl.load(Q + b * stride_qb + hq * stride_qh + offs_d * stride_qd, mask=d_ok, other=0.0).to(tl.float32)
+    qn = tl.sqrt(tl.sum(q * q, 0, keep_dims=True))  # [1]
+    count = tl.load(SK_N + b * stride_knb + h * stride_knh).to(tl.int32)
+    sv = tl.zeros([1], tl.float32)
+    sr = tl.zeros([1], tl.float32)
+    for r0 in range(0, n_slots, BLOCK_R):
+        offs = r0 + offs_r
+        r_ok = offs < count
+        c_ptrs = SK_C + b * stride_kcb + h * stride_kch + offs[:, None] * stride_kcr + offs_d[None, :] * stride_kcd
+        codes = tl.load(c_ptrs, mask=r_ok[:, None] & d_ok[None, :], other=0)
+        sbase = b * stride_ksb + h * stride_ksh + offs * stride_ksr
+        kscale = tl.load(SK_S + sbase, mask=r_ok, other=0.0)
+        kerr = tl.load(SK_E + sbase, mask=r_ok, other=0.0)
+        vdev = tl.load(SK_D + sbase, mask=r_ok, other=0.0)
+        u = tl.sum(codes.to(tl.float32) * q[None, :], 1)  # [BLOCK_R]
+        u = (u * kscale + qn * kerr) * scale_log2e
+        t = tl.exp2(u - lse2) * (vdev + oc)
+        t = tl.where(r_ok, t, 0.0)
+        sv += tl.sum(t, 0, keep_dims=True)
+        sr = tl.maximum(sr, tl.max(t, 0, keep_dims=True))
+    tl.store(SV + trow, sv)
+    tl.store(SR + trow, sr)
+
+
+@triton.jit
 def _merge(
     Q, CEN, OUT, LSE, VAR, RNG,
     P_M, P_L, P_ACC, P_A, P_B, P_C, P_M0, P_M1,
@@ -376,86 +489,100 @@ def _merge(
     stride_kcb, stride_kch, stride_kcr, stride_kcd,
     stride_ksb, stride_ksh, stride_ksr,
     stride_knb, stride_knh,
-    HKV: tl.constexpr, G_PAD: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+    HKV: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr,
     CERT: tl.constexpr, INTERP_OUT_BF16: tl.constexpr,
-    SKETCH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, SK_DOT16: tl.constexpr,
+    SKETCH: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
     ENTROPY: tl.constexpr, HAS_NORM: tl.constexpr,
 ):
-    pid_bh = tl.program_id(0)
-    b = (pid_bh // HKV).to(tl.int64)
-    h = pid_bh % HKV
-    offs_g = tl.arange(0, G_PAD)
+    # One program per query row (batch, query head), not per (batch, KV head, value block): everything the
+    # finalisation needs is one row's — V̂ sums B_c·(ô − c) and ‖ô − c‖² over the whole value vector, the
+    # sketch needs the row's final m and l and its whole ‖ô − c‖ — so a row's program finishes it alone, where a
+    # value-block split would need a second reduction across programs; and B·Hq programs (32 at batch 1 on the
+    # paper's 32-head models) are 4-7× the B·Hkv of a group's program. Each program reads its splits' partial
+    # state as vectors, BLOCK_S splits at a time (contiguous: the workspace is [B, HKV, group, n_splits(, DV)]).
+    # Rows are all shown as [1] / [1, BLOCK_DV] tiles, so the finalisation is the stage-1 kernel's.
+    pid = tl.program_id(0)
+    rows_b = HKV * group
+    b = (pid // rows_b).to(tl.int64)
+    hq = pid % rows_b
+    h = hq // group
+    base = pid.to(tl.int64) * n_splits  # (b·HKV + h)·group + g = pid
+    offs_s = tl.arange(0, BLOCK_S)
     offs_dv = tl.arange(0, BLOCK_DV)
-    g_ok = offs_g < group
     dv_ok = offs_dv < DV
-    vmask = g_ok[:, None] & dv_ok[None, :]
 
-    m = tl.full([G_PAD], float("-inf"), tl.float32)
-    for j in range(0, n_splits):
-        row = (pid_bh * n_splits + j) * group + offs_g
-        m = tl.maximum(m, tl.load(P_M + row, mask=g_ok, other=float("-inf")))
+    # pass 1: m = max_j m_j
+    m_vec = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        j = s0 + offs_s
+        m_vec = tl.maximum(m_vec, tl.load(P_M + base + j, mask=j < n_splits, other=float("-inf")))
+    m = tl.max(m_vec, 0, keep_dims=True)  # [1]
     m_safe = tl.where(m == float("-inf"), 0.0, m)
 
-    l_i = tl.zeros([G_PAD], tl.float32)
-    acc = tl.zeros([G_PAD, BLOCK_DV], tl.float32)
+    # pass 2: first moments weighted by ω_j = 2^(m_j − m), second moments by ω_j², maxima by max ω_j M_j
+    l_i = tl.zeros([1], tl.float32)
+    acc = tl.zeros([1, BLOCK_DV], tl.float32)
     if ENTROPY:
-        e_i = tl.zeros([G_PAD], tl.float32)
+        e_i = tl.zeros([1], tl.float32)
     if CERT:
-        a_i = tl.zeros([G_PAD], tl.float32)
-        b_acc = tl.zeros([G_PAD, BLOCK_DV], tl.float32)
-        c_i = tl.zeros([G_PAD], tl.float32)
-        m0_i = tl.zeros([G_PAD], tl.float32)
-        m1_i = tl.zeros([G_PAD], tl.float32)
-    for j in range(0, n_splits):
-        row = (pid_bh * n_splits + j) * group + offs_g
+        a_i = tl.zeros([1], tl.float32)
+        b_acc = tl.zeros([1, BLOCK_DV], tl.float32)
+        c_i = tl.zeros([1], tl.float32)
+        m0_i = tl.zeros([1], tl.float32)
+        m1_i = tl.zeros([1], tl.float32)
+    for s0 in range(0, n_splits, BLOCK_S):
+        j = s0 + offs_s
+        ok = j < n_splits
+        row = base + j
         vec = row[:, None] * DV + offs_dv[None, :]
-        m_j = tl.load(P_M + row, mask=g_ok, other=float("-inf"))
-        w = tl.exp2(m_j - m_safe)  # ω_j; 0 for an empty split (m_j = −inf)
-        l_j = tl.load(P_L + row, mask=g_ok, other=0.0)
-        l_i += w * l_j
+        vmask = ok[:, None] & dv_ok[None, :]
+        m_j = tl.load(P_M + row, mask=ok, other=float("-inf"))
+        w = tl.exp2(m_j - m_safe)  # ω_j; 0 for an empty split (m_j = −inf) and past the last split
+        l_j = tl.load(P_L + row, mask=ok, other=0.0)
+        l_i += tl.sum(w * l_j, 0, keep_dims=True)
         if ENTROPY:  # the split's Σ p (s − m_j), re-centred on the merged max; an empty split adds 0
-            e_j = tl.load(P_E + row, mask=g_ok, other=0.0) + (tl.where(l_j > 0.0, m_j, m_safe) - m_safe) * l_j
-            e_i += tl.where(l_j > 0.0, w * e_j, 0.0)
-        acc += w[:, None] * tl.load(P_ACC + vec, mask=vmask, other=0.0)
+            e_j = tl.load(P_E + row, mask=ok, other=0.0) + (tl.where(l_j > 0.0, m_j, m_safe) - m_safe) * l_j
+            e_i += tl.sum(tl.where(l_j > 0.0, w * e_j, 0.0), 0, keep_dims=True)
+        acc += tl.sum(w[:, None] * tl.load(P_ACC + vec, mask=vmask, other=0.0), 0, keep_dims=True)
         if CERT:
             w2 = w * w
-            a_i += w2 * tl.load(P_A + row, mask=g_ok, other=0.0)
-            b_acc += w2[:, None] * tl.load(P_B + vec, mask=vmask, other=0.0)
-            c_i += w2 * tl.load(P_C + row, mask=g_ok, other=0.0)
-            m0_i = tl.maximum(m0_i, w * tl.load(P_M0 + row, mask=g_ok, other=0.0))
-            m1_i = tl.maximum(m1_i, w * tl.load(P_M1 + row, mask=g_ok, other=0.0))
+            a_i += tl.sum(w2 * tl.load(P_A + row, mask=ok, other=0.0), 0, keep_dims=True)
+            b_acc += tl.sum(w2[:, None] * tl.load(P_B + vec, mask=vmask, other=0.0), 0, keep_dims=True)
+            c_i += tl.sum(w2 * tl.load(P_C + row, mask=ok, other=0.0), 0, keep_dims=True)
+            m0_i = tl.maximum(m0_i, tl.max(w * tl.load(P_M0 + row, mask=ok, other=0.0), 0, keep_dims=True))
+            m1_i = tl.maximum(m1_i, tl.max(w * tl.load(P_M1 + row, mask=ok, other=0.0), 0, keep_dims=True))
 
     nonempty = l_i > 0.0
     l_safe = tl.where(nonempty, l_i, 1.0)
     out = acc / l_safe[:, None]
-    hq = h * group + offs_g
-    o_ptrs = OUT + b * stride_ob + hq[:, None] * stride_oh + offs_dv[None, :] * stride_od
+    o_ptrs = OUT + b * stride_ob + hq * stride_oh + offs_dv[None, :] * stride_od
+    omask = dv_ok[None, :]
     if INTERP_OUT_BF16:
-        tl.store(o_ptrs, _round_bf16(out).to(OUT.dtype.element_ty), mask=vmask)
+        tl.store(o_ptrs, _round_bf16(out).to(OUT.dtype.element_ty), mask=omask)
     else:
-        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=vmask)
-    srow = b * (HKV * group) + hq
+        tl.store(o_ptrs, out.to(OUT.dtype.element_ty), mask=omask)
+    srow = b * rows_b + hq + tl.zeros([1], tl.int64)
     lse = tl.where(nonempty, (m + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    tl.store(LSE + srow, lse, mask=g_ok)
+    tl.store(LSE + srow, lse)
     trow = tl.load(STEP).to(tl.int64) * stride_step + srow  # the statistics' row at the device step index
     if ENTROPY:
-        tl.store(ENT + trow, _entropy(l_i, e_i), mask=g_ok)
+        tl.store(ENT + trow, _entropy(l_i, e_i))
     if CERT:
         c_vec = tl.load(CEN + b * stride_cb + h * stride_ch + offs_dv * stride_cd, mask=dv_ok, other=0.0).to(tl.float32)
         out_c = tl.where(dv_ok[None, :], out - c_vec[None, :], 0.0)
         var = _variance(c_i, b_acc, a_i, c_vec, out_c, l_safe)
         oc = tl.sqrt(tl.sum(out_c * out_c, 1))
         rng = (m1_i + m0_i * oc) / l_safe
-        tl.store(VAR + trow, var, mask=g_ok)
-        tl.store(RNG + trow, rng, mask=g_ok)
+        tl.store(VAR + trow, var)
+        tl.store(RNG + trow, rng)
         if HAS_NORM:
-            tl.store(NORM + trow, tl.sqrt(tl.sum(out * out, 1)), mask=g_ok)
+            tl.store(NORM + trow, tl.sqrt(tl.sum(out * out, 1)))
         if SKETCH:
-            _sketch_epilogue(
-                Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, b, h, trow, tl.where(nonempty, m + tl.log2(l_safe), float("inf")), oc,
-                scale_log2e, n_slots, group, stride_qb, stride_qh, stride_qd,
-                stride_kcb, stride_kch, stride_kcr, stride_kcd, stride_ksb, stride_ksh, stride_ksr,
-                stride_knb, stride_knh, G_PAD=G_PAD, D=D, BLOCK_D=BLOCK_D, BLOCK_R=BLOCK_R, DOT16=SK_DOT16,
+            _sketch_row(
+                Q, SK_C, SK_S, SK_E, SK_D, SK_N, SV, SR, b, h, hq, trow,
+                tl.where(nonempty, m + tl.log2(l_safe), float("inf")), oc, scale_log2e, n_slots,
+                stride_qb, stride_qh, stride_qd, stride_kcb, stride_kch, stride_kcr, stride_kcd,
+                stride_ksb, stride_ksh, stride_ksr, stride_knb, stride_knh, D=D, BLOCK_D=BLOCK_D, BLOCK_R=BLOCK_R,
             )
 
 
@@ -507,29 +634,36 @@ class LaunchConfig:
 CERT_MAXNREG = 168
 
 
-def launch_config(head_dim: int, value_dim: int, group: int, dtype: torch.dtype, *, certificate: bool,
-                  sketch: bool, entropy: bool, arch: int | None) -> LaunchConfig:
-    """The stage-1 kernel's launch parameters for a head size, query-per-KV group (any group pads
-    to the same 16 rows), cache dtype, the compiled-in options and the target's compute
-    capability (None: the interpreter, where only correctness matters).
+def packs(group: int, dtype: torch.dtype, certificate: bool) -> bool:
+    """Whether the stage-1 kernel packs the certificate into the padded rows of its p·V product (``PACKED``): the
+    default of :func:`plan_decode` for a group of ``group`` query heads per KV head. With the certificate, when
+    the group's rows times the kinds it needs (p, r_hi, r_lo: 3 with a 16-bit cache; p, r: 2 with fp32) fit in
+    :data:`PACKED_ROWS` rows."""
+    return bool(certificate) and packed_kinds(dtype) * int(group) <= PACKED_ROWS
 
-    A decode step is memory-bound: each program streams its split's keys and values once, so
-    what the configuration must buy is bytes in flight per SM, not arithmetic. By Little's law
-    an SM must keep bandwidth × latency / SMs in flight: 4.8 TB/s × ~0.8 µs / 132 ≈ 29 KB on an
-    H200 (20 KB on an H100, 15 KB on an A100). ``num_stages = 3`` keeps two key/value tiles in
-    flight per program (cp.async), ``BLOCK_N = 16`` tokens make a tile of 16·(D + DV)·2 bytes
-    = 8 KB at D = 128 in a 16-bit cache, and the registers decide how many programs share an
-    SM: without the certificate ≤ 100 registers (≥ 4 programs: ≥ 64 KB in flight); with it
-    the fp32 accumulator B = Σ r v [16, DV] and four more row statistics come on top, and
-    ptxas is capped at :data:`CERT_MAXNREG` = 168 registers, which it meets without spilling
-    at BLOCK_N = 16 (at 32 it spills on sm_90), so 3 programs of 4 warps fit (48 KB in flight,
-    1.6× the H200's need). Larger key blocks or 8 warps buy nothing here: 8 warps replicate
-    the [16, 16] logit tile 4×, and 32 keys per block double the per-program registers of the
-    tiles. ``kvcert bench kernel --compile-only`` prints every variant's registers, shared
-    memory and occupancy for sm_80 and sm_90; the compile tier (tests/test_kernel_compile.py)
-    fails on a spill or fewer resident programs than ``ctas_per_sm``. fp32 caches (double the
-    tile bytes; the embedded model's) keep ptxas's own register choice at head size ≤ 64 and
-    run 8 warps at 128."""
+
+#: the most rows a packed stage-1 tile takes (groups ≤ 5 pack into 16 rows, 6 to 10 into 32, in a 16-bit cache)
+PACKED_ROWS = 16
+
+
+def packed_kinds(dtype: torch.dtype) -> int:
+    """Rows per query row in a packed tile: p, r_hi, r_lo (16-bit cache) or p, r (fp32: r is not split)."""
+    return 2 if dtype == torch.float32 else 3
+
+
+def tile_rows(group: int, dtype: torch.dtype, packed: bool) -> int:
+    """``G_PAD``, the stage-1 tile's rows: the group (or its packed rows) padded to a power of two ≥ 16."""
+    return _next_pow2(packed_kinds(dtype) * group if packed else group)
+
+
+def launch_config(head_dim: int, value_dim: int, group: int, dtype: torch.dtype, *, certificate: bool,
+                  sketch: bool, entropy: bool, arch: int | None, packed: bool | None = None) -> LaunchConfig:
+    """The stage-1 kernel's launch parameters for a head size, query-per-KV group, cache dtype, the
+    compiled-in options, the target's compute capability (None: the interpreter, where only correctness
+    matters) and whether the certificate is packed into the p·V rows (None: :func:`packs`' choice).
+
+    PLACEHOLDER (step 4 decides the tiles)."""
+    packed = packs(group, dtype, certificate) if packed is None else bool(packed) and bool(certificate)
     block = max(_next_pow2(head_dim), _next_pow2(value_dim))
     if block <= 128 and dtype != torch.float32:
         if certificate:
@@ -540,14 +674,16 @@ def launch_config(head_dim: int, value_dim: int, group: int, dtype: torch.dtype,
     return LaunchConfig(16, 8, 3 if block <= 128 else 2, ctas_per_sm=1)
 
 
+#: splits the merge reads per step of its loop (``BLOCK_S``): one vector load per statistic, one [32, DV] tile
+MERGE_BLOCK_S = 32
+
+
 def merge_config(value_dim: int, group: int, dtype: torch.dtype, *, certificate: bool, sketch: bool,
                  entropy: bool, arch: int | None) -> LaunchConfig:
-    """The merge kernel's launch parameters (``block_n`` unused: it loops over the splits of one
-    (batch, KV head), a few KB of partial state; ≤ 100 registers at DV = 128). The sketch's
-    fp32 dot (an fp32 query) at DV > 64 needs 8 warps not to spill."""
-    if sketch and dtype == torch.float32 and _next_pow2(value_dim) > 64:
-        return LaunchConfig(0, 8, 2)
-    return LaunchConfig(0, 4, 2)
+    """The merge kernel's launch parameters: ``block_n`` is its ``BLOCK_S``, the splits it folds per step (one
+    program per query row, :data:`MERGE_BLOCK_S` splits a step: vectors of the row statistics and a
+    [BLOCK_S, DV] tile of each of acc and B)."""
+    return LaunchConfig(MERGE_BLOCK_S, 4, 2)
 
 
 def device_arch(device: torch.device) -> int | None:
@@ -641,16 +777,63 @@ def _constant(dev: torch.device, name: str, shape: tuple, dtype: torch.dtype) ->
     return t
 
 
+#: the split policy's margin: the fewest splits whose wave efficiency is within this factor of the best
+WAVE_MARGIN = 0.95
+MAX_SPLITS = 256  # splits per (batch, KV head) at most
+MIN_BLOCKS_PER_SPLIT = 4  # key blocks per split at least
+
+
+def chunking(seq_len: int, num_splits: int, block_n: int) -> tuple[int, int]:
+    """(keys per split, splits) of ``num_splits`` requested over ``seq_len`` keys: whole ``block_n`` blocks a
+    split, so the splits actually launched can be fewer than requested (what :func:`plan_decode` launches)."""
+    chunk = -(-max(int(seq_len), 1) // max(1, int(num_splits)))
+    chunk = -(-chunk // block_n) * block_n
+    return chunk, max(1, -(-int(seq_len) // chunk))
+
+
+def max_splits(seq_len: int, block_n: int) -> int:
+    """The most splits the policy considers: ≥ :data:`MIN_BLOCKS_PER_SPLIT` key blocks each, ≤ :data:`MAX_SPLITS`."""
+    return int(max(1, min(MAX_SPLITS, -(-int(seq_len) // (MIN_BLOCKS_PER_SPLIT * block_n)))))
+
+
+def _efficiency(programs: int, slots: int) -> float:
+    return programs / (-(-programs // slots) * slots)
+
+
+def split_policy(batch: int, kv_heads: int, seq_len: int, block_n: int, slots: int) -> int:
+    """Split-K count by wave efficiency (FlashAttention's ``num_splits_heuristic``): over the split counts the
+    chunking can launch (1 to :func:`max_splits`), the efficiency of B·Hkv·splits programs on ``slots`` resident
+    program slots (SMs × resident programs per SM) — programs / (waves × slots) — and the fewest splits within
+    :data:`WAVE_MARGIN` of the best (fewer splits: less partial state, a shorter merge)."""
+    bh = max(1, int(batch) * int(kv_heads))
+    slots = max(1, int(slots))
+    effs = {}
+    for want in range(1, max_splits(seq_len, block_n) + 1):
+        splits = chunking(seq_len, want, block_n)[1]
+        effs.setdefault(splits, _efficiency(bh * splits, slots))
+    best = max(effs.values())
+    return min(n for n, e in effs.items() if e >= WAVE_MARGIN * best)
+
+
 def default_num_splits(batch: int, kv_heads: int, length: int, device: torch.device, block_n: int,
                        ctas_per_sm: int = 4) -> int:
-    """Split-K policy: ``ctas_per_sm`` programs per streaming multiprocessor (the resident programs
-    the launch configuration is sized for: one wave), ≥ 4 key blocks per split."""
+    """Split-K policy (:func:`split_policy`) for ``device``'s multiprocessors × ``ctas_per_sm`` resident programs
+    (the launch configuration's): 1 off CUDA (the interpreter) unless a GPU is emulated."""
     if emulation() is None and (device.type != "cuda" or interpreting()):
         return 1
-    sms = _multiprocessors(device)
-    want = -(-ctas_per_sm * sms // max(1, batch * kv_heads))
-    most = max(1, -(-length // (4 * block_n)))
-    return int(max(1, min(want, most, 256)))
+    return split_policy(batch, kv_heads, length, block_n, _multiprocessors(device) * max(1, int(ctas_per_sm)))
+
+
+def wave_efficiency(batch: int, kv_heads: int, seq_len: int, cfg: LaunchConfig, sms: int,
+                    num_splits: int | None = None) -> float:
+    """Programs / (waves × resident program slots) of the stage-1 grid on ``sms`` multiprocessors with ``cfg``
+    (slots = sms × ``cfg.ctas_per_sm``): ``num_splits`` requested (None: :func:`split_policy`'s), chunked as
+    :func:`plan_decode` chunks it."""
+    slots = max(1, int(sms) * max(1, int(cfg.ctas_per_sm)))
+    if num_splits is None:
+        num_splits = split_policy(batch, kv_heads, seq_len, cfg.block_n, slots)
+    splits = chunking(seq_len, num_splits, cfg.block_n)[1]
+    return _efficiency(max(1, int(batch) * int(kv_heads)) * splits, slots)
 
 
 def _check(query, key, value, log_pi, centre, lengths):
@@ -703,6 +886,7 @@ def certified_decode(
     entropy: bool = False,
     one_minus: torch.Tensor | None = None,
     dev: torch.Tensor | None = None,
+    packed: bool | None = None,
 ):
     """Hájek decode attention with its certificate in one pass over the compacted cache.
 
@@ -738,7 +922,7 @@ def certified_decode(
     launches, results = plan_decode(
         query, key, value, log_pi, centre, scaling, lengths, certificate, num_splits, block_n=block_n,
         num_warps=num_warps, num_stages=num_stages, poison=poison, out=out, sketch=sketch, entropy=entropy,
-        one_minus=one_minus, dev=dev, arch=device_arch(query.device),
+        one_minus=one_minus, dev=dev, arch=device_arch(query.device), packed=packed,
     )
     for launch in launches:
         launch()
@@ -757,7 +941,7 @@ def decode_plan(query, key, value, log_pi, centre, scaling, lengths=None, certif
 def plan_decode(
     query, key, value, log_pi, centre, scaling, lengths=None, certificate=True, num_splits=None, *,
     block_n=None, num_warps=None, num_stages=None, poison=False, out=None, sketch=None, entropy=False, arch=None,
-    one_minus=None, dev=None, stats=None, step=None,
+    one_minus=None, dev=None, stats=None, step=None, packed=None,
 ):
     """The launches of :func:`certified_decode` (same arguments, plus the target's compute
     capability ``arch``, e.g. 90; None: the interpreter's defaults) without running them:
@@ -797,10 +981,11 @@ def plan_decode(
         raise ValueError("stats, step: give both (the statistics buffers and the device step index) or neither")
     if stats is not None:
         _check_stats(stats, step, bsz, hq, certificate, sketch is not None, entropy)
-    g_pad = _next_pow2(group)
+    packed = packs(group, key.dtype, certificate) if packed is None else bool(packed) and bool(certificate)
+    g_pad = tile_rows(group, key.dtype, packed)
     block_d, block_dv = _next_pow2(d), _next_pow2(dv)
     cfg = launch_config(d, dv, group, key.dtype, certificate=certificate, sketch=sketch is not None,
-                        entropy=entropy, arch=arch)
+                        entropy=entropy, arch=arch, packed=packed)
     # the register cap belongs to the configuration as a whole: a caller's own block size, warps or stages drop it
     maxnreg = cfg.maxnreg if (block_n, num_warps, num_stages) == (None, None, None) else None
     block_n = cfg.block_n if block_n is None else block_n
@@ -808,10 +993,7 @@ def plan_decode(
     num_stages = cfg.num_stages if num_stages is None else num_stages
     if num_splits is None:
         num_splits = default_num_splits(bsz, hkv, seq_len, dev_, block_n, cfg.ctas_per_sm)
-    num_splits = max(1, int(num_splits))
-    chunk = -(-max(seq_len, 1) // num_splits)
-    chunk = -(-chunk // block_n) * block_n
-    num_splits = max(1, -(-seq_len // chunk))
+    chunk, num_splits = chunking(seq_len, num_splits, block_n)
     split = num_splits > 1
 
     stat_shape = (bsz, hq, 1) if query.ndim == 4 else (bsz, hq)
@@ -896,7 +1078,6 @@ def plan_decode(
     sk_dot16 = use_sketch and query.dtype != torch.float32 and not interp
     dot_prec = "ieee" if fp32 else "tf32"
     cert_prec = "ieee" if fp32 else "tf32"
-    consts = dict(HKV=hkv, G_PAD=g_pad)
     # argument 0 is the caller's query itself (q3's strides describe it: the pointer is the same), so a plan run
     # over a new query swaps the tensor and nothing else
     launches = [Launch(_stage1, (bsz * hkv, num_splits), (
@@ -915,16 +1096,16 @@ def plan_decode(
         o3.stride(0), o3.stride(1), o3.stride(2),
         *sk_strides,
     ), dict(
-        **consts, D=d, DV=dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
+        HKV=hkv, G_PAD=g_pad, D=d, DV=dv, BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n,
         CERT=bool(certificate), HAS_LP=log_pi is not None, HAS_LEN=lengths is not None, SPLIT=split,
         SKETCH=use_sketch and not split, BLOCK_R=SKETCH_BLOCK, SK_DOT16=sk_dot16,
         DOT_PREC=dot_prec, CERT_PREC=cert_prec, SPLIT_R=not fp32,
         INTERP_BF16=interp and key.dtype == torch.bfloat16, INTERP_OUT_BF16=interp_out,
-        ENTROPY=bool(entropy), HAS_AUX=one_minus is not None, HAS_NORM=norm_t is not None,
+        ENTROPY=bool(entropy), HAS_AUX=one_minus is not None, HAS_NORM=norm_t is not None, PACKED=packed,
         num_warps=num_warps, num_stages=num_stages, **_regs(maxnreg),
     ))]
     if split:
-        launches.append(Launch(_merge, (bsz * hkv,), (
+        launches.append(Launch(_merge, (bsz * hq,), (
             query, centre_t, o3, lse, var_arg, rng_arg,
             p_m, p_l, p_acc, p_a, p_b, p_c, p_m0, p_m1,
             sk_c, sk_s, sk_e, sk_d, sk_n, sv_arg, sr_arg, ent if entropy else lse, p_e,
@@ -935,9 +1116,9 @@ def plan_decode(
             o3.stride(0), o3.stride(1), o3.stride(2),
             *sk_strides,
         ), dict(
-            **consts, DV=dv, BLOCK_DV=block_dv, CERT=bool(certificate), INTERP_OUT_BF16=interp_out,
-            SKETCH=use_sketch, D=d, BLOCK_D=block_d, BLOCK_R=SKETCH_BLOCK, SK_DOT16=sk_dot16, ENTROPY=bool(entropy),
-            HAS_NORM=norm_t is not None,
+            HKV=hkv, DV=dv, BLOCK_DV=block_dv, BLOCK_S=mcfg.block_n, CERT=bool(certificate),
+            INTERP_OUT_BF16=interp_out, SKETCH=use_sketch, D=d, BLOCK_D=block_d, BLOCK_R=SKETCH_BLOCK,
+            ENTROPY=bool(entropy), HAS_NORM=norm_t is not None,
             num_warps=mcfg.num_warps, num_stages=mcfg.num_stages, **_regs(mcfg.maxnreg),
         )))
     res = (output, lse, variance, range_term) + ((shadow_v, shadow_r) if sketch is not None else ())

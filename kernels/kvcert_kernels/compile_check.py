@@ -11,8 +11,15 @@ builds — the wrapper's own argument preparation and launch-parameter choice
 of the variant's shapes, specialised by the JIT's own binder for the target backend: the
 signature, constexprs and attributes (16-byte alignment, divisibility by 16, ints equal
 to 1) a launch on that GPU would compile. Launches whose compile keys coincide (e.g.
-query-per-KV groups 4, 6 and 7: the group is a runtime argument, padded to the same
+query-per-KV groups 6 and 7: the group is a runtime argument, padded to the same
 ``G_PAD``) compile once.
+
+The *kvcert form* of a variant is what kvcert's attention launches (:mod:`kvcert.method.decode_plans`): log π,
+per-head lengths read from the device (a one-element tensor broadcast over the heads), and with the certificate
+the cache's own 1 − π and ‖v − c‖ (``HAS_AUX``); with the certificate or the entropy the statistics written into
+the recorder's buffer ([T, layers, 6, B, Hq], one view per statistic) at a device step index (``HAS_NORM`` with
+the certificate). The other forms — a direct call of ``certified_decode`` (no lengths, statistics returned), no
+log π, the certificate not packed into the p·V rows (the ablation's) — are compiled at one shape.
 
 Theoretical occupancy (:func:`occupancy`) follows the CUDA occupancy calculator: registers
 allocated per warp in units of 256 (per thread rounded up to 8), shared memory per block
@@ -65,14 +72,28 @@ class Variant:
     split: bool
     log_pi: bool = True
     lengths: bool = False
+    aux: bool = False  # the cache's 1 − π and ‖v − c‖ (one_minus, dev)
+    stats: bool = False  # statistics into a recorder's buffer at a device step index (stats, step)
+    packed: bool | None = None  # the certificate in the p·V rows (None: plan_decode's choice)
 
     @property
     def flags(self) -> str:
         parts = ["cert" if self.certificate else "plain"]
         parts += ["sketch"] * self.sketch + ["entropy"] * self.entropy + ["split"] * self.split
-        parts += [] if self.log_pi else ["no-logpi"]
-        parts += ["lengths"] * self.lengths
+        if not self.kvcert:
+            parts += [] if self.log_pi else ["no-logpi"]
+            parts += ["lengths"] * self.lengths + ["aux"] * self.aux + ["stats"] * self.stats
+            parts += ["direct"] * (self.log_pi and not (self.lengths or self.aux or self.stats))
+        parts += ["unpacked"] * (self.packed is False and self.certificate)
         return "+".join(parts)
+
+    @property
+    def kvcert(self) -> bool:
+        """The form kvcert's attention launches (the module docstring): log π, lengths from the device, the cache's
+        1 − π and ‖v − c‖ with the certificate, statistics at a device step index with the certificate or the
+        entropy."""
+        return (self.log_pi and self.lengths and self.aux == self.certificate
+                and self.stats == (self.certificate or self.entropy))
 
 
 @dataclass
@@ -117,10 +138,18 @@ class Resources:
         return self.blocks_per_sm * max(0, self.num_stages - 1) * self.tile_bytes
 
 
+def kvcert_variant(arch, dtype, head_dim, group, certificate, sketch, entropy, split, **kw) -> Variant:
+    """The variant in the form kvcert's attention launches it (:attr:`Variant.kvcert`)."""
+    return Variant(arch, dtype, head_dim, group, certificate, sketch, entropy, split, log_pi=True, lengths=True,
+                   aux=certificate, stats=certificate or entropy, **kw)
+
+
 def variants(shapes, archs=ARCHS, dtypes=DTYPES, extras: bool = True) -> list[Variant]:
     """Every CERT × SKETCH × ENTROPY × SPLIT combination the wrapper can launch (a sketch only with
-    the certificate), for each (head_dim, group) of ``shapes``, dtype and arch; with ``extras``
-    also the paths kvcert's attention does not take (no log π, per-head lengths) at one shape."""
+    the certificate) in the form kvcert's attention launches it (:func:`kvcert_variant`), for each
+    (head_dim, group) of ``shapes``, dtype and arch; with ``extras`` also, at the first shape, the
+    forms it does not launch: a direct call (no lengths, the statistics returned; with and without the
+    certificate, one split and several), no log π, and the certificate not packed (the ablation's)."""
     out = []
     for arch in archs:
         for dtype in dtypes:
@@ -129,11 +158,15 @@ def variants(shapes, archs=ARCHS, dtypes=DTYPES, extras: bool = True) -> list[Va
                     for sketch in ((True, False) if cert else (False,)):
                         for entropy in (False, True):
                             for split in (False, True):
-                                out.append(Variant(arch, dtype, head_dim, group, cert, sketch, entropy, split))
+                                out.append(kvcert_variant(arch, dtype, head_dim, group, cert, sketch, entropy, split))
             if extras and shapes:
                 head_dim, group = shapes[0]
+                for cert in (True, False):
+                    for split in (False, True):
+                        out.append(Variant(arch, dtype, head_dim, group, cert, False, False, split))
                 out.append(Variant(arch, dtype, head_dim, group, True, False, False, False, log_pi=False))
-                out.append(Variant(arch, dtype, head_dim, group, True, False, False, True, lengths=True))
+                for split in (False, True):
+                    out.append(kvcert_variant(arch, dtype, head_dim, group, True, False, False, split, packed=False))
     return out
 
 
@@ -146,7 +179,16 @@ def _inputs(v: Variant, kv_heads: int = 2, batch: int = 1):
     val = torch.zeros(batch, kv_heads, SEQ_LEN, d, dtype=dt)
     lp = torch.zeros(batch, kv_heads, SEQ_LEN) if v.log_pi else None
     centre = torch.zeros(batch, kv_heads, d)
-    lengths = torch.full((batch, kv_heads), SEQ_LEN, dtype=torch.int64) if v.lengths else None
+    # kvcert's lengths: the layer's slot count, one int64 on the device, broadcast over (batch, KV head)
+    lengths = torch.full((1,), SEQ_LEN, dtype=torch.int64).expand(batch, kv_heads) if v.lengths else None
+    aux = dict(one_minus=torch.zeros(batch, kv_heads, SEQ_LEN), dev=torch.zeros(batch, kv_heads, SEQ_LEN)) if v.aux else {}
+    if v.stats:  # a recorder's buffer [T, layers, 6, B, Hq] and its views of one layer, as kvcert's recorder keeps them
+        from .certified_decode import STAT_NAMES
+
+        hq = kv_heads * v.group
+        data = torch.zeros(8, 2, len(STAT_NAMES), batch, hq)
+        names = (STAT_NAMES[:5] if v.certificate else ()) + (("entropy",) if v.entropy else ())
+        aux.update(stats={n: data[:, 1, STAT_NAMES.index(n)] for n in names}, step=torch.zeros(1, dtype=torch.int32))
     sketch = None
     if v.sketch:
         r = SKETCH_SLOTS
@@ -155,7 +197,7 @@ def _inputs(v: Variant, kv_heads: int = 2, batch: int = 1):
             key_error=torch.zeros(batch, kv_heads, r), value_dev=torch.zeros(batch, kv_heads, r),
             count=torch.zeros(batch, kv_heads, dtype=torch.int64), slots=r,
         )
-    return q, k, val, lp, centre, lengths, sketch
+    return q, k, val, lp, centre, lengths, sketch, aux
 
 
 def variant_config(v: Variant):
@@ -163,16 +205,17 @@ def variant_config(v: Variant):
     from .certified_decode import launch_config
 
     return launch_config(v.head_dim, v.head_dim, v.group, getattr(torch, v.dtype), certificate=v.certificate,
-                         sketch=v.sketch, entropy=v.entropy, arch=v.arch)
+                         sketch=v.sketch, entropy=v.entropy, arch=v.arch, packed=v.packed)
 
 
 def variant_launches(v: Variant):
     """The launches :func:`plan_decode` makes for the variant on its target (stage 1, and the merge with splits)."""
     from .certified_decode import plan_decode
 
-    q, k, val, lp, centre, lengths, sketch = _inputs(v)
+    q, k, val, lp, centre, lengths, sketch, aux = _inputs(v)
     launches, _ = plan_decode(q, k, val, lp, centre, v.head_dim**-0.5, lengths, v.certificate,
-                              SPLITS if v.split else 1, sketch=sketch, entropy=v.entropy, arch=v.arch)
+                              SPLITS if v.split else 1, sketch=sketch, entropy=v.entropy, arch=v.arch,
+                              packed=v.packed, **aux)
     return launches
 
 
@@ -265,10 +308,11 @@ def compile_one(v: Variant, index: int, cache=None) -> Resources:
     kw = launch.kwargs
     stage1 = "BLOCK_N" in kw
     elem = torch.empty((), dtype=getattr(torch, v.dtype)).element_size()
-    res = Resources(src[0].__name__.lstrip("_"), v.arch, v.dtype, v.head_dim, kw["G_PAD"], v.flags,
+    res = Resources(src[0].__name__.lstrip("_"), v.arch, v.dtype, v.head_dim, kw.get("G_PAD", 0), v.flags,
                     num_warps=options.num_warps, num_stages=options.num_stages, block_n=kw.get("BLOCK_N", 0),
                     ctas_claimed=variant_config(v).ctas_per_sm if stage1 else 0,
-                    tile_bytes=kw["BLOCK_N"] * (2 * v.head_dim * elem + 4 * v.log_pi) if stage1 else 0)
+                    tile_bytes=kw["BLOCK_N"] * (2 * v.head_dim * elem + 4 * v.log_pi + 8 * (v.aux and v.certificate))
+                    if stage1 else 0)
     t0 = time.perf_counter()
     with cache_dir(cache):
         try:
@@ -324,4 +368,4 @@ def compile_variants(vs, cache=None, progress=None, jobs: int = 1) -> list[Resou
 
 
 __all__ = ["ARCHS", "DTYPES", "Resources", "SM_LIMITS", "Variant", "compile_one", "compile_variants", "cubin_resources",
-           "occupancy", "variant_config", "variant_launches", "variants"]
+           "kvcert_variant", "occupancy", "variant_config", "variant_launches", "variants"]

@@ -45,7 +45,7 @@ def kernel_shapes(experiment: str = "paper") -> tuple[dict, tuple]:
 
 def in_profile(res, profile: dict) -> bool:
     """Whether a compiled kernel serves a variant of the paper profile."""
-    return any((v.dtype, v.head_dim, v.group) in profile and v.log_pi and not v.lengths for v in res.variants)
+    return any((v.dtype, v.head_dim, v.group) in profile and v.kvcert for v in res.variants)
 
 
 HEAD = (f"{'kernel':<7} {'arch':<5} {'dtype':<9} {'D':>3} {'groups':<7} {'flags':<27} {'BLOCK_N':>7} {'warps':>5} "

@@ -38,6 +38,9 @@ class DecodeStep:
         # capture(fn) and replay() (the tests' emulated graph on a CPU); None: every step eager
         if graph is True:
             graph = CudaGraph if torch.device(device).type == "cuda" else None
+        if graph and not getattr(cache, "static_decode", False):
+            raise ValueError("decode step: a replayed step needs a cache whose decode steps all take the kernel's plans "
+                             "(CertifiedCache(static_decode=True)); SDPA over the slots in use changes shape every step")
         self.graph_factory = graph or None
         self.warmup = warmup
         self.steps = 0

@@ -308,6 +308,7 @@ def _decode(engines, record, ids, question_start, batches: list[_Batch], traces,
                 batch.tails = None if batch.tails is None else [batch.tails[pos] for pos in keep]
                 batch.step = None
             if batch.step is None:  # a new step for these rows: their last tokens, at the position they reached
+                batch.cache.static_decode = batch.cache.static_decode or graph  # a replayed step: the kernels' plans
                 batch.step = DecodeStep(model, batch.cache, [tokens[i][-1] for i in batch.rows],
                                         batch.cache.get_seq_length(), device, graph=graph)
             sync_device(device)
