@@ -69,12 +69,23 @@ def combine_pending(pending: list[PendingCertificate]) -> list[tuple[torch.Tenso
     the steps of one forward's layers stacked: the combination is some twenty operations on [G]-sized
     arrays, each costing its dispatch on a CPU, so one forward pays them once instead of once per layer.
     Steps of different shapes or dtypes are combined apart."""
+    results: list = [None] * len(pending)
+    for idx, var, rng, norm in combine_pending_stacked(pending):
+        for j, i in enumerate(idx):
+            results[i] = (var[j], rng[j], norm[j])
+    return results
+
+
+def combine_pending_stacked(pending: list[PendingCertificate]) -> list[tuple[list[int], torch.Tensor, torch.Tensor,
+                                                                             torch.Tensor]]:
+    """:func:`combine_pending`'s results as they are computed: per group of steps of one shape and dtype, their
+    indices in ``pending`` and V̂, b̂_c, ‖ô‖ stacked [n, B, Hq, 1] (what a recorder writes in one copy each)."""
     with torch.no_grad():  # a certificate is a measurement, never part of a graph
         return _combine_pending(pending)
 
 
 def _combine_pending(pending: list[PendingCertificate]) -> list:
-    results: list = [None] * len(pending)
+    out = []
     groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(pending):
         groups.setdefault((tuple(p.num.shape), tuple(p.centre.shape), p.num.dtype, p.num.device), []).append(i)
@@ -86,24 +97,23 @@ def _combine_pending(pending: list[PendingCertificate]) -> list:
         num, m = stack([p.num for p in ps]), stack([p.m for p in ps])  # [n, B·Hkv, 2G, D], [n, B·Hkv, 2G]
         a, c_term = stack([p.a for p in ps]).unsqueeze(-1), stack([p.c_term for p in ps]).unsqueeze(-1)
         centre = _as(stack([p.centre for p in ps]), num.dtype).reshape(n, bh, 1, d)
-        out, bv = num[..., :group, :], num[..., group:, :]
-        out_c = out - centre
+        out_, bv = num[..., :group, :], num[..., group:, :]
+        out_c = out_ - centre
         out_dev = torch.linalg.vector_norm(out_c, dim=-1)
         size = c_term + a * torch.linalg.vecdot(out_c, out_c).unsqueeze(-1)
         var = size - 2.0 * torch.linalg.vecdot(bv - a * centre, out_c).unsqueeze(-1)
         shaky = (var < SHAKY_VARIANCE * size).flatten(1).any(1).tolist()
         var = var.clamp_(min=0)
         rng = m[..., group:] + m[..., :group] * out_dev
-        norm = torch.linalg.vector_norm(out, dim=-1)
+        norm = torch.linalg.vector_norm(out_, dim=-1)
         shape = (n, b, hkv * group, 1)
-        var, rng, norm = var.reshape(shape).unbind(0), rng.reshape(shape).unbind(0), norm.reshape(shape).unbind(0)
-        for j, (i, p) in enumerate(zip(idx, ps)):
-            v = var[j]
+        var, rng, norm = var.reshape(shape), rng.reshape(shape), norm.reshape(shape)
+        for j, p in enumerate(ps):
             if shaky[j]:  # a row of this step is shaky: the general combination, with its recomputation
-                v = _variance(c_term[j], bv[j], out[j], a[j], None, centre[j], p.r,
-                              p.value.reshape(bh, -1, p.value.shape[-1]), combine=num.dtype).reshape(v.shape)
-            results[i] = (v, rng[j], norm[j])
-    return results
+                var[j] = _variance(c_term[j], bv[j], out_[j], a[j], None, centre[j], p.r,
+                                   p.value.reshape(bh, -1, p.value.shape[-1]), combine=num.dtype).reshape(var[j].shape)
+        out.append((idx, var, rng, norm))
+    return out
 
 
 def squared_deviation(value: torch.Tensor, centre: torch.Tensor | None) -> torch.Tensor:

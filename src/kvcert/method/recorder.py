@@ -159,25 +159,27 @@ class StepRecorder:
         layers at once) and write them as :meth:`certificate` does (the shadow terms 0: no sketch)."""
         if not self._pending:
             return
-        from .attention import combine_pending
+        from .attention import combine_pending_stacked
 
         pending, self._pending = self._pending, []
-        results = combine_pending([p for _, _, p in pending])
         layers = [layer for layer, _, _ in pending]
-        b, hq = results[0][0].shape[:2]
-        data = self.rows(pending[0][1], b, hq, results[0][0].device)[self.step]
-        if layers == list(range(layers[0], layers[0] + len(layers))) and len({r[0].dtype for r in results}) == 1:
-            block = data[layers[0] : layers[0] + len(layers)]  # consecutive layers: one copy per statistic
-            for k in (VARIANCE, RANGE, NORM):
-                block[:, k].copy_(torch.stack([r[k][..., -1] for r in results]))
-            block[:, SHADOW_SUM : SHADOW_RANGE + 1].zero_()
-        else:
-            for layer, (variance, range_term, norm) in zip(layers, results):
-                row = data[layer]
-                row[VARIANCE].copy_(variance[..., -1])
-                row[RANGE].copy_(range_term[..., -1])
-                row[NORM].copy_(norm[..., -1])
-                row[SHADOW_SUM : SHADOW_RANGE + 1].zero_()
+        for idx, variance, range_term, norm in combine_pending_stacked([p for _, _, p in pending]):
+            b, hq = variance.shape[1:3]
+            data = self.rows(pending[idx[0]][1], b, hq, variance.device)[self.step]
+            mine = [layers[i] for i in idx]
+            if mine == list(range(mine[0], mine[0] + len(mine))):  # consecutive layers: one copy per statistic
+                block = data[mine[0] : mine[0] + len(mine)]
+                block[:, VARIANCE].copy_(variance[..., 0])
+                block[:, RANGE].copy_(range_term[..., 0])
+                block[:, NORM].copy_(norm[..., 0])
+                block[:, SHADOW_SUM : SHADOW_RANGE + 1].zero_()
+            else:
+                for j, layer in enumerate(mine):
+                    row = data[layer]
+                    row[VARIANCE].copy_(variance[j, ..., 0])
+                    row[RANGE].copy_(range_term[j, ..., 0])
+                    row[NORM].copy_(norm[j, ..., 0])
+                    row[SHADOW_SUM : SHADOW_RANGE + 1].zero_()
         self._certified.extend(layers)
 
     def entropy_of(self, layer_idx: int, num_layers: int, entropy: torch.Tensor) -> None:
