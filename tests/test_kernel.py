@@ -573,6 +573,116 @@ def test_a_plan_writes_each_steps_statistics_at_the_device_step_index(seed, spli
                     step=step)
 
 
+PACKED_CASES = [(dtype, group) for dtype in (torch.float32, torch.bfloat16, torch.float16) for group in (1, 2, 4, 5, 6, 7)]
+
+
+@pytest.mark.parametrize("dtype,group", PACKED_CASES, ids=lambda x: str(x).replace("torch.", ""))
+@kernel_test
+def test_packed_certificate_rows_match_float64_reference(seed, dtype, group):
+    """The certificate packed into the p·V product's rows ([p; r_hi; r_lo], or [p; r] in fp32: 16 rows up to a group
+    of 5 in a 16-bit cache, 8 in fp32, 32 beyond) and the separate products (``packed=False``), one split and
+    several, against float64 with padding, ragged and lone-token heads; plan_decode packs by default exactly where
+    the packed rows fit 16."""
+    from kvcert_kernels.certified_decode import packs, plan_decode, tile_rows
+
+    q, k, v, lp, c, lengths = make_case(seed, dtype, group=group, hkv=3)
+    scale = q.shape[-1] ** -0.5
+    ref, vs = reference(q, k, v, lp, c, scale, lengths)
+    kinds = 2 if dtype == torch.float32 else 3
+    assert packs(group, dtype, True) == (kinds * group <= 16) and not packs(group, dtype, False)
+    for packed in (True, False):
+        launches, _ = plan_decode(q, k, v, lp, c, scale, lengths, num_splits=3, block_n=BLOCK_N, packed=packed)
+        assert launches[0].kwargs["PACKED"] is packed
+        rows = kinds * group if packed else group
+        assert launches[0].kwargs["G_PAD"] == tile_rows(group, dtype, packed) == max(16, 1 << (rows - 1).bit_length())
+        for splits in ((1, 3) if packed else (2,)):
+            res = certified_decode(q, k, v, lp, c, scale, lengths=lengths, num_splits=splits, block_n=BLOCK_N,
+                                   poison=True, packed=packed)
+            check_all(res, ref, dtype, seed, var_scale=vs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@kernel_test
+def test_parallel_merge_at_many_splits(seed, dtype):
+    """The merge (a program per query row, the splits' state read BLOCK_S at a time) at 1 to 5 and 60 splits (two
+    blocks of 32, the last partly masked, several splits past a ragged head's length and an empty head), with the
+    entropy, the sketch, the cache's 1 − π and ‖v − c‖, and the statistics written at a device step index:
+    every result against float64 (the sketch's terms as in test_sketch_terms_match_float64_reference)."""
+    from kvcert_kernels.certified_decode import chunking, decode_plan
+
+    rtol = RTOL[dtype]
+    for splits in (1, 2, 3, 4, 5, 60):
+        if splits in (1, 60):  # 77 keys: at most 5 blocks of 16; 950 keys: 60 splits of one block (hkv 2: fewer programs)
+            q, k, v, lp, c, lengths = make_case(seed, dtype, group=4, batch=2, hkv=3 if splits == 1 else 2,
+                                                length=77 if splits == 1 else 950)
+            lengths[1, 0] = 0  # an empty head
+            scale = q.shape[-1] ** -0.5
+            om, dev = cache_aux(k, v, lp, c, lengths)
+            sketch = make_sketch(seed, k, c)
+            b, hq = q.shape[:2]
+            ref, vs = reference(q, k, v, lp, c, scale, lengths)
+            sv, sr = sketch_reference(q, sketch, c, scale, ref)
+            ent = entropy_reference(q, k, lp, scale, lengths)
+        if splits == 60:
+            assert chunking(k.shape[2], splits, BLOCK_N) == (16, 60)
+        stats = stat_buffers(3, b, hq, names=("variance", "range_term", "output_norm", "shadow_sum", "shadow_range",
+                                              "entropy"))
+        step = torch.full((1,), 2, dtype=torch.int32, device=DEVICE)
+        plan = decode_plan(q, k, v, lp, c, scale, lengths, num_splits=splits, block_n=BLOCK_N, entropy=True,
+                           sketch=sketch, one_minus=om, dev=dev, stats=stats, step=step, poison=True)
+        assert len(plan.launches) == (1 if splits == 1 else 2)
+        assert all(launch.args[0] is q for launch in plan.launches)
+        out, lse = plan.run()[:2]
+        got = (out, lse, stats["variance"][2], stats["range_term"][2])
+        check_all(got, ref, dtype, seed, var_scale=vs)
+        check("output_norm", stats["output_norm"][2], torch.linalg.vector_norm(ref[0], dim=-1), rtol, seed)
+        check("entropy", stats["entropy"][2], ent, 1e-5, seed, floor=torch.full((), 0.1))
+        srtol = rtol * (3 if dtype != torch.float32 else 1)
+        check("shadow_sum", stats["shadow_sum"][2], sv, 2 * srtol, seed)
+        check("shadow_range", stats["shadow_range"][2], sr, srtol, seed)
+        assert all(torch.isnan(t[[0, 1]]).all() for t in stats.values())  # only the step's row is written
+
+
+def test_wave_efficiency_of_the_split_policy_on_the_paper_shapes():
+    """The split policy fills the resident program slots of an H100 / H200 (132 SMs × the configuration's programs
+    per SM) to ≥ 0.85 at every paper shape — KV heads 8 (Llama-3.1-8B, Mistral-7B: 32 query heads), 4 (Qwen2.5-7B:
+    28), 2 (Qwen2.5-1.5B: 12), head size 128, bf16; batch 1, 8, 13; 4k, 32k, 128k retained; with and without the
+    certificate — wherever its grid can fill one wave at all (B·Hkv·most splits ≥ slots). Skipped, as no split
+    count can fill a wave there: 4k tokens at batch 1 (every model) and batch 8 with 2 KV heads, and 32k at batch 1
+    with 2 KV heads (64-key tiles, ≥ 4 a split: at most 16 splits at 4k, 128 at 32k, on 264 slots)."""
+    from kvcert_kernels import wave_efficiency
+    from kvcert_kernels.certified_decode import launch_config, max_splits, split_policy
+    from kvcert_kernels.launch import emulating
+
+    checked, skipped = [], []
+    with emulating(sms=132):
+        for kv_heads, query_heads in ((8, 32), (4, 28), (2, 12)):
+            for certificate in (True, False):
+                cfg = launch_config(128, 128, query_heads // kv_heads, torch.bfloat16, certificate=certificate,
+                                    sketch=False, entropy=False, arch=90)
+                slots = 132 * cfg.ctas_per_sm
+                for batch in (1, 8, 13):
+                    for retained in (4096, 32768, 131072):
+                        shape = (kv_heads, certificate, batch, retained)
+                        if batch * kv_heads * max_splits(retained, cfg.block_n) < slots:
+                            skipped.append(shape)
+                            continue
+                        eff = wave_efficiency(batch, kv_heads, retained, cfg, 132)
+                        splits = split_policy(batch, kv_heads, retained, cfg.block_n, slots)
+                        assert eff == wave_efficiency(batch, kv_heads, retained, cfg, 132, splits)
+                        assert eff >= 0.85, (shape, splits, eff)
+                        checked.append(shape)
+    assert len(checked) == 44 and {(kv, b, n) for kv, _, b, n in skipped} == {
+        (8, 1, 4096), (4, 1, 4096), (2, 1, 4096), (2, 8, 4096), (2, 1, 32768)}
+    # the definition: programs / (waves × slots), the splits chunked as plan_decode chunks them (33 requested over
+    # 512 blocks of 64 keys: 16 blocks a split, 32 splits; 35: 15 blocks, 35 splits, two waves)
+    cfg = launch_config(128, 128, 4, torch.bfloat16, certificate=True, sketch=False, entropy=False, arch=90)
+    slots = 132 * cfg.ctas_per_sm
+    assert cfg.block_n == 64 and slots == 264
+    assert wave_efficiency(1, 8, 32768, cfg, 132, num_splits=33) == 8 * 32 / slots
+    assert wave_efficiency(1, 8, 32768, cfg, 132, num_splits=35) == 8 * 35 / (2 * slots)
+
+
 def test_an_emulated_gpu_records_the_planned_launches_and_runs_none():
     """Under ``emulating`` a plan is made as for the emulated GPU (its split policy) and its launches go to the
     recorder, on any device; nothing is computed (the buffers keep what they held)."""
@@ -586,6 +696,7 @@ def test_an_emulated_gpu_records_the_planned_launches_and_runs_none():
     seen = []
     with emulating(arch=90, sms=132, record=seen.append):
         plan = decode_plan(q, k, k, lp, torch.zeros(b, hkv, d), d**-0.5)
+        assert all(launch.args[0] is q for launch in plan.launches)  # a plan swaps argument 0 only
         plan.results[0].fill_(7.0)
         plan.run(q)
         plan.run(q.clone())

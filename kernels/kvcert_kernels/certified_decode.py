@@ -21,13 +21,25 @@ itself is a runtime argument, so every group that pads alike shares one compiled
 
 and at the end ô = acc/l, lse = (m + log2 l)·ln 2, V̂ = (C − 2 (B − A c)·(ô − c) + A‖ô − c‖²)/l²
 (combined in float64: the terms can nearly cancel) and b̂_c = (M1 + M0 ‖ô − c‖)/l. B sums the
-values as loaded, on the tensor cores of a 16-bit cache with r split in two 16-bit terms
-(:func:`_raw_moment`), so no fp32 copy of the value tile is formed; the centring B − A c is
-exact in float64 at the end, as in the torch path. With
-several splits (flash-decoding) each program writes
-its partial state and a second kernel merges them exactly: m = max_j m_j,
-ω_j = 2^(m_j − m), first moments (l, acc) weighted by ω_j, second moments (A, B, C) by
-ω_j², the maxima (M0, M1) by ω_j.
+values as loaded, on the tensor cores of a 16-bit cache with r split in two 16-bit terms,
+r ≈ 2^e (r_hi + r_lo), so no fp32 copy of the value tile is formed; the centring B − A c is
+exact in float64 at the end, as in the torch path.
+
+**Packed rows** (``PACKED``, :func:`packs`: with the certificate, when the group's rows times 3 — 2 for an fp32
+cache — fit 16): the padded rows of the one p·V product carry the certificate. Row i of the tile is query row
+i mod G of kind i // G — kind 0 carries p, kind 1 r_hi (fp32: r itself), kind 2 r_lo — so the query tile
+repeats the group's queries (the q·K product and the softmax of the replicas are the same rows again, at no
+cost below 16 rows) and [p; r_hi; r_lo]·V is one MMA; each row of the one fp32 accumulator is rescaled by its own
+factor (α for p, α² for r) and B of query row g is the sum of rows G + g and 2G + g, taken once at the end by an
+exact 0/1 selection product (:func:`_packed_b`). Otherwise (``PACKED=False``: groups of 6 or more; the
+ablation) B accumulates in a second [G_PAD, DV] fp32 tile from separate products (:func:`_raw_moment`).
+
+With several splits (flash-decoding) each program writes its partial state
+([B, Hkv, G, S(, DV)]) and a second kernel merges them exactly, **one program per query row**
+(batch, query head; :func:`_merge`): m = max_j m_j, ω_j = 2^(m_j − m), first moments (l, acc)
+weighted by ω_j, second moments (A, B, C) by ω_j², the maxima (M0, M1) by max_j ω_j M_j — each
+statistic of ``BLOCK_S`` splits loaded as one vector, the splits' acc and B as [BLOCK_S, DV]
+tiles, reduced across the splits at once.
 
 ``CERT=False`` compiles the same kernels without the certificate accumulators (the
 baseline the certificate's overhead is measured against).
@@ -47,9 +59,10 @@ error e, value deviation d), with the final m and l of each query row::
     U_j = (q·k̃_j + ‖q‖ e_j)·scale·log2(e)        t_j = 2^(U_j − m − log2 l) · (d_j + ‖ô − c‖)
     shadow_sum = Σ_j t_j                     shadow_range = max_j t_j
 
-(blocks of ``BLOCK_R`` shadow slots; slots ≥ the head's count are masked). It runs once per
-(batch, KV head), after the pass over the cache: r ≪ L, so it adds r·(D + 16) bytes to
-the L·(2D·dtype + 4) the pass reads.
+(blocks of ``BLOCK_R`` shadow slots; slots ≥ the head's count are masked). With one split it runs
+once per (batch, KV head) after the pass over the cache (q·k̃ on the tensor cores); with several, in
+the merge's program of each query row (q·k̃ as fp32 products and sums: exact products, as there).
+r ≪ L, so it adds r·(D + 16) bytes (per query row: from L2) to the L·(2D·dtype + 4) the pass reads.
 
 On a CPU the kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` must be set
 before triton is first imported (triton.language jits its own helpers at import).
@@ -219,7 +232,7 @@ def _variance(c_i, b_raw, a_i, c_vec, out_c, l_safe):
     return tl.maximum(var / (l64 * l64), 0.0).to(tl.float32)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_step"])  # a recorder's buffer of any shape: one compile
 def _stage1(
     Q, K, V, LP, CEN, LEN,
     OUT, LSE, VAR, RNG,
@@ -476,7 +489,7 @@ def _sketch_row(
     tl.store(SR + trow, sr)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_step"])
 def _merge(
     Q, CEN, OUT, LSE, VAR, RNG,
     P_M, P_L, P_ACC, P_A, P_B, P_C, P_M0, P_M1,
@@ -619,19 +632,15 @@ def _next_pow2(n: int, floor: int = 16) -> int:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Launch parameters of one kernel: keys per block (stage 1 only), warps, software-pipeline
-    stages, ptxas's register cap (None: ptxas chooses), and the resident programs per SM the
-    configuration is sized for (the split policy launches that many per SM: one wave)."""
+    """Launch parameters of one kernel: keys per block (stage 1; the merge: splits per block, ``BLOCK_S``),
+    warps, software-pipeline stages, ptxas's register cap (None: ptxas chooses), and the resident programs per
+    SM the configuration is sized for (the split policy's program slots: SMs × this)."""
 
     block_n: int
     num_warps: int
     num_stages: int
     maxnreg: int | None = None
     ctas_per_sm: int = 4
-
-
-#: register cap of the certificate variants at head size ≤ 128: 3 programs of 4 warps per SM (3·4·32·168 ≤ 65536)
-CERT_MAXNREG = 168
 
 
 def packs(group: int, dtype: torch.dtype, certificate: bool) -> bool:
@@ -662,16 +671,47 @@ def launch_config(head_dim: int, value_dim: int, group: int, dtype: torch.dtype,
     compiled-in options, the target's compute capability (None: the interpreter, where only correctness
     matters) and whether the certificate is packed into the p·V rows (None: :func:`packs`' choice).
 
-    PLACEHOLDER (step 4 decides the tiles)."""
+    A decode step is memory-bound: each program streams its split's keys and values once, so what the
+    configuration must buy is bytes in flight per SM. By Little's law an SM must keep bandwidth × latency / SMs
+    in flight: 4.8 TB/s × ~0.8 µs / 132 ≈ 29 KB on an H200 (20 KB on an H100, 15 KB on an A100). A 16-bit cache
+    at head size ≤ 128 takes **64-key tiles, 4 warps, a register cap of 255, 2 resident programs per SM**, 3
+    pipeline stages on sm_90 and 2 on sm_80 (shared memory: 2 × 87.5 KB fit sm_90's 228 KB, 2 × 54.8 KB sm_80's
+    164 KB): a tile is 64·(D + DV)·2 = 32 KB at D = 128, so 2 programs keep 131 KB (sm_90) / 66 KB (sm_80) in
+    flight, 2.3–4.5× the H200's need, with a quarter of the 16-key tile's per-tile fixed work (row maxima and
+    sums across the tile, barriers, loop overhead) per key. The candidates, compiled for sm_80 and sm_90 (bf16,
+    head 128, the paper profile; ``kvcert bench kernel --compile-only``):
+
+    * 16-key tiles (the earlier default; 3 stages, cap 168, 3 programs): no spill;
+    * 32-key tiles (3 stages, no cap; packed, group 4): 142–150 registers on sm_90, 152–168 on sm_80 with
+      8 bytes of stack in one variant (certificate + entropy), 3 programs;
+    * **64-key tiles**, 4 warps, cap 255: packed certificate 199–224 registers, separate products (groups
+      6, 7) 240–255, plain 163–187, no spill anywhere, 2 programs (shared memory and registers both allow 2);
+      with ptxas's own choice (no cap) the packed certificate spills 8–16 bytes on sm_90 at 2 stages;
+    * 64-key tiles at 8 warps (cap 128, 2 programs): 8–24 bytes of stack on sm_90 (groups 4 and 7).
+
+    A packed group of 6 or more (32 rows, only when asked: :func:`packs` does not choose it) spills in the
+    finalisation at every tile and warp count tried (16/32/64 keys, 4/8 warps: 8–296 bytes of stack): it runs
+    16-key tiles of 8 warps, 1 program per SM, outside the compile tier. fp32 caches (double the tile bytes; the
+    embedded model's) keep 16-key tiles: 32 keys spill (8–40 bytes of stack at head size 64 and 128); at head
+    size ≤ 64 the certificate takes a cap of 255 (ptxas's own choice spills 8 bytes on sm_80, a cap of 168 on
+    sm_90), at 128 8 warps and a cap of 255 (its own choice spills 8 bytes, a cap of 128 up to 120). The
+    compile tier (tests/test_kernel_compile.py) fails on a spill anywhere or fewer resident programs than
+    ``ctas_per_sm`` in the paper profile. Nothing here is measured on a GPU."""
     packed = packs(group, dtype, certificate) if packed is None else bool(packed) and bool(certificate)
     block = max(_next_pow2(head_dim), _next_pow2(value_dim))
+    rows = tile_rows(group, dtype, packed)
+    stages = 3 if arch is not None and arch >= 90 else 2  # sm_90's 228 KB of shared memory hold 2 × 3 stages
     if block <= 128 and dtype != torch.float32:
+        if rows > 16:  # a packed group of 6 or more: 32 rows spill in the finalisation at every tile tried
+            return LaunchConfig(16, 8, 2, ctas_per_sm=1)
+        return LaunchConfig(64, 4, stages, maxnreg=255, ctas_per_sm=2)
+    if block <= 64:  # fp32: the certificate spills 8 bytes under ptxas's own choice (sm_80) and a cap of 168 (sm_90)
         if certificate:
-            return LaunchConfig(16, 4, 3, maxnreg=CERT_MAXNREG, ctas_per_sm=3)
+            return LaunchConfig(16, 4, 3, maxnreg=255, ctas_per_sm=2)
         return LaunchConfig(16, 4, 3, ctas_per_sm=4)
-    if block <= 64:  # fp32: ptxas's own choice (≤ 176 registers) does not spill; a cap of 168 does
-        return LaunchConfig(16, 4, 3, ctas_per_sm=2 if certificate else 4)
-    return LaunchConfig(16, 8, 3 if block <= 128 else 2, ctas_per_sm=1)
+    if block <= 128:  # fp32: ptxas's own choice spills the packed certificate (8 bytes), as does a cap of 128
+        return LaunchConfig(16, 8, 3, maxnreg=255, ctas_per_sm=1)
+    return LaunchConfig(16, 8, 2, ctas_per_sm=1)
 
 
 #: splits the merge reads per step of its loop (``BLOCK_S``): one vector load per statistic, one [32, DV] tile
@@ -682,8 +722,8 @@ def merge_config(value_dim: int, group: int, dtype: torch.dtype, *, certificate:
                  entropy: bool, arch: int | None) -> LaunchConfig:
     """The merge kernel's launch parameters: ``block_n`` is its ``BLOCK_S``, the splits it folds per step (one
     program per query row, :data:`MERGE_BLOCK_S` splits a step: vectors of the row statistics and a
-    [BLOCK_S, DV] tile of each of acc and B)."""
-    return LaunchConfig(MERGE_BLOCK_S, 4, 2)
+    [BLOCK_S, DV] tile of each of acc and B; 113–122 registers under the cap of 128 at DV = 128)."""
+    return LaunchConfig(MERGE_BLOCK_S, 4, 2, maxnreg=128)  # ptxas's own choice spills 8 bytes (sketch, D = 64, sm_80)
 
 
 def device_arch(device: torch.device) -> int | None:
@@ -1161,6 +1201,7 @@ def decode_bytes(key: torch.Tensor, value: torch.Tensor, log_pi: torch.Tensor | 
 
 
 __all__ = [
-    "STAT_NAMES", "DecodePlan", "Launch", "LaunchConfig", "QueryMismatch", "certified_decode", "decode_bytes", "decode_plan",
-    "default_num_splits", "device_arch", "interpreting", "launch_config", "merge_config", "plan_decode",
+    "STAT_NAMES", "DecodePlan", "Launch", "LaunchConfig", "QueryMismatch", "certified_decode", "chunking", "decode_bytes",
+    "decode_plan", "default_num_splits", "device_arch", "interpreting", "launch_config", "max_splits", "merge_config",
+    "packs", "plan_decode", "split_policy", "tile_rows", "wave_efficiency",
 ]

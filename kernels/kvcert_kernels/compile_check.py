@@ -80,7 +80,7 @@ class Variant:
     def flags(self) -> str:
         parts = ["cert" if self.certificate else "plain"]
         parts += ["sketch"] * self.sketch + ["entropy"] * self.entropy + ["split"] * self.split
-        if not self.kvcert:
+        if not self._kvcert_form:
             parts += [] if self.log_pi else ["no-logpi"]
             parts += ["lengths"] * self.lengths + ["aux"] * self.aux + ["stats"] * self.stats
             parts += ["direct"] * (self.log_pi and not (self.lengths or self.aux or self.stats))
@@ -89,9 +89,13 @@ class Variant:
 
     @property
     def kvcert(self) -> bool:
-        """The form kvcert's attention launches (the module docstring): log π, lengths from the device, the cache's
+        """What kvcert's attention launches (the module docstring): log π, lengths from the device, the cache's
         1 − π and ‖v − c‖ with the certificate, statistics at a device step index with the certificate or the
-        entropy."""
+        entropy, and the plan's own choice of packing."""
+        return self._kvcert_form and self.packed is None
+
+    @property
+    def _kvcert_form(self) -> bool:
         return (self.log_pi and self.lengths and self.aux == self.certificate
                 and self.stats == (self.certificate or self.entropy))
 
@@ -170,8 +174,9 @@ def variants(shapes, archs=ARCHS, dtypes=DTYPES, extras: bool = True) -> list[Va
     return out
 
 
-def _inputs(v: Variant, kv_heads: int = 2, batch: int = 1):
-    """CPU tensors of the variant's shapes (contents irrelevant: nothing runs)."""
+def _inputs(v: Variant, kv_heads: int = 4, batch: int = 1):
+    """CPU tensors of the variant's shapes (contents irrelevant: nothing runs). 4 KV heads: B·Hq a multiple of 4, as
+    at every paper model and batch, so a statistic's view of the recorder's buffer is 16-byte aligned as there."""
     dt = getattr(torch, v.dtype)
     d = v.head_dim
     q = torch.zeros(batch, kv_heads * v.group, 1, d, dtype=dt)

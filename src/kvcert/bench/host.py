@@ -321,12 +321,11 @@ def graph_safety(model, tokenizer, record) -> tuple[int, str]:
 
 # --- wave efficiency ------------------------------------------------------------------------------------------
 def wave_efficiency_min(sms: int = SMS) -> tuple[float, str]:
-    """The least wave efficiency of the split policy over the paper's shapes (the module docstring), and where."""
-    import torch
-
+    """The least wave efficiency of the split policy over the paper's shapes (the module docstring), and where:
+    :func:`kvcert_kernels.certified_decode.wave_efficiency` of each shape's launch configuration."""
     import importlib
 
-    from kvcert_kernels.launch import emulating
+    import torch
 
     kernels = importlib.import_module("kvcert_kernels.certified_decode")
 
@@ -342,20 +341,13 @@ def wave_efficiency_min(sms: int = SMS) -> tuple[float, str]:
             slots = sms * cfg.ctas_per_sm
             for batch in WAVE_BATCHES:
                 for retained in WAVE_RETAINED:
-                    most = max(1, -(-retained // (4 * cfg.block_n)))
-                    if batch * arch.kv_heads * min(most, 256) < slots:
+                    if batch * arch.kv_heads * kernels.max_splits(retained, cfg.block_n) < slots:
                         continue  # the grid cannot fill one wave: a wave's efficiency says nothing there
-                    with emulating(sms=sms):
-                        splits = kernels.default_num_splits(batch, arch.kv_heads, retained, torch.device("cpu"),
-                                                            cfg.block_n, cfg.ctas_per_sm)
-                    chunk = -(-retained // splits)
-                    chunk = -(-chunk // cfg.block_n) * cfg.block_n
-                    ctas = batch * arch.kv_heads * -(-retained // chunk)
-                    eff = ctas / (-(-ctas // slots) * slots)
+                    eff = kernels.wave_efficiency(batch, arch.kv_heads, retained, cfg, sms)
                     if eff < worst:
                         worst = eff
                         where = (f"{name} batch {batch} retained {retained} {'cert' if certificate else 'plain'}: "
-                                 f"{ctas} programs for {slots} slots")
+                                 f"efficiency {eff:.3f} on {slots} slots")
     return worst, where
 
 

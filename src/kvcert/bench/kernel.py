@@ -1,11 +1,14 @@
 """``kvcert bench kernel``: the fused certified decode kernel on a GPU (:mod:`kvcert.bench.kernel_timing`).
 
-Times, with ``triton.testing.do_bench`` (median): the Triton kernel with the certificate,
-the same kernel without it, and PyTorch SDPA over the same retained cache (plain, and with
-the −log π bias as a float mask), for batch 1 and 8, 32 query / 8 KV heads, head dim 128,
-bf16, retained lengths 4k–128k; prints the achieved memory bandwidth as a fraction of a
-measured device-to-device copy. Without a CUDA GPU it says so in one line and exits non-zero
-(nothing measured).
+Times, by CUDA-graph replay (device µs per call) and by eager calls (host µs per call, in its
+own column): the Triton kernel with the certificate, the same kernel without it, and PyTorch
+SDPA over the same retained cache (plain, and with the −log π bias as a float mask), for batch
+1 and 8, 32 query / 8 KV heads, head dim 128, bf16, retained lengths 4k–128k; prints the
+achieved memory bandwidth as a fraction of a measured device-to-device copy where the device
+time dominates the host's. ``--ablation`` times what each change of the kernel costs or saves
+(plain; certified; + packed rows; + cached statistics; key tiles 16 / 32 / 64) at batch 1 and
+8, 32k retained. Without a CUDA GPU it says so in one line and exits non-zero (nothing
+measured).
 
 ``--compile-only`` compiles every kernel variant for sm_80 and sm_90 instead, on any
 machine with Triton (no GPU needed), and prints what each uses
@@ -26,7 +29,10 @@ def add_arguments(p) -> None:
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    p.add_argument("--tune", action="store_true", help="also sweep block size / warps / stages / splits")
+    p.add_argument("--tune", action="store_true", help="also sweep block size / warps / stages")
+    p.add_argument("--ablation", action="store_true",
+                   help="instead of the table: plain; certified; + packed rows; + cached statistics; tiles 16/32/64 "
+                        "(batch 1 and 8, 32k retained)")
     p.add_argument("--output", default=None, help="write the measurements as JSON to this file")
     p.add_argument("--compile-only", action="store_true",
                    help="compile every variant for sm_80 / sm_90 (no GPU needed): registers, stack, shared memory, occupancy")

@@ -3,12 +3,14 @@ on this machine, GPU or not (:mod:`kvcert_kernels.compile_check`), with what eac
 
 Variants: CERT × SKETCH × ENTROPY × SPLIT, bf16 / fp16 / fp32 caches, at the head sizes and
 query-per-KV groups of the paper grid's models (their architectures:
-:func:`kvcert.generation.roofline.model_architecture`) and of the embedded model, plus the
-paths kvcert's attention does not take (no log π, per-head lengths) at one shape. The
-*paper profile* is what the paper's runs launch: each paper model's own dtype and shape,
-with log π and without per-head lengths. A row is one compiled kernel (groups that pad to
-the same 16 rows share it); the run fails (exit 1) on a compile error, or on a spill or
-fewer resident programs per SM than the launch configuration counts on in the paper
+:func:`kvcert.generation.roofline.model_architecture`) and of the embedded model, each in the
+form kvcert's attention launches it (log π, lengths from the device, the cache's 1 − π and
+‖v − c‖ with the certificate, the statistics at a device step index:
+:attr:`kvcert_kernels.compile_check.Variant.kvcert`), plus the forms it does not launch (a direct
+call, no log π, the certificate not packed) at one shape. The *paper profile* is what the paper's
+runs launch: each paper model's own dtype and shape, in kvcert's form. A row is one compiled
+kernel (groups whose tiles pad alike share it); the run fails (exit 1) on a compile error, or on
+a spill or fewer resident programs per SM than the launch configuration counts on in the paper
 profile. Last line: ``variants=N failed=F spilled=K max_regs=R`` over every row.
 """
 
