@@ -32,8 +32,9 @@ from kvcert_kernels.launch import emulating  # noqa: E402
 pytestmark = [
     pytest.mark.kernel,
     pytest.mark.skipif(not isinstance(tl.zeros, InterpretedFunction),
-                       reason="the kernels run in Triton's interpreter here: run with TRITON_INTERPRET=1 "
-                              "(tests/tiers.sh kernel sets it)"),
+                       reason="these run the kernels in Triton's interpreter on CPU tensors: run with TRITON_INTERPRET=1 "
+                              "(tests/tiers.sh kernel sets it without a GPU; on a GPU kernels/gpu_check.sh step 4 "
+                              "compares eager and replayed decoding)"),
 ]
 
 

@@ -33,6 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--ablation", action="store_true",
                    help="instead of the table: plain; certified; + packed rows; + cached statistics; tiles 16/32/64 "
                         "(batch 1 and 8, 32k retained)")
+    p.add_argument("--split-sweep", action="store_true",
+                   help="instead of the table: the certified kernel at split counts 8-256 and the policy's own, at "
+                        "each --batch × --retained")
     p.add_argument("--output", default=None, help="write the measurements as JSON to this file")
     p.add_argument("--compile-only", action="store_true",
                    help="compile every variant for sm_80 / sm_90 (no GPU needed): registers, stack, shared memory, occupancy")

@@ -177,11 +177,12 @@ def copies_of(cache: Cache, device) -> list[Cache]:
     return [cache] + [cache.clone() for _ in range(n - 1)]
 
 
-def plan_for(cache: Cache, q, scale, *, certificate=True, packed=None, aux=True, block_n=None, sketch=None):
+def plan_for(cache: Cache, q, scale, *, certificate=True, packed=None, aux=True, block_n=None, sketch=None,
+             num_splits=None):
     """A decode plan over ``cache`` as kvcert makes one (``aux``: the cached 1 − π and ‖v − c‖; the statistics at
-    the step index with the certificate)."""
+    the step index with the certificate); ``num_splits`` None: the split policy's."""
     b, hq = q.shape[:2]
-    kw = dict(packed=packed, block_n=block_n, sketch=sketch)
+    kw = dict(packed=packed, block_n=block_n, sketch=sketch, num_splits=num_splits)
     if certificate:
         kw.update(stats=cache.stats(b, hq, True), step=cache.step)
         if aux:
@@ -308,6 +309,35 @@ def ablation(args, device, dtype, copy_bw) -> list[dict]:
     return out
 
 
+#: split counts the ``--split-sweep`` times beside the policy's own
+SPLIT_SWEEP = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+
+
+def split_sweep(args, device, dtype, copy_bw) -> list[dict]:
+    """The certified kernel's device µs per call at each split count of :data:`SPLIT_SWEEP` and the policy's own
+    (``policy: True``), at the benchmark's shapes (``--batch`` × ``--retained``): what the wave-efficiency policy
+    chose against what it passed over."""
+    out = []
+    hq, hkv, dim = args.query_heads, args.kv_heads, args.head_dim
+    for batch, length in [(b, n) for b in args.batch for n in args.retained]:
+        q, k, v, lp, c = make_inputs(batch, hq, hkv, length, dim, dtype, device)
+        caches = copies_of(Cache(k, v, lp, c), device)
+        nbytes = caches[0].nbytes(True)
+        for splits in (None,) + SPLIT_SWEEP:
+            try:
+                plans = [plan_for(x, q, dim**-0.5, num_splits=splits) for x in caches]
+                us = graph_us([lambda p=p: p.run(q) for p in plans])
+                chosen = plans[0].launches[0].grid[1]
+            except Exception as exc:  # noqa: BLE001 - report, keep measuring
+                us, chosen = math.nan, splits or 0
+                print(f"  split sweep: batch {batch} retained {length} splits {splits}: {str(exc)[:80]}")
+            out.append(dict(batch=batch, retained=length, num_splits=chosen, policy=splits is None, us=us,
+                            bw_frac=nbytes / (us * 1e-6) / copy_bw if us == us else math.nan))
+        del q, k, v, lp, c, caches
+        torch.cuda.empty_cache()
+    return out
+
+
 def tune(args, device, dtype, copy_bw) -> list[dict]:
     """A small sweep of launch parameters at the benchmark's shapes (``--batch`` × ``--retained``), device time
     by graph replay (a block size, warps or stages of the caller's drop the configuration's register cap)."""
@@ -362,8 +392,14 @@ def run_benchmark(args) -> int:
     print(f"{args.dtype}, {args.query_heads} query / {args.kv_heads} KV heads, head dim {args.head_dim}; device µs per "
           f"call by CUDA-graph replay ({GRAPH_CALLS} calls × {GRAPH_REPLAYS} replays), host µs per eager call; "
           f"bw = fraction of copy bandwidth where device ≥ {DEVICE_DOMINATES:g}× host")
-    rows, abl = [], []
-    if getattr(args, "ablation", False):
+    rows, abl, sweep = [], [], []
+    if getattr(args, "split_sweep", False):
+        sweep = split_sweep(args, device, dtype, copy_bw)
+        print(f"{'batch':>5} {'retained':>9} {'splits':>6} {'device us':>9} {'bw':>6}")
+        for r in sweep:
+            print(f"{r['batch']:>5} {r['retained']:>9} {r['num_splits']:>6} {_f(r['us'], '9.1f')} "
+                  f"{_f(r['bw_frac'], '6.2f')}{'  <- the policy' if r['policy'] else ''}", flush=True)
+    elif getattr(args, "ablation", False):
         abl = ablation(args, device, dtype, copy_bw)
         print(f"{'batch':>5} {'retained':>9} {'variant':<20} {'splits':>6} {'device us':>9} {'host us':>8} "
               f"{'wall us':>8} {'bw':>6}")
@@ -409,7 +445,8 @@ def run_benchmark(args) -> int:
     if args.output:
         with atomic_path(args.output) as tmp, open(tmp, "w") as fh:
             json.dump({"device": props.name, "copy_bandwidth": copy_bw, "spot_check": check, "timing": "cuda-graph",
-                       "rows": rows, "tune": tuned, "ablation": abl, "certificate_overhead_max": worst_overhead,
+                       "rows": rows, "tune": tuned, "ablation": abl, "split_sweep": sweep,
+                       "certificate_overhead_max": worst_overhead,
                        "robust_overhead_max": worst_robust, "bandwidth_fraction_min_32k": worst_bw,
                        "roofline_bandwidth": peak_bw or copy_bw}, fh, indent=1)
     if not rows:

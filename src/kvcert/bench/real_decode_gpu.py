@@ -48,7 +48,8 @@ VARIANTS: dict[str, tuple[str | None, bool]] = {
 #: from a CUDA graph (every variant on the fused kernel's plans, ``static_decode``)
 MODES = ("eager", "graph")
 #: what ``kernels/gpu_check.sh`` writes per step besides its exit status
-STEP_FILES = {"compile": "compile.json", "bench": "bench.json", "real_decode": "real_decode.json"}
+STEP_FILES = {"compile": "compile.json", "bench": "bench.json", "real_decode": "real_decode.json",
+              "ablation": "ablation.json", "splits": "splits.json"}
 
 
 def model_folder(folder: str | None = None, name: str = REAL_MODEL) -> tuple[Path | None, str]:
@@ -247,6 +248,12 @@ def decode_command(args) -> int:
     return 0
 
 
+def _read_list(path: Path, key: str) -> list:
+    data = _read(path)
+    rows = data.get(key) if isinstance(data, dict) else None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
 def _read(path: Path):
     try:
         return json.loads(path.read_text())
@@ -289,7 +296,9 @@ def kernel_rows(bench) -> list[dict]:
     for r in (bench or {}).get("rows", []) if isinstance(bench, dict) else []:
         rows.append({
             "batch": r.get("batch"), "retained": r.get("retained"),
-            **{k: _finite(r.get(k)) for k in ("cert_ms", "plain_ms", "sdpa_ms", "sdpa_bias_ms", "roofline_ms")},
+            **{k: _finite(r.get(k)) for k in ("cert_ms", "plain_ms", "sdpa_ms", "sdpa_bias_ms", "roofline_ms",
+                                              "cert_host_us", "plain_host_us")},
+            **({"device_dominates": bool(r["device_dominates"])} if "device_dominates" in r else {}),
             "cert_over_sdpa": _ratio(r.get("cert_ms"), r.get("sdpa_ms")),
             "plain_over_sdpa": _ratio(r.get("plain_ms"), r.get("sdpa_ms")),
             "cert_over_sdpa_bias": _ratio(r.get("cert_ms"), r.get("sdpa_bias_ms")),
@@ -347,6 +356,10 @@ def build_summary(outdir: str | Path, gpu: str, steps: dict[str, str], arch: str
         "efficiency_basis": "peak" if table is not None else "copy",
         "roofline_bandwidth": _finite((bench or {}).get("roofline_bandwidth")) if isinstance(bench, dict) else None,
         "real_model_decode": real_out,
+        "ablation": [{k: _finite(v) if isinstance(v, float) else v for k, v in r.items()}
+                     for r in _read_list(outdir / STEP_FILES["ablation"], "ablation")],
+        "split_sweep": [{k: _finite(v) if isinstance(v, float) else v for k, v in r.items()}
+                        for r in _read_list(outdir / STEP_FILES["splits"], "split_sweep")],
     }
 
 

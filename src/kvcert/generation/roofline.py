@@ -234,18 +234,22 @@ EFFICIENCY_RETAINED = (4096, 32768)
 
 def kernel_efficiency(rows: list[dict], retained: tuple[int, int] = EFFICIENCY_RETAINED) -> tuple[float | None, int]:
     """The measured efficiency of ``kvcert bench kernel``'s rows (its ``bench.json``) and the number of rows
-    it comes from: the median, over rows with ``retained`` tokens in the given range (every batch), of
-    ``roofline_ms / cert_ms`` — the certified kernel's roofline time (bytes read at the GPU's peak
-    bandwidth) over its measured time, i.e. the achieved share of peak bandwidth, 1 / ``cert_over_roofline``
-    — clamped to (0, 1]. (None, 0) when no row in the range has a finite, positive time."""
+    it comes from: the median of ``roofline_ms / cert_ms`` — the certified kernel's roofline time (bytes read
+    at the GPU's peak bandwidth) over its measured device time, i.e. the achieved share of peak bandwidth,
+    1 / ``cert_over_roofline`` — clamped to (0, 1], over the rows where the device time dominates the host's
+    (``device_dominates``: rows timed by CUDA-graph replay, every length and batch); a file of the earlier
+    format, without that field, over rows with ``retained`` tokens in the given range. (None, 0) when no such
+    row has a finite, positive time."""
     lo, hi = retained
+    graph_timed = any("device_dominates" in row for row in rows)
     shares = []
     for row in rows:
         try:
             roof, cert, length = float(row["roofline_ms"]), float(row["cert_ms"]), int(row["retained"])
         except (KeyError, TypeError, ValueError):
             continue
-        if lo <= length <= hi and math.isfinite(roof) and math.isfinite(cert) and roof > 0 and cert > 0:
+        usable = bool(row.get("device_dominates")) if graph_timed else lo <= length <= hi
+        if usable and math.isfinite(roof) and math.isfinite(cert) and roof > 0 and cert > 0:
             shares.append(roof / cert)
     if not shares:
         return None, 0

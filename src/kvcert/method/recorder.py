@@ -103,10 +103,11 @@ class StepRecorder:
         self._certified: list[int] = []  # this forward's layers
         self._entropy: list[int] = []
         self._pending: list = []  # (layer, PendingCertificate) of this forward, combined at its end
+        self._rows: list = []  # (layer, layers, [B, Hq, 5] or [B, Hq, 1], first statistic) written at its end
 
     # --- the forward ------------------------------------------------------------------
     def begin_forward(self) -> None:
-        self._certified, self._entropy, self._pending = [], [], []
+        self._certified, self._entropy, self._pending, self._rows = [], [], [], []
 
     def end_forward(self) -> None:
         self.flush()
@@ -136,17 +137,13 @@ class StepRecorder:
     # --- what the attention path writes ---------------------------------------------------
     def certificate(self, layer_idx: int, num_layers: int, variance: torch.Tensor, range_term: torch.Tensor,
                     output_norm: torch.Tensor, shadow_sum=None, shadow_range=None) -> None:
-        """A layer's certificate of this forward ([B, Hq, Q] each; the last query is kept)."""
-        b, hq = variance.shape[:2]
-        row = self.rows(num_layers, b, hq, variance.device)[self.step, layer_idx]
-        row[VARIANCE].copy_(variance[..., -1])
-        row[RANGE].copy_(range_term[..., -1])
-        row[NORM].copy_(output_norm[..., -1])
+        """A layer's certificate of this forward ([B, Hq, Q] each; the last query is kept), written with the other
+        layers' when the forward ends (:meth:`flush`: one copy for a run of layers)."""
         if shadow_sum is None or shadow_range is None:
-            row[SHADOW_SUM : SHADOW_RANGE + 1].zero_()
-        else:
-            row[SHADOW_SUM].copy_(shadow_sum[..., -1])
-            row[SHADOW_RANGE].copy_(shadow_range[..., -1])
+            shadow_sum = shadow_range = torch.zeros_like(variance[..., -1:])
+        parts = (variance, range_term, output_norm, shadow_sum, shadow_range)
+        self._rows.append((layer_idx, num_layers, torch.cat([t if t.shape[-1] == 1 else t[..., -1:] for t in parts], -1),
+                           VARIANCE))
         self._certified.append(layer_idx)
 
     def defer(self, layer_idx: int, num_layers: int, pending) -> None:
@@ -157,6 +154,8 @@ class StepRecorder:
     def flush(self) -> None:
         """Combine the deferred certificates of this forward (:func:`kvcert.method.attention.combine_pending`, all
         layers at once) and write them as :meth:`certificate` does (the shadow terms 0: no sketch)."""
+        if self._rows:
+            self._write_rows()
         if not self._pending:
             return
         from .attention import combine_pending_stacked
@@ -183,10 +182,30 @@ class StepRecorder:
         self._certified.extend(layers)
 
     def entropy_of(self, layer_idx: int, num_layers: int, entropy: torch.Tensor) -> None:
-        """A layer's attention entropy of this forward ([B, Hq, Q]; the last query is kept)."""
-        b, hq = entropy.shape[:2]
-        self.rows(num_layers, b, hq, entropy.device)[self.step, layer_idx, ENTROPY].copy_(entropy[..., -1])
+        """A layer's attention entropy of this forward ([B, Hq, Q]; the last query is kept), written with the other
+        layers' when the forward ends."""
+        self._rows.append((layer_idx, num_layers, entropy if entropy.shape[-1] == 1 else entropy[..., -1:], ENTROPY))
         self._entropy.append(layer_idx)
+
+    def _write_rows(self) -> None:
+        """This forward's statistics from the torch path, into the buffer's row: one stacked copy per run of
+        consecutive layers that wrote the same statistics."""
+        rows, self._rows = self._rows, []
+        groups: dict[tuple, list] = {}
+        for layer, num_layers, values, first in rows:
+            groups.setdefault((first, values.shape[-1], values.dtype, num_layers), []).append((layer, values))
+        for (first, width, _, num_layers), members in groups.items():
+            b, hq = members[0][1].shape[:2]
+            data = self.rows(num_layers, b, hq, members[0][1].device)[self.step]
+            start = 0
+            while start < len(members):
+                stop = start + 1
+                while stop < len(members) and members[stop][0] == members[stop - 1][0] + 1:
+                    stop += 1
+                run = members[start:stop]
+                block = data[run[0][0] : run[-1][0] + 1, first : first + width]  # [layers, width, B, Hq]
+                block.copy_(torch.stack([v for _, v in run]).movedim(-1, 1))
+                start = stop
 
     def kernel_stats(self, layer_idx: int, num_layers: int, batch: int, heads: int, device, certificate: bool,
                      entropy: bool) -> tuple[dict, torch.Tensor]:
