@@ -90,6 +90,7 @@ def test_report_markdown_order_and_provenance(run):
     assert "| C1 |" in md and "| C7 |" in md
     assert run["hash"] in md and run["frozen"] in md
     assert "a.jsonl:2" in md  # the pre-freeze generation is listed
+    assert "model digests: 1 distinct — f1c7ed16e57d16e5" in md  # the content the records were made from
     assert "Generations per setting" in md and (run["tmp"] / "report" / "generations_per_cell.csv").exists()
     assert "## Claims" in md and "### Tests" in md and "(the paper's pooled statistic; reported, not tested)" in md
     for name in ("accuracy", "induced_failure", "auc_prediction_attribution", "coverage", "tightness",

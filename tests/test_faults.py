@@ -308,6 +308,48 @@ def test_an_edited_manifest_in_a_copied_results_folder_is_refused(ref, tmp_path)
     assert not (workdir / "results" / "smoke" / "claims.json").exists()
 
 
+def test_a_resealed_or_copied_manifest_stops_the_run_before_any_shard_is_deleted(ref, tmp_path):
+    """Round 5, probes 2 and 3, in a copy of the finished run with its Snakemake metadata (Snakemake knows every
+    file): (2) one example's answers changed to ["1111111"] and the seal's SHA-256 and count recomputed, which the
+    seal cannot show and Snakemake would answer by regenerating both shards from the edit; (3) a manifest whose seal
+    says another cell's length (needle/2048's, resealed over needle/512). Each stops the run in the pre-flight,
+    before any job: the finished shards are neither deleted nor scored against the edit."""
+    import hashlib
+    import json
+    import shutil
+
+    prereg, reference_run = ref
+    workdir = tmp_path / "run"
+    shutil.copytree(reference_run, workdir, symlinks=True)  # .snakemake too: its metadata knows the outputs
+    manifest, seal = workdir / MANIFEST, workdir / (MANIFEST + ".seal.json")
+    shards = {s: (workdir / s).read_bytes() for s in SHARDS}
+    original, sealed = manifest.read_bytes(), seal.read_bytes()
+
+    def reseal(content: bytes, **built_from):
+        data = json.loads(sealed)
+        manifest.write_bytes(content)
+        data["sha256"], data["records"] = hashlib.sha256(content).hexdigest(), content.count(b"\n")
+        data["built_from"].update(built_from)
+        seal.write_text(json.dumps(data))
+
+    lines = original.decode().splitlines()
+    edited = json.loads(lines[2])
+    edited["answers"] = ["1111111"]
+    reseal(("\n".join(lines[:2] + [json.dumps(edited, ensure_ascii=False)] + lines[3:]) + "\n").encode())
+    out = snakemake(workdir, prereg, "--cores", "2")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-3000:]
+    assert f"{MANIFEST}: not what `kvcert manifest` builds" in text and "differs in answers" in text, text[-3000:]
+    assert {s: (workdir / s).read_bytes() for s in SHARDS} == shards  # nothing deleted, nothing regenerated
+
+    reseal(original, length=2048)  # another cell's manifest and seal (its bytes aside)
+    out = snakemake(workdir, prereg, "--cores", "2")
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "built from other inputs than the plan's (length 2048 != 512)" in text, text[-3000:]
+    assert {s: (workdir / s).read_bytes() for s in SHARDS} == shards
+    assert not (workdir / "results" / "smoke" / "scores.parquet").exists()
+
+
 def test_a_results_folder_whose_path_holds_a_space_runs_every_rule(ref, tmp_path):
     """Issue bar: `--config results=…/p S/résults ü`: every shell argument is quoted, so the analysis rules run
     there (score, claims, report), the report rule reruns there, and no file lands outside the results folder."""

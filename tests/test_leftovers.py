@@ -124,6 +124,11 @@ def test_an_amendment_from_a_slow_clock_is_refused_in_one_line(tmp_path, capsys)
     assert f"31.7 h before the newest freeze record {right.path.name} (frozen {right.frozen_utc})" in err
     assert "this machine's clock reads " + now.isoformat(timespec="seconds")[:13] in err
     assert "freeze from a machine whose clock is right" in err
+    # round 5, probe 7: the declared correction is advised for the machine whose clock was checked, never as a
+    # command to paste here (on this slow clock it would write a backdated amendment that verify accepts)
+    assert "This clock is the likelier one to be wrong: check it against a time server first" in err
+    assert f"amend it on that machine: `kvcert prereg freeze --folder {folder} --reason 'the freeze " in err
+    assert f"then `kvcert prereg verify --folder {folder}` there" in err and "amend it from this machine" not in err
     assert [r.path for r in freezes(folder)] == [right.path]  # nothing written
     with pytest.raises(PreregError, match=r"31\.7 h before the newest freeze record"):
         freeze(folder, reason="more examples", now=now)
@@ -159,6 +164,7 @@ def test_a_freeze_made_on_a_fast_clock_is_still_corrected_from_a_right_one(tmp_p
     assert main(["prereg", "verify", "--folder", str(folder)]) == 2
     err = capsys.readouterr().err
     assert "ahead of this machine's clock" in err and "if this clock is wrong, fix it (NTP)" in err
+    assert "check it against a time server first" in err and "amend it on a machine whose clock you checked" in err
     advised = f"the freeze {fast.path.name} was made on a wrong clock"
     assert advised in err
     with pytest.raises(PreregError, match=rf"before the newest freeze record {fast.path.name} .*"

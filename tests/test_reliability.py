@@ -44,6 +44,18 @@ def reseal(path: Path, records) -> Path:
     return write_shard(records, path)
 
 
+def built_manifest(path: Path, item, configs: Path, records=None) -> Path:
+    """The manifest ``kvcert manifest`` builds for the plan's ``item`` (its records, or ``records`` given), sealed."""
+    from kvcert.generation.jobs import config_file, manifest_config_hash
+    from kvcert.generation.manifest import build_records, load_tokenizer, write_manifest
+
+    if records is None:
+        records = build_records(config_file(configs, "task", item.task),
+                                load_tokenizer(config_file(configs, "model", item.model)), item.length, item.examples,
+                                item.seed, item.sample)
+    return write_manifest(records, path, item, manifest_config_hash(configs, item.model, item.task))
+
+
 # --- 1. scoring checks content against the plan ----------------------------------------------------
 def test_a_forged_answer_is_rescored_from_the_answer(prereg, tmp_path):
     """The bar: an answer replaced by a wrong one, its score kept, the seal recomputed: scoring
@@ -115,10 +127,8 @@ def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, t
     """planned_shards: the examples of the manifest beside the shard, the config hashes of the runs
     composed from the configs as they are; a dtype edited after the run is refused, naming both."""
     from kvcert.analysis.steps import planned_shards
-    from kvcert.generation.jobs import manifest_config_hash, planned_records
-    from kvcert.generation.manifest import write_manifest
+    from kvcert.generation.jobs import planned_records
     from kvcert.generation.plan import build_plan, load_grid
-    from kvcert.tasks.records import TaskRecord
 
     folder, fr = prereg
     configs = tmp_path / "configs"
@@ -127,15 +137,16 @@ def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, t
     results = tmp_path / "results" / "smoke"
     manifest = results / shard.manifest
     plan = build_plan("smoke", load_grid(folder, "grids/smoke.yaml"))
-    write_manifest([TaskRecord(id=f"{shard.task}-{i}", task=shard.task, context="c", question="q", answers=["x"],
-                               metadata={"target_tokens": shard.length, "depth": 50}) for i in range(shard.stop)],
-                   manifest, plan.manifest(shard.model, shard.task, shard.length),
-                   manifest_config_hash(configs, shard.model, shard.task))
+    built_manifest(manifest, plan.manifest(shard.model, shard.task, shard.length), configs)
     expected = planned_records("smoke", shard, manifest, configs, folder)
     assert len(expected) == shard.generations
+    from kvcert.tasks.records import load_records
+
+    examples = {r.id: r for r in load_records(manifest)}  # a record's references are its example's
     records = [make_record(key[3], model=key[0], task=key[1], target_tokens=key[2], prereg_hash=fr.prereg_hash,
                            condition=key[4], sampler=None if key[4] == "full" else key[5].split("-")[1],
-                           budget=key[6], config_hash=digest, method=key[5]) for key, digest in expected.items()]
+                           budget=key[6], config_hash=digest, method=key[5], answers=list(examples[key[3]].answers),
+                           metadata=dict(examples[key[3]].metadata)) for key, digest in expected.items()]
     path = reseal(results / shard.path, records)
     plans = planned_shards([path], "smoke", folder, configs)
     df, prov = score_shards([path], folder, expected=plans)
@@ -707,3 +718,216 @@ def test_the_preflight_reads_weights_once_per_content_and_names_a_nan(tiny_dir, 
     [problem] = check.check_weights("tiny", copy)
     assert re.fullmatch(rf"model tiny: {re.escape(str(copy))}/model\.safetensors: weight .*mlp\.down_proj\.weight "
                         r"holds NaN or ±inf; its weights are broken: replace the weights in that folder", problem)
+
+
+# --- round 5: manifests rebuilt, not trusted; a model's bytes checked; the replay in the config's identity -----
+def _smoke_manifest(prereg, tmp_path, length=512):
+    """(configs, results, plan, item, path): the real smoke manifest of needle at ``length``, as `kvcert manifest`
+    builds it, in a results folder of ``tmp_path`` (the working folder, so its rebuild memory is this test's)."""
+    from kvcert.generation.plan import build_plan, load_grid
+
+    folder, _ = prereg
+    configs = tmp_path / "configs"
+    if not configs.exists():
+        shutil.copytree(REPO / "configs", configs)
+    plan = build_plan("smoke", load_grid(folder, "grids/smoke.yaml"))
+    item = plan.manifest("embedded", "needle", length)
+    results = tmp_path / "results"
+    path = built_manifest(results / "smoke" / item.path, item, configs)
+    return configs, results, plan, item, path
+
+
+def _reseal(path: Path, records) -> None:
+    """Rewrite a manifest with ``records`` and recompute its seal (SHA-256 and count), as anyone can."""
+    from kvcert.tasks.records import write_jsonl
+
+    seal = path.with_name(path.name + ".seal.json")
+    data = json.loads(seal.read_text())
+    write_jsonl(records, path)
+    data["sha256"], data["records"] = __import__("hashlib").sha256(path.read_bytes()).hexdigest(), len(records)
+    seal.write_text(json.dumps(data))
+
+
+def test_a_manifest_edited_and_resealed_is_rebuilt_and_refused(prereg, tmp_path, monkeypatch):
+    """Round 5, probe 2: the answers of one needle/512 example changed to ["1111111"], the seal's SHA-256 and count
+    recomputed. The seal passes; the rebuild from what the plan registers does not: the shard job, the score step
+    and the pre-flight (before any job deletes anything) refuse it, naming the record and the field."""
+    from kvcert.commands.check import check_finished_manifests
+    from kvcert.generation import manifest as manifest_module
+    from kvcert.generation.manifest import check_manifest, verify_manifest
+    from kvcert.tasks.records import load_records
+
+    monkeypatch.chdir(tmp_path)
+    configs, results, plan, item, path = _smoke_manifest(prereg, tmp_path)
+    verify_manifest(path, item, configs)  # as built: passes (and is remembered)
+    records = load_records(path)
+    records[3] = replace(records[3], answers=["1111111"])
+    _reseal(path, records)
+    from kvcert.generation.jobs import manifest_config_hash
+
+    check_manifest(path, item, manifest_config_hash(configs, "embedded", "needle"))  # the seal alone is fooled
+    with pytest.raises(ValueError, match=rf"512\.jsonl: not what `kvcert manifest` builds .*record "
+                                         rf"'{re.escape(records[3].id)}' differs in answers — edited after it was "
+                                         r"built \(its seal recomputed\)") as info:
+        verify_manifest(path, item, configs)
+    assert "\n" not in str(info.value)
+    problems = check_finished_manifests("smoke", plan, configs, results)
+    assert len(problems) == 1 and "differs in answers" in problems[0]
+    # a manifest that matched once is not rebuilt again: what a job's start costs
+    built_manifest(path, item, configs)
+    monkeypatch.setattr(manifest_module, "build_records", lambda *a, **k: pytest.fail("rebuilt again"))
+    verify_manifest(path, item, configs)
+
+
+def test_a_manifest_and_seal_copied_from_another_cell_are_refused_where_snakemake_knows_them(prereg, tmp_path,
+                                                                                            monkeypatch):
+    """Round 5, probe 3: needle/2048's manifest and seal copied over needle/512's, in a working folder whose
+    Snakemake metadata knows the manifest: the pre-flight compares every manifest's registered inputs with the plan
+    (not only where Snakemake does not know it), so no generate job deletes a finished shard and then refuses."""
+    from base64 import urlsafe_b64encode
+
+    from kvcert.commands.check import check_finished_manifests
+
+    monkeypatch.chdir(tmp_path)
+    configs, results, plan, item, path = _smoke_manifest(prereg, tmp_path, 2048)
+    target = results / "smoke" / plan.manifest("embedded", "needle", 512).path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, target)
+    shutil.copyfile(path.with_name(path.name + ".seal.json"), target.with_name(target.name + ".seal.json"))
+    record = tmp_path / ".snakemake" / "metadata" / urlsafe_b64encode(f"{results}/smoke/{item.path}".replace(
+        "2048", "512").encode()).decode()
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")  # Snakemake knows needle/512's manifest
+    problems = check_finished_manifests("smoke", plan, configs, results)
+    [copied] = [p for p in problems if p.startswith(str(target))]
+    assert "built from other inputs than the plan's (length 2048 != 512)" in copied
+
+
+def test_a_file_manifest_names_its_changed_source_file(tmp_path, monkeypatch):
+    """A LongBench manifest's seal records its source file's SHA-256: the file changed since is named as such (and a
+    manifest resealed over another source is rebuilt from the file and refused)."""
+    from kvcert.generation.jobs import config_file, manifest_config_hash
+    from kvcert.generation.manifest import (build_records, load_tokenizer, source_digests, verify_manifest,
+                                            write_manifest)
+    from kvcert.generation.plan import Manifest
+
+    monkeypatch.chdir(tmp_path)
+    configs = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", configs)
+    data = tmp_path / "lb"
+    data.mkdir()
+    row = {"input": "Who wrote it?", "context": "X wrote it. " * 20, "answers": ["X"], "length": 10,
+           "dataset": "hotpotqa", "language": "en", "all_classes": None, "_id": "a1"}
+    (data / "hotpotqa.jsonl").write_text(json.dumps(row) + "\n")
+    task = configs / "task" / "longbench_hotpotqa.yaml"
+    task.write_text(task.read_text().replace("${oc.env:LONGBENCH_DIR,data/longbench}", str(data)))
+    item = Manifest("embedded", "longbench_hotpotqa", 512, 1, 0)
+    cfg = config_file(configs, "task", item.task)
+    sources = source_digests(cfg)
+    assert list(sources) == ["hotpotqa.jsonl"]
+    records = build_records(cfg, load_tokenizer(config_file(configs, "model", "embedded")), 512, 1, 0)
+    path = write_manifest(records, tmp_path / "m.jsonl", item, manifest_config_hash(configs, "embedded", item.task),
+                          sources)
+    verify_manifest(path, item, configs)
+    (data / "hotpotqa.jsonl").write_text(json.dumps(dict(row, answers=["Y"])) + "\n")
+    with pytest.raises(ValueError, match=r"m\.jsonl: its source file hotpotqa\.jsonl changed since the manifest was "
+                                         r"built \(SHA-256 [0-9a-f]{16}… then, [0-9a-f]{16}… now\)"):
+        verify_manifest(path, item, configs)
+
+
+def test_the_preflight_names_a_stale_replay_beside_the_stale_shards(prereg, tmp_path, monkeypatch):
+    """Round 5, probe 5: after a dtype change in a fresh clone (no Snakemake metadata) the pre-flight names the
+    replay table made under the old configs with the stale shards, so it is rerun with them (not refused by the
+    claims step after the whole grid was regenerated); where Snakemake knows the table it reruns it itself."""
+    import pandas as pd
+    from base64 import urlsafe_b64encode
+
+    from kvcert.commands.check import check_finished_replays
+    from kvcert.generation.jobs import replay_config_hash
+    from kvcert.generation.plan import build_plan, load_grid
+    from kvcert.tables import write_table
+
+    monkeypatch.chdir(tmp_path)
+    folder, _ = prereg
+    configs = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", configs)
+    plan = build_plan("smoke", load_grid(folder, "grids/smoke.yaml"))
+    r = plan.replays[0]
+    results = tmp_path / "results"
+    table = results / "smoke" / "replay" / r.model / f"{r.task}-{r.length}.parquet"
+    made = replay_config_hash(configs, r.model, r.task, plan.grid["replay"]["method"])
+    write_table(pd.DataFrame({"x": [1]}), table, {"config_hash": made, "model": r.model, "task": r.task})
+    assert check_finished_replays("smoke", plan, configs, results) == []
+    model = configs / "model" / "embedded.yaml"
+    model.write_text(model.read_text().replace("dtype: float32", "dtype: bfloat16"))
+    [problem] = check_finished_replays("smoke", plan, configs, results)
+    assert problem.startswith(f"{table}: replay table made under config {made}, but its job composes ")
+    assert f"delete it and {r.task}-{r.length}.impossibility.json to rerun the replay" in problem
+    from kvcert.commands import check
+
+    monkeypatch.setattr(check, "check_model", lambda *a, **k: [])  # the models' own checks are tested elsewhere
+    assert problem in check.preflight("smoke", folder, configs, results=results)  # what every Snakemake run does
+    write_table(pd.DataFrame({"x": [1]}), table, {"model": r.model})  # an earlier kvcert's: no hash
+    assert "carries no config hash" in check_finished_replays("smoke", plan, configs, results)[0]
+    record = tmp_path / ".snakemake" / "metadata" / urlsafe_b64encode(
+        f"{results}/smoke/replay/{r.model}/{r.task}-{r.length}.parquet".encode()).decode()
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    assert check_finished_replays("smoke", plan, configs, results) == []
+
+
+def test_every_record_carries_its_model_folders_digest_and_a_partial_of_other_weights_is_set_aside(
+        tiny_dir, tmp_path, capsys):
+    """A record carries the content digest of the folder it was made from; resuming a partial shard, records made
+    from another folder's content (weights replaced between the kill and the rerun) are set aside, not kept."""
+    from kvcert.config.digest import content_digest
+    from kvcert.generation.runner import run_specs
+    from kvcert.generation.shards import read_records
+    from kvcert.generation.spec import GenerationSpec
+    from kvcert.tasks import TASKS
+    from kvcert.generation.manifest import load_tokenizer
+
+    spec = GenerationSpec.from_dict({"model": {"name": "tiny", "path": str(tiny_dir)}, "method": {"name": "full"},
+                                     "condition": "full", "max_new_tokens": 2})
+    examples = TASKS["needle"].generate(load_tokenizer({"path": str(tiny_dir)}), n_examples=2, target_tokens=256,
+                                        seed=3)
+    out = run_specs([spec], examples, tmp_path / "s.jsonl", progress=False)
+    records = read_records(out)
+    digest = content_digest(str(tiny_dir))
+    assert len(digest) == 16 and {r["model_digest"] for r in records} == {digest}
+    partial = tmp_path / "t.jsonl.partial"
+    partial.write_text(json.dumps(dict(records[0], model_digest="0" * 16)) + "\n")
+    run_specs([spec], examples, tmp_path / "t.jsonl", progress=False)
+    assert "made from the model folder of digest 0000000000000000, not " + digest in capsys.readouterr().err
+    assert {r["model_digest"] for r in read_records(tmp_path / "t.jsonl")} == {digest}
+
+
+def test_records_of_one_model_from_two_folders_are_refused_and_old_records_without_a_digest_are_read(prereg, tmp_path):
+    folder, fr = prereg
+    one = write_shard([make_record("a", prereg_hash=fr.prereg_hash)], tmp_path / "one.jsonl")
+    other = write_shard([make_record("b", prereg_hash=fr.prereg_hash, model_digest="0123456789abcdef")],
+                        tmp_path / "two.jsonl")
+    with pytest.raises(RecordRefused, match=r"one\.jsonl:1 and .*two\.jsonl:1: records of model .* made from different "
+                                            r"model folders \(model digests f1c7ed16e57d16e5 and 0123456789abcdef"):
+        score_shards([one, other], folder)
+    old = make_record("b", prereg_hash=fr.prereg_hash)
+    del old["model_digest"]  # a record written before the digest was stamped (results/real's)
+    df, _ = score_shards([one, write_shard([old], tmp_path / "two.jsonl")], folder)
+    assert len(df) == 2 and set(df["model_digest"].dropna()) == {"f1c7ed16e57d16e5"}
+
+
+def test_every_probe_of_every_round_is_a_test_that_exists():
+    """docs/reliability.md lists every probe of every round with the tests that check it: each test it names is
+    defined where it says, and every round's table names at least one per probe."""
+    text = (REPO / "docs" / "reliability.md").read_text()
+    section = text[text.index("## The hostile probes, every round"):]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| probe")
+            and not line.startswith("| #") and not line.startswith("|---")]
+    assert len(rows) >= 35  # rounds 1–3: 16, round 4: 10, round 5: 9
+    for row in rows:
+        named = re.findall(r"tests/(test_\w+\.py)::(test_\w+)", row)
+        assert named, f"a probe without a test: {row[:100]}"
+        for module, test in named:
+            source = (REPO / "tests" / module).read_text()
+            assert re.search(rf"^def {test}\(", source, re.M), f"{module}::{test} is named in docs/reliability.md"
+    assert re.search(r"\*\*Round 5\.\*\*.*\n(.*\n)*\| 8 \|", section)

@@ -257,3 +257,50 @@ def test_delta_is_fixed_by_the_preregistration(override):
                        r"`kvcert prereg freeze --reason '\.\.\.'`") as info:
         compose_run(["task=needle", "method=snapkv-poisson", "budget=0.25", override], configs_dir(), prereg_dir())
     assert "\n" not in str(info.value)
+
+
+# --- round 5, probe 7: each message names the user's setting and the value to give --------------------------
+def test_a_length_too_short_for_a_rulers_prompt_names_the_task_and_the_length_to_give(no_model_load):
+    """`task=ruler:vt length=512` on the embedded tokenizer: not "target_tokens=482" (an internal name) but the task,
+    the length given and the length that fits; and that length does fit."""
+    message = refused(r"^task ruler_vt: length=512 is too small: the prompt without filler already has \d+ tokens, "
+                      r"and 30 more tokens of the length are kept for the answer; give length=(\d+) or more "
+                      r"\(kvcert run's length=; in a grid, its lengths\)$", "task=ruler:vt", "length=512", "limit=1")
+    assert "target_tokens" not in message
+    needed = int(re.search(r"give length=(\d+)", message).group(1))
+    from kvcert.generation.jobs import config_file
+    from kvcert.generation.manifest import build_records, load_tokenizer
+
+    configs = configs_dir()
+    [record] = build_records(config_file(configs, "task", "ruler_vt"),
+                             load_tokenizer(config_file(configs, "model", "embedded")), needed, 1, 0)
+    assert record.length <= needed
+
+
+def test_a_long_row_beyond_the_models_positions_is_not_given_an_impossible_length(tmp_path, no_model_load):
+    """A LongBench row longer than the embedded model's 4096 positions: the advice is not `length=15059 or more`
+    (beyond the model) but what can be done, with the setting: leave the row out, or another model."""
+    long_row = dict(ROW, _id="a2", input="Who wrote the book?", context=" ".join(["The grass is green."] * 3000))
+    source = longbench_file(tmp_path / "lb", [ROW, long_row])
+    message = refused(r"hotpotqa row 1 \(_id='a2'\): middle truncation to 1024 tokens .*; it needs length=(\d+) or "
+                      r"more, and with its 32-token answer that exceeds the model's 4096 positions "
+                      r"\(max_position_embeddings of embedded\): leave the row out \(limit=1: the rows before it\), "
+                      r"or use a model whose tokenizer decodes its tokens back to the text",
+                      "task=longbench_hotpotqa", source, "limit=2", "length=1024")
+    assert int(re.search(r"needs length=(\d+)", message).group(1)) > 4096
+
+
+def test_an_unknown_option_is_named_not_the_value_after_it(capsys):
+    """`kvcert bench design --lengths 0`: argparse named the value '0' as an invalid choice of the positional
+    argument it fell to; the unknown option is named instead, with the command's options."""
+    from kvcert.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "design", "--lengths", "0"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("kvcert bench design: error: unrecognized arguments: --lengths; the options of kvcert "
+                          "bench design: ") and "'0'" not in err
+    with pytest.raises(SystemExit):
+        main(["run", "--lst"])
+    assert "unrecognized arguments: --lst (did you mean --list?)" in capsys.readouterr().err

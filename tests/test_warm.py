@@ -195,3 +195,54 @@ def test_the_entry_point_is_resolved_by_name_to_the_console_commands():
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert project["project"]["scripts"]["kvcert"] == warm.ENTRY_POINT
     assert warm.entry_point() is main
+
+
+# --- round 5, probe 8: one job's environment reaches no later job ----------------------------------------------
+def _job(name: str, env: dict, argv: list[str], cwd: Path, out: Path) -> tuple[int, str]:
+    """One job sent to the server ``name`` as a client does (:func:`kvcert.commands.warm.run_warm`), with ``env`` as
+    its environment; (its exit status, its stdout)."""
+    sock = warm._connect(name, wait=5)
+    assert sock is not None
+    with sock, open(os.devnull) as stdin, open(out, "w") as stdout, open(out.with_suffix(".err"), "w") as stderr:
+        warm._send(sock, {"argv": argv, "argv0": "kvcert", "cwd": str(cwd), "env": env, "ignored": []},
+                   fds=(stdin.fileno(), stdout.fileno(), stderr.fileno()))
+        started = warm._recv(sock)
+        assert started and "pid" in started, started
+        ended = warm._recv(sock)
+    return int(ended["status"]), out.read_text()
+
+
+@pytest.mark.pipeline
+def test_an_environment_set_for_one_warm_job_reaches_no_later_job(tmp_path, monkeypatch):
+    """A ``KVCERT_*`` setting given to one job, in a fork of a server: the next job forked from the same server
+    sees the server's environment, not the setting (each fork takes its own job's environment, and what a fork
+    sets never returns to the server). Jobs of another environment go to a server of their own anyway (the
+    server's name is a hash of the environment); here both are sent to one server on purpose, the worst case."""
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    base = _env(owner.pid)
+    base.pop("KVCERT_MODEL_DIR", None)
+    base["XDG_CACHE_HOME"] = str(tmp_path / "xdg")  # `kvcert model path` prints $KVCERT_MODEL_DIR/NAME, else this
+    setting = dict(base, KVCERT_MODEL_DIR=str(tmp_path / "set-for-one-job"))
+    assert warm.server_name(setting, str(tmp_path), sys.path) != warm.server_name(base, str(tmp_path), sys.path)
+    name = warm.server_name(base, str(tmp_path), sys.path)
+    for key in set(os.environ) - set(base):  # the server starts in the environment of the job that starts it
+        monkeypatch.delenv(key)
+    for key, value in base.items():
+        monkeypatch.setenv(key, value)
+    try:
+        server = warm._spawn(name, owner.pid)
+        sock = warm._connect(name, wait=60, server=server)
+        assert sock is not None, "the server did not start"
+        sock.close()
+        argv = ["model", "path", "smollm2-135m-instruct"]
+        status, first = _job(name, setting, argv, tmp_path, tmp_path / "first.out")
+        assert status == 0 and first.strip() == str(tmp_path / "set-for-one-job" / "smollm2-135m-instruct")
+        status, later = _job(name, base, argv, tmp_path, tmp_path / "later.out")
+        assert status == 0 and later.strip() == str(tmp_path / "xdg" / "kvcert" / "models" / "smollm2-135m-instruct")
+        environ = psutil.Process(server.pid).environ()
+        assert "KVCERT_MODEL_DIR" not in environ and not any(v == str(tmp_path / "set-for-one-job")
+                                                            for v in environ.values())
+    finally:
+        owner.kill()
+        owner.wait()
+    server.wait(timeout=60)

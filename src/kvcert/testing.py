@@ -42,6 +42,8 @@ AGGREGATIONS = ("max", "mean", "rms")
 GRID_BUDGETS = (0.125, 0.25, 0.5)
 GRID_CONDITIONS = ("aware", "streaming")
 GRID_SAMPLERS = ("topk", "poisson")
+#: the model digest fixture records carry (one model folder: every fixture record of a model the same)
+FIXTURE_MODEL_DIGEST = "f1c7ed16e57d16e5"
 
 
 def certificate_block(signal: float, steps: int, layers: int, delta: float = 0.1) -> dict:
@@ -122,7 +124,7 @@ def make_record(
         attention_entropy_steps=None if full else [sig["attention_entropy"]] * decode_steps, evicted_mass=mass,
         prefill_seconds=0.01, decode_seconds=0.01, decode_steps=decode_steps, kv_bytes_peak=1000, kv_bytes_final=500,
         sketch_bytes=10, metadata=metadata, started_utc=started_utc, config_hash="c0ffee", prereg_hash=prereg_hash,
-        git_commit="0" * 40, kvcert_version="0.1.0",
+        git_commit="0" * 40, kvcert_version="0.1.0", model_digest=FIXTURE_MODEL_DIGEST,
     ).to_dict()
     record.update(extra)
     return record

@@ -10,6 +10,8 @@ the analysis naming path:line) and refuses, in one line each:
   this one (docs/design.md §3);
 * two records with the same generation key (``model, task, target_tokens,
   example_id, condition, method, budget, seed``), which would be counted twice;
+* records of one model made from two different model folders (two ``model_digest`` values:
+  weights replaced between shards), :func:`check_model_digests`;
 * with the plan's content of each shard (:class:`PlannedShard`, ``kvcert score
   --experiment``): a record whose key is not one the plan puts at that path (an
   invented example id, a shard moved to another cell, a partial file of another cell),
@@ -302,6 +304,7 @@ def flatten(record: Mapping, plan: ScoringPlan) -> dict:
         "prereg_hash": record["prereg_hash"],
         "git_commit": str(record["git_commit"]),
         "kvcert_version": str(record["kvcert_version"]),
+        "model_digest": record.get("model_digest"),
     }
 
 
@@ -429,7 +432,7 @@ SCORE_COLUMNS = [
     "cert_signal_robust", "sig_output_entropy", "sig_top2_margin", "sig_attention_entropy", "sig_evicted_mass",
     "sig_evicted_mass_expected", "uncertified", "turn_distance", "depth", "dataset", "prompt_tokens", "decode_steps", "kept_fraction", "kv_bytes_peak",
     "prefill_seconds", "decode_seconds", "started_utc", "config_hash", "prereg_hash", "git_commit", "kvcert_version",
-    "shard", "line",
+    "model_digest", "shard", "line",
 ]
 
 
@@ -458,6 +461,7 @@ def derive(df: pd.DataFrame, freeze: Freeze, verified_utc: str | None = None) ->
         raise RecordRefused(
             f"{where}: the same generation ({', '.join(GENERATION_KEY)}) appears twice; remove the duplicate shard"
         )
+    check_model_digests(df)
     scored = ~df["pre_freeze"]
     full = df[scored & df["condition"].eq("full")][list(FULL_KEY) + ["correct"]].rename(columns={"correct": "full_correct"})
     df = df.merge(full, on=list(FULL_KEY), how="left")
@@ -469,6 +473,25 @@ def derive(df: pd.DataFrame, freeze: Freeze, verified_utc: str | None = None) ->
     )
     df["label"] = label
     return df
+
+
+def check_model_digests(df: pd.DataFrame) -> None:
+    """Refuse records of one model made from different model folders (two ``model_digest`` values: weights
+    replaced between shards), naming a record of each and the remedy. Records without a digest (written
+    before it was stamped) are not compared."""
+    if "model_digest" not in df or df["model_digest"].isna().all():
+        return
+    known = df[df["model_digest"].notna()]
+    for model, rows in known.groupby("model", sort=True):
+        digests = list(dict.fromkeys(rows["model_digest"]))
+        if len(digests) > 1:
+            first = rows[rows["model_digest"] == digests[0]].iloc[0]
+            other = rows[rows["model_digest"] == digests[1]].iloc[0]
+            raise RecordRefused(
+                f"{first['shard']}:{first['line']} and {other['shard']}:{other['line']}: records of model {model} made "
+                f"from different model folders (model digests {digests[0]} and {digests[1]}: its weights or "
+                "tokenizer changed between shards); delete the shards made from the old folder and rerun to "
+                "regenerate them")
 
 
 def scored(df: pd.DataFrame) -> pd.DataFrame:

@@ -197,7 +197,9 @@ def provenance_section(doc: Document, claims_doc: Mapping, scores: pd.DataFrame 
     ]
     if scores is not None and len(scores):
         for col, label in (("git_commit", "generation commits"), ("config_hash", "config hashes"),
-                           ("kvcert_version", "kvcert versions")):
+                           ("kvcert_version", "kvcert versions"), ("model_digest", "model digests")):
+            if col not in scores:  # a scores table of an earlier kvcert
+                continue
             vc = scores[col].value_counts()
             shown = ", ".join(f"{k} ({v})" for k, v in vc.head(12).items())
             more = f" … and {len(vc) - 12} more" if len(vc) > 12 else ""

@@ -45,8 +45,8 @@ def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | 
     the plan's relative shard path; the examples from the manifest beside them, the config
     hashes from the configs composed now, ``model_paths`` {model: path} overriding a model's
     path as ``kvcert shard --model-path`` does); a shard the plan does not know is refused."""
-    from ..generation.jobs import manifest_config_hash, manifest_references, planned_records
-    from ..generation.manifest import check_manifest
+    from ..generation.jobs import manifest_references, planned_records
+    from ..generation.manifest import verify_manifest
     from ..generation.plan import build_plan
 
     configs = resolve_configs(configs)
@@ -63,9 +63,11 @@ def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | 
             raise RecordRefused(f"{path}: its manifest {manifest} is missing; rerun the manifest step "
                                 "(the plan's examples come from it)")
         try:
-            if str(manifest) not in checked:  # the plan's examples and references, as `kvcert manifest` built them
-                check_manifest(manifest, plan.manifest(shard.model, shard.task, shard.length),
-                               manifest_config_hash(configs, shard.model, shard.task, (model_paths or {}).get(shard.model)))
+            if str(manifest) not in checked:  # the plan's examples and references, as `kvcert manifest` builds them:
+                # its seal, then a rebuild compared byte for byte (remembered by content once it matched: the
+                # generate jobs' rebuilds mean the score step normally rebuilds nothing)
+                verify_manifest(manifest, plan.manifest(shard.model, shard.task, shard.length), configs,
+                                (model_paths or {}).get(shard.model))
                 checked.add(str(manifest))
             records = planned_records(experiment, shard, manifest, configs, prereg,
                                       (model_paths or {}).get(shard.model), cache)

@@ -60,9 +60,9 @@ def check_model(name: str, cfg: dict, chat: bool = False, longest: tuple[int, st
             return problems + [f"model {name}: {path}: {exc} (configs/model/{name}.yaml)"]
         if not fetched_folder(fetched).is_dir():
             return problems  # not fetched yet: the fetch_model rule fetches it before any job loads it
+        # every file against its pin in the repository's model config (not the receipt, which the fetch wrote)
         digests = DigestCache(Path(".snakemake") / "kvcert" / "file-digests.json")
-        problem = folder_problem(fetched, full=True, sha256=digests.sha256)
-        digests.save()
+        problem = folder_problem(fetched, full=True, cache=digests)
         if problem is not None:
             return problems + [f"model {name}: {problem}"]
     try:
@@ -304,17 +304,61 @@ def check_finished_shards(experiment: str, plan, prereg: str | Path, configs: Pa
     return problems
 
 
+def table_provenance(path: Path) -> dict | None:
+    """The provenance a Parquet table of :func:`kvcert.tables.write_table` carries, read from its footer alone
+    (no rows, no pandas); None where it holds none or does not parse."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+        return json.loads(meta[b"kvcert"]) if b"kvcert" in meta else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def check_finished_replays(experiment: str, plan, configs: Path, results: str | Path) -> list[str]:
+    """Finished replay tables (``<results>/<experiment>/replay/<model>/<task>-<length>.parquet``) made under other
+    configs than the replay job composes now (:func:`kvcert.generation.jobs.replay_config_hash`: the model's dtype
+    and device, the task, the replay method), or carrying no config hash, where Snakemake has no record of them
+    to rerun them by: named beside the stale shards (:func:`check_finished_shards`), so that the replay is
+    rerun with them rather than refused by the claims step after the whole grid was regenerated."""
+    from ..generation.jobs import replay_config_hash
+
+    problems = []
+    method = (plan.grid.get("replay") or {}).get("method")
+    for item in plan.replays:
+        rel = f"replay/{item.model}/{item.task}-{item.length}.parquet"
+        path = Path(results) / experiment / rel
+        if not path.is_file() or snakemake_knows(f"{results}/{experiment}/{rel}"):
+            continue
+        made = (table_provenance(path) or {}).get("config_hash")
+        want = replay_config_hash(configs, item.model, item.task, method)
+        if made != want:
+            what = f"made under config {made}" if made else "carries no config hash (an earlier kvcert's)"
+            problems.append(f"{path}: replay table {what}, but its job composes {want} now (a model's dtype, the "
+                            "task or the replay method changed since), and Snakemake has no record of it to rerun "
+                            f"it by: delete it and {path.with_suffix('').name}.impossibility.json to rerun the "
+                            "replay, or restore the configs")
+    return problems
+
+
 def check_finished_manifests(experiment: str, plan, configs: Path, results: str | Path,
                              model_paths: dict | None = None) -> list[str]:
     """Finished manifests (``<results>/<experiment>/manifests/...``) that are not what ``kvcert manifest``
-    built (:func:`kvcert.generation.manifest.check_manifest`): edited by hand (always), or built from another seed,
-    grid or config where Snakemake has no record of them to rerun them by (a copied results folder). One line
-    each, with the remedy; no generate job starts from such a manifest and nothing is scored against it."""
+    builds for the plan (:func:`kvcert.generation.manifest.verify_manifest`): edited by hand, resealed or not
+    (a rebuild is compared byte for byte, remembered by content once it matched), copied from another cell (the
+    plan's task, length, examples and seed are compared whether or not Snakemake knows the manifest), built
+    from another seed, grid or config where Snakemake has no record of it to rerun it by (a copied results
+    folder), or from source files that changed since. Checked here, before any job runs, so that no generate
+    or replay job whose outputs Snakemake deletes first refuses its manifest after that. One line each, with
+    the remedy."""
     from ..config.digest import DigestCache
-    from ..generation.jobs import manifest_config_hash
-    from ..generation.manifest import check_manifest, manifest_seal_path
+    from ..generation.manifest import RebuiltManifests, manifest_seal_path, verify_manifest
 
     digests = DigestCache(Path(".snakemake") / "kvcert" / "file-digests.json")
+    rebuilt = RebuiltManifests()
     problems = []
     for item in plan.manifests + plan.replays:
         path = Path(results) / experiment / item.path
@@ -324,11 +368,13 @@ def check_finished_manifests(experiment: str, plan, configs: Path, results: str 
         if known and not manifest_seal_path(path).exists():
             continue  # built by an earlier kvcert: its job's command changed since, so Snakemake rebuilds it
         try:
-            check_manifest(path, None if known else item,
-                           manifest_config_hash(configs, item.model, item.task, (model_paths or {}).get(item.model)),
-                           digests.sha256)
+            verify_manifest(path, item, configs, (model_paths or {}).get(item.model), digest=digests.sha256,
+                            registered_only=known, rebuilt=rebuilt)
         except ValueError as exc:
             problems.append(str(exc))
+        except (OSError, RuntimeError) as exc:  # a tokenizer that does not load: the model check names it
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            problems.append(f"{path}: could not be rebuilt to compare ({type(exc).__name__}: {first})")
     digests.save()
     return problems
 
@@ -472,6 +518,7 @@ def preflight(experiment: str, prereg: str | Path, configs: Path, profile: str |
         problems += check_results(results)
         problems += check_finished_manifests(experiment, plan, configs, results, model_paths)
         problems += check_finished_shards(experiment, plan, prereg, configs, results, model_paths)
+        problems += check_finished_replays(experiment, plan, configs, results)
     return problems
 
 

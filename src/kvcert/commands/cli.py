@@ -139,7 +139,7 @@ def check_command(args) -> int:
 
 def manifest_command(args) -> int:
     from ..generation.jobs import config_file, manifest_config_hash
-    from ..generation.manifest import build_records, load_tokenizer, write_manifest
+    from ..generation.manifest import build_records, load_tokenizer, remember_built, source_digests, write_manifest
 
     config_dir = _folders(args)
     _, plan = _experiment(args)
@@ -148,11 +148,14 @@ def manifest_command(args) -> int:
     if args.model_path:
         model["path"] = args.model_path
     tokenizer = load_tokenizer(model)
-    records = build_records(config_file(config_dir, "task", args.task), tokenizer, item.length, item.examples,
-                            item.seed, item.sample)
+    task_cfg = config_file(config_dir, "task", args.task)
+    sources = source_digests(task_cfg)  # the files it is built from, before they are read
+    records = build_records(task_cfg, tokenizer, item.length, item.examples, item.seed, item.sample)
     if len(records) < item.examples:
         raise ValueError(f"task {args.task}: only {len(records)} examples, the grid asks for {item.examples}")
-    write_manifest(records, args.out, item, manifest_config_hash(config_dir, args.model, args.task, args.model_path))
+    write_manifest(records, args.out, item, manifest_config_hash(config_dir, args.model, args.task, args.model_path),
+                   sources)
+    remember_built(args.out, item, config_dir, args.model_path, sources)  # what it was built from, as a rebuild is
     print(f"{args.out}: {len(records)} records")
     return 0
 
@@ -160,14 +163,13 @@ def manifest_command(args) -> int:
 def shard_command(args) -> int:
     from ..config.prereg import check_clock, read_verified
     from ..generation.runner import run_specs
-    from ..generation.jobs import manifest_config_hash
-    from ..generation.manifest import check_manifest
+    from ..generation.manifest import verify_manifest
 
     config_dir = _folders(args)
     _, plan = _experiment(args)
     shard = plan.shard(args.model, args.cell, args.task, args.length, args.index)
-    check_manifest(args.manifest, plan.manifest(shard.model, shard.task, shard.length),
-                   manifest_config_hash(config_dir, shard.model, shard.task, args.model_path))
+    # its seal, the plan's registered inputs, and a rebuild compared byte for byte (remembered once it matched)
+    verify_manifest(args.manifest, plan.manifest(shard.model, shard.task, shard.length), config_dir, args.model_path)
     job = plan.job(shard, config_dir, args.prereg, args.model_path, args.manifest)
     records = job.examples()
     prereg_hash = None

@@ -17,7 +17,9 @@ shard). Comma-separated values of ``task``, ``method``, ``condition``, ``budget`
 with a table per (task, setting) — the share that passes (score ≥ the task's pass mark, as
 the claims count it), the mean task score, the mean relative certificate ε/‖ô‖, each with a
 90 % bootstrap interval over records, and the kept fraction — and writes
-``<out>/results.json``: the command, the records' files, those metrics with their intervals,
+``<out>/results.json``: the command, the model and the content digest of its folder
+(``model_digest``, as every record carries it; a fetched model's files are checked against their
+pins before anything is built), the records' files, those metrics with their intervals,
 and every composed generation config. ``task=ruler`` names RULER's synthetic suite (``task=ruler:a,b``
 a part of it; :mod:`kvcert.tasks.ruler`), 4096 tokens unless ``length`` says otherwise; a run with
 RULER's tasks also prints (and writes, ``ruler``) the table kvpress prints for RULER — each task's
@@ -516,6 +518,7 @@ def run_command(args) -> int:
     from ..tasks import task_for_config
     from ..config.compose import analysis_plan
     from ..generation.manifest import load_tokenizer
+    from ..tasks.lengths import LengthError
 
     configs = resolve_configs(args.configs)
     if getattr(args, "list", False):
@@ -561,8 +564,14 @@ def run_command(args) -> int:
     built = {}
     for task_cfg, _, specs in plan:  # the data of every task, checked before the model loads
         length, answer = lengths[task_cfg["name"]]
-        records = task_for_config(task_cfg).build(task_cfg, tokenizer, length, limits[task_cfg["name"]], data_seed,
-                                                  progress=build_progress(task_cfg["name"], not args.quiet))
+        try:
+            records = task_for_config(task_cfg).build(
+                task_cfg, tokenizer, length, limits[task_cfg["name"]], data_seed,
+                progress=build_progress(task_cfg["name"], not args.quiet))
+        except LengthError as exc:  # the length it advises must fit the model, or the advice is another one
+            if positions is not None and exc.needed + answer > positions:
+                raise ValueError(exc.beyond(positions, answer, model_spec.path)) from None
+            raise
         if not records:
             raise ValueError(f"task {task_cfg['name']}: no records")
         check_limit(limits[task_cfg["name"]], task_cfg, built=len(records), given="limit" in own)
@@ -577,7 +586,10 @@ def run_command(args) -> int:
         built[task_cfg["name"]] = records
     if not args.quiet:
         print(f"loading the model {model_spec.path}", file=sys.stderr, flush=True)
-    model, tokenizer = load_model(model_spec)
+    model, tokenizer = load_model(model_spec)  # a fetched model's folder is checked against its pins here
+    from ..config.digest import content_digest
+
+    digest = content_digest(model_spec.path)
     shards, records_out = {}, []
     for task_cfg, _, specs in plan:
         name = task_cfg["name"]
@@ -592,6 +604,7 @@ def run_command(args) -> int:
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "outside_preregistration": True,
         "model": first["model"],
+        "model_digest": digest,
         "tasks": {name: {"length": lengths[name][0], "records": len(built[name]), "generations": shards[name]}
                   for name in names},
         "bootstrap": BOOTSTRAP,

@@ -107,8 +107,10 @@ def generation_config(composed: dict, analysis_plan: "AnalysisPlan", max_new_tok
         # the pre-registered design; a method config may override some of its keys (the
         # kvpress-matched configs protect what kvpress protects: no sinks, its own window)
         method["design"] = {**analysis_plan.design, **dict(method.get("design") or {})}
+    from .sources import model_run_settings
+
     return {
-        "model": dict(composed["model"]),
+        "model": model_run_settings(composed["model"]),  # a fetched model's pins (files:) are its content's
         "method": method,
         "condition": composed["condition"],
         "budget": float(composed["budget"]),

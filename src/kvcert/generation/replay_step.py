@@ -58,9 +58,9 @@ def resolve_model(model_config: str | Path | None = None, model: str | None = No
 def replay_cell(experiment: str, records: str | Path, prereg: str | Path, configs: str | Path, model: str,
                 model_path: str | None = None) -> tuple[str, str]:
     """(task, config hash) of the replay cell whose manifest is ``records``, after checking the manifest is
-    what ``kvcert manifest`` built for it (:func:`kvcert.generation.manifest.check_manifest`)."""
-    from .jobs import manifest_config_hash, replay_config_hash
-    from .manifest import check_manifest
+    what ``kvcert manifest`` builds for it (:func:`kvcert.generation.manifest.verify_manifest`)."""
+    from .jobs import replay_config_hash
+    from .manifest import verify_manifest
     from .plan import build_plan
 
     grid = experiment_grid(experiment, configs, prereg)[1]
@@ -69,7 +69,7 @@ def replay_cell(experiment: str, records: str | Path, prereg: str | Path, config
     if len(match) != 1:
         raise ValueError(f"{records}: not a replay manifest of experiment {experiment}'s plan for model {model}")
     item = match[0]
-    check_manifest(records, item, manifest_config_hash(configs, model, item.task, model_path))
+    verify_manifest(records, item, configs, model_path)  # its seal, the plan's inputs, a rebuild
     return item.task, replay_config_hash(configs, model, item.task, grid["replay"]["method"])
 
 
@@ -105,7 +105,10 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     recs = read_jsonl(records)[:max_examples]
     if not recs:
         raise ValueError(f"{records}: no task records to replay")
-    loaded, tokenizer = load_model(spec)
+    from ..config.digest import content_digest
+
+    loaded, tokenizer = load_model(spec)  # a fetched model's folder is checked against its pins here
+    digest = content_digest(spec.path)
     t0 = time.perf_counter()
     draws = replay_model(loaded, tokenizer, recs, list(rp.budgets), rp.draws, rp.later_queries, plan.delta, design,
                          seed, max_layers, model_name=spec.name,
@@ -113,7 +116,8 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     rows = impossibility_for_model(loaded, tokenizer, recs[0], design=design, seed=seed, model_name=spec.name)
     num_layers = loaded.config.get_text_config().num_hidden_layers
     provenance = {
-        "model": spec.name, "model_path": Path(spec.path).name, "experiment": experiment, "task": task,
+        "model": spec.name, "model_path": Path(spec.path).name, "model_digest": digest, "experiment": experiment,
+        "task": task,
         "config_hash": made_under, "examples": len(recs),
         "records": Path(records).name, "budgets": list(rp.budgets), "draws": rp.draws,
         "later_queries": rp.later_queries, "query_kinds": kinds, "delta": plan.delta, "design": dict(plan.design),

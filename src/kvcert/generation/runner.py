@@ -17,7 +17,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..method.models import load_model, resolve_model_path
+from ..config.digest import content_digest
+from ..config.sources import fetched_name
+from ..method.models import load_model, resolve_model_path  # noqa: F401  (resolve_model_path: re-exported)
 from ..progress import progress as progress_display
 from ..provenance import config_hash, provenance
 from ..tasks.records import load_records  # noqa: F401  (re-exported: kvcert shard reads a manifest so)
@@ -28,16 +30,31 @@ from .shards import ShardWriter, read_records
 from .spec import GenerationSpec
 
 
-def foreign_reason(record: dict, prereg_hash: str | None, hashes: set[str], planned: set[GenerationKey]) -> str | None:
+def foreign_reason(record: dict, prereg_hash: str | None, hashes: set[str], planned: set[GenerationKey],
+                   model_digest: str | None = None) -> str | None:
     """Why a record found in a shard's partial file is not one of this shard's (None: it is): the hash that
-    differs, with the one it should carry, or its key the plan puts in no run of this shard."""
+    differs, with the one it should carry (the model folder's content digest too, where it is known), or its
+    key the plan puts in no run of this shard."""
     if record.get("prereg_hash") != prereg_hash:
         return f"made under pre-registration {record.get('prereg_hash')}, not {prereg_hash}"
     if record.get("config_hash") not in hashes:
         return f"made under config {record.get('config_hash')}, not {' or '.join(sorted(hashes))}"
+    if model_digest is not None and record.get("model_digest") != model_digest:
+        return f"made from the model folder of digest {record.get('model_digest')}, not {model_digest}"
     if GenerationKey.of(record) not in planned:
         return f"{GenerationKey.of(record)}, a record of another shard"
     return None
+
+
+def model_content(path: str, given: bool = False) -> str | None:
+    """:func:`~kvcert.config.sources.content_digest` of the model at ``path``; with a model ``given`` by the caller
+    (already loaded) a path that names no folder is not refused (its records then carry no digest)."""
+    try:
+        return content_digest(path)
+    except FileNotFoundError:
+        if given and fetched_name(path) is None:  # a fetched model's folder is always checked against its pins
+            return None
+        raise
 
 
 def run_specs(
@@ -66,15 +83,16 @@ def run_specs(
         if done == planned:
             return out_path
         raise ValueError(f"{out_path}: the finished shard holds other records than planned; delete it to regenerate")
-    if model_and_tokenizer is None:
-        resolve_model_path(specs[0].model.path)  # a missing path fails here, before loading anything
+    # the folder's content: a missing path, or a fetched model whose files differ from their pins, fails here,
+    # before anything loads; the digest (read through the digest cache) is stamped on every record
+    digest = model_content(specs[0].model.path, given=model_and_tokenizer is not None)
     writer = ShardWriter(out_path).open()
     try:
         if writer.recovered_tail:
             print(f"{writer.partial}: dropped a truncated last line; it is recomputed", file=sys.stderr)
         hashes = {config_hash(s.hashed_dict()) for s in specs}
         foreign = {key: why for key, r in writer.done.items()
-                   if (why := foreign_reason(r, prereg_hash, hashes, planned)) is not None}
+                   if (why := foreign_reason(r, prereg_hash, hashes, planned, digest)) is not None}
         if foreign:  # written before an amendment or a config change, or for another shard: never mixed in
             aside = writer.set_aside(foreign)
             print(f"{writer.partial}: {len(foreign)} records set aside as {aside.name} "
@@ -83,7 +101,8 @@ def run_specs(
         todo = [(r, s) for r in records for s in specs if not writer.is_done(GenerationKey.planned(s, r))]
         if todo:
             model, tokenizer = model_and_tokenizer or load_model(specs[0].model)
-            engines = [Engine(model, tokenizer, s, provenance(s.hashed_dict(), prereg_hash)) for s in specs]
+            engines = [Engine(model, tokenizer, s, provenance(s.hashed_dict(), prereg_hash) | {"model_digest": digest})
+                       for s in specs]
             bar = progress_display(len(todo), "generate " + "/".join(out_path.parts[-5:]), "generations", progress)
             for record in records:
                 missing = [e for e in engines if not writer.is_done(GenerationKey.planned(e.spec, record))]

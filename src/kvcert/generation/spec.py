@@ -24,7 +24,7 @@ from typing import Any
 from ..budget import ROUNDINGS, kept_budget
 from ..config.design_params import RetentionDesign
 from ..config.names import AGGREGATIONS, ALLOCATIONS, KVPRESS_PREFIX, SAMPLERS, SCORER_OPTIONS
-from ..config.sources import ModelSpec
+from ..config.sources import ModelSpec, model_run_settings
 
 CONDITIONS = ("full", "aware", "streaming")
 
@@ -171,7 +171,7 @@ class GenerationSpec:
         if "compression_ratio" in data:  # kvpress's convention: the fraction removed
             data["budget"] = generation_budget(data.get("budget"), data.pop("compression_ratio"))
         _reject_unknown("", data, {f for f in cls.__dataclass_fields__} | {"compression_ratio"})
-        model = dict(data.pop("model", {}) or {})
+        model = model_run_settings(data.pop("model", {}) or {})  # a fetched model's pins are its content's
         _reject_unknown("model", model, set(ModelSpec.__dataclass_fields__))
         method = MethodSpec.from_dict(data.pop("method", {}))
         cert = dict(data.pop("certificate", {}) or {})

@@ -18,7 +18,9 @@ task's kind or name:
   pre-flight refuses a model without one where they do);
 * ``capacity(task_cfg)`` — the most records a build offers and why (``kvcert run`` refuses a larger
   ``limit``): a data set's rows or items; for a generated task, whose examples are drawn per index
-  without end, the registered maximum :data:`MAX_GENERATED`.
+  without end, the registered maximum :data:`MAX_GENERATED`;
+* ``sources(task_cfg)`` — the local files a build reads (a manifest's seal records their SHA-256,
+  :mod:`kvcert.generation.manifest`): none for a generated task, None where the data are a Hub id.
 
 A synthetic task is registered under its name; a family (``longbench`` for every
 ``longbench_<dataset>``, ``locomo``) under its kind, and :func:`task_of` finds it from a
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from kvcert.tasks import locomo, longbench, lookalike, metrics, multikey, multiturn, multiturn_chat, needle, ruler
+from kvcert.tasks.lengths import LENGTH_SETTING, LengthError, LengthTooShort
 from kvcert.tasks.metrics import AnswerMetric
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import RecordError, TaskRecord, progress_of, read_jsonl, write_jsonl
@@ -55,6 +58,21 @@ def _chat(task_cfg: Mapping) -> bool:
     return True
 
 
+def _no_sources(task_cfg: Mapping) -> list:
+    return []
+
+
+def too_short(task: str, length: int, exc: LengthTooShort) -> LengthError:
+    """A generator's :class:`LengthTooShort` (in the terms of the target it was given) in the user's terms: the
+    task, the length given and the length to give."""
+    needed = int(length) + exc.needed - exc.target
+    kept = int(length) - exc.target
+    why = exc.why + (f", and {kept} more tokens of the length are kept for the answer" if kept > 0
+                     and "answer" not in exc.why else "")
+    return LengthError(f"task {task}: length={length} is too small: {why}",
+                       f"give length={needed} or more ({LENGTH_SETTING})", needed)
+
+
 def _generated(task_cfg: Mapping) -> tuple[int, str]:
     return MAX_GENERATED, ("the registered maximum of a generated task, kvcert.tasks.MAX_GENERATED; another "
                            "data_seed= gives other records")
@@ -71,7 +89,8 @@ class Task:
     metric ``metric(prediction, answers)``; ``make_record(tokenizer, target_tokens, seed, index)``: its
     one example ``index`` (what ``generate`` builds one by one; a build shows its progress through it);
     ``questions_for(record)``: every fact of a synthetic record asked as a question (the embedded model's
-    training data, :mod:`kvcert.training.data`); ``loader``: a family's ``build``."""
+    training data, :mod:`kvcert.training.data`); ``loader``: a family's ``build``; ``sources(task_cfg)``: the
+    local files its build reads (none for a generated task; None for a Hub id)."""
 
     name: str
     kind: str
@@ -84,6 +103,7 @@ class Task:
     answer_tokens: Callable[[Mapping], int | None] = _no_answer_budget
     uses_chat: Callable[[Mapping], bool] = _chat
     capacity: Callable[[Mapping], tuple[int, str] | None] = _generated
+    sources: Callable[[Mapping], list | None] = _no_sources
     make_record: Callable[..., TaskRecord] | None = None
     questions_for: Callable[[TaskRecord], list] | None = None
     prefix: str | None = None
@@ -92,15 +112,19 @@ class Task:
               sample: str = "first", progress: Callable[[int], Any] | None = None) -> list[TaskRecord]:
         """The records of one (task config, length): ``examples`` of them, seeded by ``seed``; ``sample``
         (``first`` | ``spread``) where the data are a fixed file (LoCoMo); ``progress(total)``: a progress
-        display (``update``, ``close``) told of every record built."""
-        if self.loader is not None:
-            return self.loader(task_cfg, tokenizer, length, examples, seed, sample,
-                               **({} if progress is None else {"progress": progress}))
-        if self.make_record is not None:
-            return self._generate_each(tokenizer, length, examples, seed, progress_of(progress, examples))
-        if self.generate is None:
-            raise ValueError(f"task {self.name}: builds no records")
-        return self.generate(tokenizer, n_examples=examples, target_tokens=length, seed=seed)
+        display (``update``, ``close``) told of every record built. A length too short for the task's prompts
+        is one line naming the task, the length and the length to give (:class:`~kvcert.tasks.lengths.LengthError`)."""
+        try:
+            if self.loader is not None:
+                return self.loader(task_cfg, tokenizer, length, examples, seed, sample,
+                                   **({} if progress is None else {"progress": progress}))
+            if self.make_record is not None:
+                return self._generate_each(tokenizer, length, examples, seed, progress_of(progress, examples))
+            if self.generate is None:
+                raise ValueError(f"task {self.name}: builds no records")
+            return self.generate(tokenizer, n_examples=examples, target_tokens=length, seed=seed)
+        except LengthTooShort as exc:
+            raise too_short(str(task_cfg.get("name") or self.name), length, exc) from None
 
     def _generate_each(self, tokenizer: Any, length: int, examples: int, seed: int, bar: Any) -> list[TaskRecord]:
         """``generate``'s records, one by one, each shown on ``bar``."""
@@ -206,9 +230,10 @@ for _spec in ruler.RULER_TASKS.values():  # RULER's synthetic tasks, ruler_<name
 register_task(Task("longbench", "longbench", default_length=6144, loader=longbench.build_records,
                    scorer=longbench.score_longbench_record, check=longbench.check_config,
                    answer_tokens=longbench.config_answer_tokens, uses_chat=longbench.config_uses_chat,
-                   capacity=longbench.capacity, prefix="longbench_"))
+                   capacity=longbench.capacity, sources=longbench.config_sources, prefix="longbench_"))
 register_task(Task("locomo", "locomo", default_length=0, loader=locomo.build_records,
-                   scorer=locomo.score_locomo_record, check=locomo.check_config, capacity=locomo.capacity))
+                   scorer=locomo.score_locomo_record, check=locomo.check_config, capacity=locomo.capacity,
+                   sources=locomo.config_sources))
 register_task(Task("unscored", "free", metric=metrics.unscored))  # generate_answer's free question about a context
 
 #: the synthetic tasks (generated, no data needed) — the embedded default runs these (not

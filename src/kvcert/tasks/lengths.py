@@ -17,6 +17,34 @@ from kvcert.tasks.prompting import PROMPT_SEPARATOR, prompt_length
 
 _PROBE_UNITS = 8
 
+#: where the length a message names is set
+LENGTH_SETTING = "kvcert run's length=; in a grid, its lengths"
+
+
+class LengthTooShort(ValueError):
+    """A target too short for a generated prompt, in the target's own terms (what :func:`fit_filler` or a
+    generator was given): ``needed`` the least target that would do, ``why`` in words. :meth:`Task.build
+    <kvcert.tasks.Task.build>` turns it into a :class:`LengthError` in terms of the user's length."""
+
+    def __init__(self, why: str, needed: int, target: int) -> None:
+        super().__init__(f"target_tokens={target} is too small: {why}")
+        self.why, self.needed, self.target = why, int(needed), int(target)
+
+
+class LengthError(ValueError):
+    """A prompt length (``kvcert run``'s ``length=``, a grid's ``lengths``) too short for a task's prompts, in one
+    line: ``what`` went wrong, the ``fix`` (the length to give), ``needed`` (that length), and ``instead``: what
+    to do where ``needed`` is more than the model's positions (``kvcert run`` knows them; :meth:`beyond`)."""
+
+    def __init__(self, what: str, fix: str, needed: int, instead: str = "use a model with more positions") -> None:
+        super().__init__(f"{what}; {fix}")
+        self.what, self.fix, self.needed, self.instead = what, fix, int(needed), instead
+
+    def beyond(self, positions: int, answer: int, model: str) -> str:
+        """The message where the length it needs, with the answer, exceeds ``positions``."""
+        return (f"{self.what}; it needs length={self.needed} or more, and with its {answer}-token answer that exceeds "
+                f"the model's {positions} positions (max_position_embeddings of {model}): {self.instead}")
+
 
 def fit_filler(
     tokenizer: Any,
@@ -48,10 +76,7 @@ def fit_filler(
 
     base = length_of(0)
     if base > target_tokens:
-        raise ValueError(
-            f"target_tokens={target_tokens} is too small: the prompt without filler "
-            f"already has {base} tokens"
-        )
+        raise LengthTooShort(f"the prompt without filler already has {base} tokens", base, target_tokens)
     per_unit = max((length_of(_PROBE_UNITS) - base) / _PROBE_UNITS, 1e-9)
     guess = int(min(max_units, max(0, (target_tokens - base) / per_unit)))
 

@@ -450,6 +450,11 @@ def capacity(task_cfg: Mapping[str, Any]) -> tuple[int, str]:
     return sum(len(s["qa"]) for s in load_locomo(path)), f"the QA items of {path}"
 
 
+def config_sources(task_cfg: Mapping[str, Any]) -> list[Path]:
+    """The file a build of the config reads (:func:`locomo_file`)."""
+    return [locomo_file(str(task_cfg["source"]))]
+
+
 def check_config(task_cfg: Mapping[str, Any]) -> list[str]:
     """The pre-flight of a LoCoMo task config: its file exists (one line otherwise)."""
     try:

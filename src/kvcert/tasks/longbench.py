@@ -61,6 +61,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from kvcert.tasks.lengths import LENGTH_SETTING, LengthError
 from kvcert.tasks.longbench_metrics import DATASET2METRIC, score_sample
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.config.sources import HUB_PREFIX, SourceError, hub_id, missing
@@ -468,7 +469,7 @@ def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: A
         ending = separator + question  # ``filled`` ends with it by construction
         text, n_tokens, truncated = middle_truncate(tokenizer, filled, max_length)
         if not text.endswith(ending):
-            raise truncation_error(f"{where} (_id={row['_id']!r})", tokenizer, ending, max_length, n_tokens)
+            raise truncation_error(f"{where} (_id={row['_id']!r})", tokenizer, ending, max_length, n_tokens, index)
         metadata = {
             "dataset": dataset,
             "all_classes": None if row["all_classes"] is None else list(row["all_classes"]),
@@ -500,25 +501,32 @@ def longbench_records(rows: Iterable[dict[str, Any]], dataset: str, tokenizer: A
 JUNCTION_TOKENS = 4
 
 
-def truncation_error(where: str, tokenizer: Any, ending: str, max_length: int, n_tokens: int) -> ValueError:
+def truncation_error(where: str, tokenizer: Any, ending: str, max_length: int, n_tokens: int,
+                     row: int | None = None) -> LengthError:
     """The one-line refusal of a row whose prompt lost its question part to the middle truncation at
     ``max_length`` tokens (the run's prompt length: ``kvcert run``'s ``length=``, a grid's ``lengths``):
     why — a question part longer than the kept end, or a tokenizer whose decode does not give the text back
-    — and the length that would keep it."""
+    — and the length that would keep it (a :class:`~kvcert.tasks.lengths.LengthError`: where that length is
+    beyond the model's positions, ``kvcert run`` says instead to leave the row out, ``limit=`` the rows before
+    it, ``row`` being its index, or to use another model)."""
     question = len(tokenizer(ending, add_special_tokens=False)["input_ids"])
     half = int(max_length / 2)
+    before = f"leave the row out (limit={row}: the rows before it), or " if row else ""
     if question + JUNCTION_TOKENS > half:
         need = 2 * (question + JUNCTION_TOKENS)
         why = (f"its question part has {question} tokens, more than the last {half} tokens the cut keeps "
                f"(half the length)")
-        fix = f"give length={need} or more (kvcert run's length=; in a grid, its lengths)"
+        fix = f"give length={need} or more ({LENGTH_SETTING})"
+        instead = f"{before}use a model with more positions"
     else:
+        need = n_tokens
         why = ("the tokenizer's decode does not give the text back (a word-level tokenizer drops unknown "
                "words and the spacing)")
-        fix = (f"give length={n_tokens} or more, the row's whole prompt, so that nothing is cut (kvcert run's "
-               "length=; in a grid, its lengths), or a model whose tokenizer decodes its tokens back to the text")
-    return ValueError(f"{where}: middle truncation to {max_length} tokens (the prompt length) lost the "
-                      f"question part: {why}; {fix}")
+        fix = (f"give length={n_tokens} or more, the row's whole prompt, so that nothing is cut ({LENGTH_SETTING}), "
+               "or a model whose tokenizer decodes its tokens back to the text")
+        instead = f"{before}use a model whose tokenizer decodes its tokens back to the text (any subword tokenizer)"
+    return LengthError(f"{where}: middle truncation to {max_length} tokens (the prompt length) lost the "
+                       f"question part: {why}", fix, need, instead)
 
 
 def score_longbench_record(record: TaskRecord, prediction: str) -> float:
@@ -550,6 +558,11 @@ def capacity(task_cfg: Mapping[str, Any]) -> tuple[int, str] | None:
     be told without loading the data (a Hub id)."""
     counted = count_rows(task_cfg["source"], task_cfg["dataset"])
     return None if counted is None else (counted[0], f"the rows of {counted[1]}")
+
+
+def config_sources(task_cfg: Mapping[str, Any]) -> list[Path] | None:
+    """The local files a build of the config reads (:func:`source_files`); None for a Hub id."""
+    return source_files(task_cfg["source"], task_cfg["dataset"])
 
 
 def check_config(task_cfg: Mapping[str, Any]) -> list[str]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from kvcert.tasks.lengths import fit_filler
+from kvcert.tasks.lengths import LengthTooShort, fit_filler
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import QuestionAnswer, TaskRecord
 from kvcert.tasks.sampling import balanced_pick, example_rng
@@ -161,8 +161,8 @@ def needle_record(tokenizer: Any, target_tokens: int, needles: Sequence[tuple[fl
     if answer_tokens < 0:
         raise ValueError(f"answer_tokens: must be >= 0, got {answer_tokens}")
     if answer_tokens >= target_tokens:
-        raise ValueError(f"target_tokens={target_tokens} is too small: RULER reserves answer_tokens={answer_tokens} "
-                         "of the length for the answer")
+        raise LengthTooShort(f"RULER keeps {answer_tokens} tokens of the length for the answer", answer_tokens + 1,
+                             target_tokens)
 
     def make_context(n: int) -> str:
         return "\n".join([INSTRUCTION, *haystack_lines(needles, n, lines)])

@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import kvcert.tasks.wordlists as wordlists
-from kvcert.tasks.lengths import fit_filler
+from kvcert.tasks.lengths import LengthTooShort, fit_filler
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import TaskRecord
 from kvcert.tasks.sampling import example_rng
@@ -225,8 +225,8 @@ def _record(tokenizer: Any, target_tokens: int, spec: RulerTask, seed: int, inde
     count (callables of it)."""
     reserve = TOKENS_TO_GENERATE[spec.task]
     if reserve >= target_tokens:
-        raise ValueError(f"target_tokens={target_tokens} is too small: RULER reserves {reserve} tokens of the "
-                         f"length for {spec.name}'s answer")
+        raise LengthTooShort(f"RULER keeps {reserve} tokens of the length for {spec.name}'s answer", reserve + 1,
+                             target_tokens)
     try:
         context, units, _ = fit_filler(tokenizer, make_context, question, target_tokens - reserve,
                                        max_units=max_units, separator=SEPARATOR, answer_prefix=prefix)
@@ -514,7 +514,8 @@ def make_fwe(tokenizer: Any, target_tokens: int, seed: int, index: int, spec: Ru
     alpha = float(spec.args["alpha"])
     size = (target_tokens - TOKENS_TO_GENERATE[spec.task]) // 50
     if size < 4:
-        raise ValueError(f"target_tokens={target_tokens} is too small for fwe: a vocabulary of {size} coded words")
+        raise LengthTooShort(f"fwe needs a vocabulary of at least 4 coded words (one per 50 tokens), it would have "
+                             f"{max(size, 0)}", 4 * 50 + TOKENS_TO_GENERATE[spec.task], target_tokens)
     vocab = coded_vocabulary(example_rng(seed, spec.registered, index), size, seed)
     head, question, prefix = template_parts("freq_words_extraction", query="")
     return _record(tokenizer, target_tokens, spec, seed, index,
