@@ -573,7 +573,9 @@ def test_a_plan_writes_each_steps_statistics_at_the_device_step_index(seed, spli
                     step=step)
 
 
-PACKED_CASES = [(dtype, group) for dtype in (torch.float32, torch.bfloat16, torch.float16) for group in (1, 2, 4, 5, 6, 7)]
+#: every group size packs (1, 2, 4, 5) or takes the 32-row tile (6, 7) in some dtype; each dtype both ways
+PACKED_CASES = [(torch.float32, 1), (torch.float32, 5), (torch.float32, 7), (torch.bfloat16, 2), (torch.bfloat16, 4),
+                (torch.bfloat16, 6), (torch.float16, 4), (torch.float16, 7)]
 
 
 @pytest.mark.parametrize("dtype,group", PACKED_CASES, ids=lambda x: str(x).replace("torch.", ""))
@@ -611,7 +613,8 @@ def test_parallel_merge_at_many_splits(seed, dtype):
     from kvcert_kernels.certified_decode import chunking, decode_plan
 
     rtol = RTOL[dtype]
-    for splits in (1, 2, 3, 4, 5, 60):
+    # 60 splits (two blocks of the merge's 32) in the dtype the paper's runs use; 1 to 5 in fp32
+    for splits in ((1, 2, 3, 4, 5) if dtype == torch.float32 else (1, 3, 60)):
         if splits in (1, 60):  # 77 keys: at most 5 blocks of 16; 950 keys: 60 splits of one block (hkv 2: fewer programs)
             q, k, v, lp, c, lengths = make_case(seed, dtype, group=4, batch=2, hkv=3 if splits == 1 else 2,
                                                 length=77 if splits == 1 else 950)
