@@ -9,8 +9,8 @@ from scipy import stats as scipy_stats
 from sklearn.metrics import roc_auc_score
 
 from kvcert.analysis.stats import (
-    AUCIndex, BootstrapPlan, SpearmanIndex, auc, bootstrap, claim_verdict, encode_units, percentile_interval,
-    test_outcome as outcome_of, weight_chunks, weighted_mean, weighted_quantile,
+    AUCIndex, BootstrapPlan, SpearmanIndex, WeightedMedian, auc, bootstrap, claim_verdict, encode_units,
+    percentile_interval, test_outcome as outcome_of, weight_chunks, weighted_mean, weighted_quantile,
 )
 
 
@@ -119,6 +119,35 @@ def test_weighted_mean_and_quantile():
     assert q[1] == np.quantile(np.repeat(x, [0, 2, 1, 1]), 0.5, method="inverted_cdf")
     for level in (0.1, 0.3, 0.75, 0.9):
         assert weighted_quantile(x, level, w[:1])[0] == np.quantile(x, level, method="inverted_cdf")
+
+
+def test_the_weighted_median_is_the_resampled_datas_median():
+    """Per resample, the median of the values replicated by their unit's multiplicity (numpy's, the mean of the
+    two middle values of an even count), ties and empty units included; at unit weights numpy's own."""
+    rng = np.random.default_rng(5)
+    values = np.round(rng.normal(size=57), 1)  # rounded: ties
+    units = rng.integers(0, 9, size=57)
+    median = WeightedMedian(values, units)
+    w = np.vstack([np.ones(9), rng.integers(0, 3, size=(40, 9)).astype(float)])
+    got, ok = median(w)
+    for row, value, valid in zip(w, got, ok):
+        replicated = np.repeat(values, row[units].astype(int))
+        assert valid == (replicated.size > 0)
+        if valid:
+            assert value == np.median(replicated)
+    assert got[0] == np.median(values)
+
+
+def test_a_median_of_near_equal_values_gets_an_interval_that_holds_it():
+    """The tightness' bootstrap is exact: values that all fall within one of the former histogram's bins (0.01 of
+    log10) give an interval of positive width that contains the estimate (a binned median collapsed to one bin's
+    centre, outside its own estimate)."""
+    rng = np.random.default_rng(11)
+    units = np.repeat(np.arange(40), 25)
+    values = 0.7456 + 0.004 * rng.random(units.size)
+    median = WeightedMedian(values, units)
+    est = bootstrap(lambda w: {"m": median(w)}, np.arange(40), 40, BootstrapPlan(resamples=400, seed=2))["m"]
+    assert est.ci_low < est.estimate < est.ci_high and est.estimate == np.median(values)
 
 
 @pytest.mark.parametrize("lo,hi,op,thr,expected", [

@@ -384,6 +384,33 @@ def weighted_quantile(values: np.ndarray, q: float, w: np.ndarray) -> np.ndarray
     return values[order][np.minimum(idx, values.size - 1)]
 
 
+class WeightedMedian:
+    """The median of ``values`` per resample, each value weighted by its unit's multiplicity: ``values`` [N] (finite)
+    with ``units`` [N] the index of each value's unit among the bootstrap's records, evaluated on record weights
+    [b, records]. Exact (no binning): the midpoint of the lower and upper weighted medians — the values where the
+    cumulative weight first reaches, and first passes, half the total — which at unit weights is
+    :func:`numpy.median` (the mean of the two middle values of an even count)."""
+
+    def __init__(self, values: np.ndarray, units: np.ndarray):
+        values = np.asarray(values, dtype=np.float64)
+        if not np.isfinite(values).all():
+            raise ValueError("values: the median's values must be finite; drop the others first")
+        order = np.argsort(values, kind="mergesort")
+        self.sorted = values[order]
+        self.units = np.asarray(units, dtype=np.int64)[order]
+
+    def __call__(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.sorted.size == 0:
+            return np.full(w.shape[0], np.nan), np.zeros(w.shape[0], dtype=bool)
+        cum = np.cumsum(w[:, self.units], axis=1)
+        half = 0.5 * cum[:, -1:]
+        lower = np.minimum((cum < half).sum(axis=1), self.sorted.size - 1)
+        upper = np.minimum((cum <= half).sum(axis=1), self.sorted.size - 1)
+        ok = cum[:, -1] > 0
+        value = 0.5 * (self.sorted[lower] + self.sorted[upper])
+        return np.where(ok, value, np.nan), ok
+
+
 # --- verdicts -----------------------------------------------------------------------------
 def test_outcome(ci_low: float, ci_high: float, op: str, threshold: float, skipped_fraction: float = 0.0) -> str:
     """pass / fail / unclear of one test from its interval (``verdict_rules``)."""

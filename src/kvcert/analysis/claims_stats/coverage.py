@@ -7,8 +7,8 @@ the per-step coverage is the share with ‖ô − o‖ ≤ ε_δ, pooled over ce
 
 ``coverage_anytime``: the share of draws whose every step of the path is covered by the anytime radius
 (:func:`kvcert.analysis.replay_stats.simultaneous_anytime`); ``coverage_anytime_step`` its per-step mean;
-``tightness`` the median of ε/‖ô − o‖ (bootstrapped on a histogram of log10 ε/error,
-:data:`TIGHTNESS_BINS`); each by query kind too (``coverage_<kind>``, …). Beside them the smallest
+``tightness`` the median of ε/‖ô − o‖ (its resamples the exact weighted median of every draw's log10 ε/error,
+:class:`kvcert.analysis.stats.WeightedMedian`); each by query kind too (``coverage_<kind>``, …). Beside them the smallest
 later-query coverage of a budget × layer cell (``coverage_later_worst_cell``) and the coverage on the
 sample-dependent rows whose compressed run diverged from the full run (``coverage_diverged``; unexercised
 below ``analysis_plan.replay.minimum_diverged_decodes`` such decodes). The robust certificate's names carry
@@ -22,42 +22,25 @@ import pandas as pd
 
 from ...config.analysis_plan import AnalysisPlan
 from ..replay_stats import CELL_KEY, PATH_KEY, QUERY_KINDS, VARIANTS, log_tightness, simultaneous_anytime
+from ..stats import WeightedMedian
 from .base import Kind, Prepared, empty, ratio
-
-#: bins of log10(ε / error) for the bootstrap of the median tightness (the point estimate uses every draw)
-TIGHTNESS_BINS = np.linspace(-4.0, 6.0, 1001)
-
 
 def _suffix(variant: str) -> str:
     return "" if variant == "plugin" else f"_{variant}"
 
 
-def _tightness_hist(rows: pd.DataFrame, codes: np.ndarray, n_cells: int,
-                    radius: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """log10(ε/error) of every draw with a positive error, its histogram per cell over the bins some draw fell in
-    [cells, bins used] (clipped to :data:`TIGHTNESS_BINS`), and those bins' centres. Leaving out the empty bins
-    changes no median (a cumulative sum first reaches half its total in a bin that holds draws) and makes each
-    resample's median a product over the bins used instead of all 1000."""
+def _tightness(rows: pd.DataFrame, codes: np.ndarray, radius: str) -> tuple[np.ndarray, WeightedMedian, np.ndarray]:
+    """log10(ε/error) of every draw (NaN where the error is 0), the exact weighted median of the finite ones (their
+    replay cell the unit of each: :class:`kvcert.analysis.stats.WeightedMedian`), and which draws are finite."""
     lr = log_tightness(rows, radius)
     ok = np.isfinite(lr)
-    idx = np.clip(np.searchsorted(TIGHTNESS_BINS, lr[ok]) - 1, 0, len(TIGHTNESS_BINS) - 2)
-    used, idx = np.unique(idx, return_inverse=True)
-    hist = np.zeros((n_cells, len(used)))
-    np.add.at(hist, (codes[ok], idx), 1.0)
-    centres = 0.5 * (TIGHTNESS_BINS[1:] + TIGHTNESS_BINS[:-1])
-    return lr, hist, centres[used]
+    return lr, WeightedMedian(lr[ok], codes[ok]), ok
 
 
-def _weighted_median_ratio(w: np.ndarray, hist: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """10^(median log10 ε/err) per resample row from per-cell histograms (bin centres)."""
-    if hist.shape[1] == 0:  # no draw with a positive error
-        return np.full(w.shape[0], np.nan), np.zeros(w.shape[0], dtype=bool)
-    h = w @ hist  # [b, bins]
-    total = h.sum(axis=1)
-    ok = total > 0
-    cum = np.cumsum(h, axis=1)
-    k = np.argmax(cum >= 0.5 * total[:, None], axis=1)
-    return np.where(ok, 10.0 ** centres[k], np.nan), ok
+def _ratio_of(median: WeightedMedian, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """10^(weighted median of log10 ε/error) per resample row."""
+    value, ok = median(w)
+    return np.where(ok, 10.0 ** value, np.nan), ok
 
 
 def diverged_decodes(rows: pd.DataFrame) -> int:
@@ -102,10 +85,11 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan, variant: str = "plugin") -> 
     n_div, hits_div = cell["n_div"].to_numpy(float), cell["hits_div"].to_numpy(float)
     path_n, path_hits = cell["path_n"].to_numpy(float), cell["path_hits"].to_numpy(float)
     kinds = cell["query_kind"].to_numpy()
+    row_kinds = rows["query_kind"].to_numpy()
     later_cells = cell.loc[kinds == "later", ["budget", "layer"]]
     worst_groups = [((cell["budget"] == b) & (cell["layer"] == layer) & (kinds == "later")).to_numpy(float)
                     for b, layer in later_cells.drop_duplicates().itertuples(index=False)]
-    lr, hist, centres = _tightness_hist(rows, codes, len(cell), radius)
+    lr, median, finite = _tightness(rows, codes, radius)
 
     def worst(w):
         per = [ratio(w, hits * g, n * g) for g in worst_groups]
@@ -117,13 +101,14 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan, variant: str = "plugin") -> 
     recipes = {f"coverage{sfx}": lambda w: ratio(w, hits, n),
                f"coverage_anytime{sfx}": lambda w: ratio(w, path_hits, path_n),
                f"coverage_anytime_step{sfx}": lambda w: ratio(w, hits_any, n),
-               f"tightness{sfx}": lambda w: _weighted_median_ratio(w, hist, centres),
+               f"tightness{sfx}": lambda w: _ratio_of(median, w),
                f"coverage{sfx}_diverged": lambda w: ratio(w, hits_div, n_div)}
     for k in np.unique(kinds):
         m = (kinds == k).astype(float)
         recipes[f"coverage{sfx}_{k}"] = lambda w, m=m: ratio(w, hits * m, n * m)
         recipes[f"coverage_anytime_step{sfx}_{k}"] = lambda w, m=m: ratio(w, hits_any * m, n * m)
-        recipes[f"tightness{sfx}_{k}"] = lambda w, m=m: _weighted_median_ratio(w * m, hist, centres)
+        kind_median = WeightedMedian(lr[finite & (row_kinds == k)], codes[finite & (row_kinds == k)])
+        recipes[f"tightness{sfx}_{k}"] = lambda w, km=kind_median: _ratio_of(km, w)
         if path_n[kinds == k].sum() > 0:
             recipes[f"coverage_anytime{sfx}_{k}"] = lambda w, m=m: ratio(w, path_hits * m, path_n * m)
     if worst_groups:
@@ -132,7 +117,6 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan, variant: str = "plugin") -> 
     def statistic(w, only=None):
         return {name: f(w) for name, f in recipes.items() if only is None or name in only}
 
-    row_kinds = rows["query_kind"].to_numpy()
     point = {f"tightness{sfx}": float(10 ** np.nanmedian(lr)) if np.isfinite(lr).any() else float("nan")}
     for k in np.unique(kinds):
         sel = lr[(row_kinds == k) & np.isfinite(lr)]
