@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvcert.analysis.claims import evaluate_claim
@@ -366,6 +367,36 @@ def test_c1_uninformative_when_a_cell_constant_radius_covers_as_well(env):
     assert r.placebo["passes"] and r.placebo["kind"] == "step_cell_median_radius"
     assert r.verdict == "uninformative" and any("placebo" in x for x in r.reasons)
     assert r.seed_stability["agree"] == 1.0 and r.seed_stability["verdicts"] == {"uninformative": 5}
+
+
+def test_replay_claims_resample_the_registered_unit_and_report_the_others_beside(env):
+    """``bootstrap.replay_unit: example`` resamples the prompts (the cells of one prompt are not independent): where
+    the prompts differ in coverage, the example interval is wider than the cell one, which is reported beside it
+    with the example × layer one; ``cell`` (every freeze before it) decides as before and reports nothing beside."""
+    import dataclasses
+
+    from kvcert.config.analysis_plan import AnalysisPlan, AnalysisPlanError
+
+    frames = []
+    for i, overshoot in enumerate((1.0, 1.0, 1.0, 1.6, 1.6, 1.6)):  # three prompts covered, three at 0.95/1.55
+        f = replay_frame(8, 30, 2, seed=10 + i, layers=2, heads=2, overshoot=overshoot)
+        frames.append(f.assign(example_id=f"p{i}"))
+    replay = pd.concat(frames, ignore_index=True)
+    plan = AnalysisPlan.of(env["plan"])
+    cluster = dataclasses.replace(plan, bootstrap=dataclasses.replace(
+        plan.bootstrap, replay_unit="example", replay_beside=("example_layer", "cell")))
+    by_cell = evaluate_claim(env["claims"]["C1"], plan, None, replay, stability=False)
+    by_prompt = evaluate_claim(env["claims"]["C1"], cluster, None, replay, stability=False)
+    cell_t, prompt_t = stat_of("coverage", by_cell), stat_of("coverage", by_prompt)
+    assert cell_t.estimate.estimate == prompt_t.estimate.estimate  # the point estimate does not depend on the unit
+    cell_width = cell_t.estimate.ci_high - cell_t.estimate.ci_low
+    prompt_width = prompt_t.estimate.ci_high - prompt_t.estimate.ci_low
+    assert prompt_width > 2 * cell_width
+    assert prompt_t.unit == "example" and set(prompt_t.beside) == {"example_layer", "cell"}
+    assert prompt_t.beside["cell"]["ci"] == pytest.approx([cell_t.estimate.ci_low, cell_t.estimate.ci_high])
+    assert cell_t.to_dict()["unit"] == "cell" and cell_t.beside == {}
+    with pytest.raises(AnalysisPlanError, match="replay_unit: 'prompt' is not a replay unit"):
+        dataclasses.replace(plan.bootstrap, replay_unit="prompt")
 
 
 def test_c1_killed(env):

@@ -81,3 +81,36 @@ def test_multiturn_table_by_hand():
     assert far["n"] == 2 and far["gated"] == pytest.approx(0.5) and far["topk"] == 0.0
     assert t.set_index("bin").loc["11-15", "n"] == 0
     assert distance_bins(30) == [(1, 5), (6, 10), (11, 15), (16, 20), (21, 25), (26, 30)]
+    # at the gate's rate 0.6: random gating's expectation is 0.4 + 0.6 · mean(full − Poisson) = 0.4 + 0.6 · 0.4;
+    # confidence gating recomputes the three least confident runs (e2, e3, e4: benefit 0, 1, 0)
+    assert overall["random"] == pytest.approx(0.4 + 0.6 * 0.4)
+    confident = pd.DataFrame(rows).assign(confidence=[c for c in (-0.1, -0.1, -0.2, -0.2, -3.0, -3.0, -2.0, -2.0,
+                                                                   -1.0, -1.0)])
+    c = multiturn_table(confident, {"task": "multiturn", "condition": "streaming", "budgets": [0.1]}, 0.1)
+    assert c.set_index("bin").loc["overall", "confidence"] == pytest.approx((1 + 0 + 1 + 1 + 0) / 5)
+
+
+def test_the_multiturn_baselines_carry_intervals_over_examples():
+    """The overall row's gated, random and confidence recall each come with a bootstrap interval over examples that
+    holds its estimate; a gate that fires on the runs the full cache rescues beats random gating at its rate."""
+    from kvcert.analysis.stats import BootstrapPlan
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(60):
+        rescued = i % 3 == 0  # the full cache answers, the Poisson run does not: the gate sees it
+        base = {"model": "m", "target_tokens": 1024, "example_id": f"e{i}", "seed": 0, "budget": 0.1,
+                "task": "multiturn", "condition": "streaming", "turn_distance": float(1 + i % 20), "full_correct": 1.0,
+                "unit": f"e{i}"}
+        rows.append({**base, "sampler": "topk", "correct": 0.0, "gate_signal": np.nan, "confidence": -1.0})
+        rows.append({**base, "sampler": "poisson", "correct": 0.0 if rescued else 1.0,
+                     "gate_signal": 0.9 if rescued else 0.1 * rng.random(), "confidence": -rng.random()})
+    t = multiturn_table(pd.DataFrame(rows), {"task": "multiturn", "condition": "streaming", "budgets": [0.1]}, 0.5,
+                        bootstrap_plan=BootstrapPlan(resamples=300, seed=1))
+    overall = t.set_index("bin").loc["overall"]
+    assert overall["gated"] == 1.0 and overall["recomputed"] == pytest.approx(1 / 3)
+    for col in ("gated", "random", "confidence"):
+        lo, hi = overall[f"{col}_ci"]
+        assert lo <= overall[col] <= hi
+    assert overall["random"] == pytest.approx(2 / 3 + 1 / 3 * 1 / 3)
+    assert overall["random_ci"][1] < overall["gated"]

@@ -410,4 +410,30 @@ def test_a_grid_registers_its_own_multiturn_gate_threshold(run, tmp_path):
     claims.write_text(json.dumps(doc))
     paths = report_step(claims, run["tmp"] / "scores.parquet", [run["replay"]], [], tmp_path / "report")
     md = paths["markdown"].read_text()
-    assert "relative radius above 1e+09) — the gate recomputed 0 % of the runs" in md
+    assert ("relative radius above 1e+09), and random and confidence gating recomputing as many runs — the gate "
+            "recomputed 0 % of the runs") in md
+    assert "over steps > 1e+09). Paper:" in md  # the prose states the threshold the table applied
+
+
+def test_the_multiturn_prose_states_the_threshold_the_table_applied(run):
+    """The multi-turn paragraph names the gate threshold the table applied — the grid's own where it registers one
+    (a model's radii have their own scale), the plan's otherwise — not the plan's default beside another."""
+    import pandas as pd
+
+    from kvcert.analysis.document import Document
+    from kvcert.analysis.report import ReportData, multiturn_section
+    from kvcert.config.analysis_plan import AnalysisPlan
+
+    doc = json.loads((run["tmp"] / "claims.json").read_text())
+    plan = AnalysisPlan.of(doc["analysis_plan"])
+    table = pd.DataFrame([{"bin": "overall", "n": 2, "full": 1.0, "topk": 0.0, "poisson": 0.5, "gated": 1.0,
+                           "random": 0.75, "confidence": 0.5, "recomputed": 0.5}])
+    for grid, said in (({"multiturn": {"gate_threshold": 0.8765}}, "> 0.8765"),
+                       ({"multiturn": {}}, f"> {plan.multiturn_gate.threshold:g}")):
+        d = Document()
+        data = ReportData(doc, run["tmp"], run["tmp"], doc["claims"], plan, grid, None, pd.DataFrame(), None)
+        multiturn_section(d, data, table)
+        text = d.markdown(run["tmp"])
+        assert said in text, text
+        if "0.8765" in said:
+            assert f"> {plan.multiturn_gate.threshold:g})" not in text

@@ -71,10 +71,16 @@ class TestResult:
     ours: bool
     estimate: Estimate
     outcome: str
+    unit: str | None = None  # a replay test: the unit its interval resamples (``bootstrap.replay_unit``)
+    beside: dict = field(default_factory=dict)  # a replay test: {unit: interval and outcome} over the other units
 
     def to_dict(self) -> dict:
-        return {"statistic": self.statistic, "op": self.op, "threshold": self.threshold, "ours": self.ours,
-                **self.estimate.to_dict(), "skipped_fraction": self.estimate.skipped_fraction, "outcome": self.outcome}
+        out = {"statistic": self.statistic, "op": self.op, "threshold": self.threshold, "ours": self.ours,
+               **self.estimate.to_dict(), "skipped_fraction": self.estimate.skipped_fraction, "outcome": self.outcome}
+        if self.unit is not None:
+            out["unit"] = self.unit
+            out["beside"] = self.beside
+        return out
 
 
 @dataclass
@@ -226,11 +232,17 @@ def evaluate_claim(
         rows, missing = select_replay(replay, cells)
     else:
         rows, missing = select_generations(scores if scores is not None else pd.DataFrame(), cells, tasks)
-    prep = kind.prepare(rows, analysis_plan)
+    unit = analysis_plan.bootstrap.replay_unit if kind.source == "replay" else None
+    full = kind.prepare(rows, analysis_plan)
+    prep = full.over(unit) if unit else full
     main = decide(spec, kind, prep, plan, minimum, missing)
+    if unit:
+        _beside_units(spec, kind, full, plan, minimum, missing, main, analysis_plan.bootstrap.replay_beside, unit)
     names = placebo_names(kind, analysis_plan)
     placebo_preps = {n: kind.prepare(placebo_rows(rows, n, kind, analysis_plan, placebo_rng(analysis_plan, spec["id"], n)),
                                      analysis_plan) for n in names}
+    if unit:
+        placebo_preps = {n: p.over(unit) for n, p in placebo_preps.items()}
     placebo_decisions = {n: decide(spec, kind, p, plan, minimum, missing, True) for n, p in placebo_preps.items()}
     placebo = _placebo_block(spec, names, placebo_decisions, kind)
     verdict = main.verdict(placebo["passes"])
@@ -260,6 +272,18 @@ def evaluate_claim(
         paper=dict(spec.get("paper") or {}), details=details, beyond_paper=bool(spec.get("beyond_paper", False)),
         placebo=placebo, seed_stability=seed_stability, cells=dict(cells),
     )
+
+
+def _beside_units(spec, kind, prep: Prepared, plan, minimum, missing, main: Decision, beside: Sequence[str],
+                  unit: str) -> None:
+    """A replay claim's tests over the other registered units (``bootstrap.replay_beside``), at the registered seed:
+    each test's interval and outcome over each, reported beside the deciding one (not deciding)."""
+    for test in main.tests:
+        test.unit = unit
+    for other in beside:
+        decision = decide(spec, kind, prep.over(other), plan, minimum, missing, True)
+        for test, alt in zip(main.tests, decision.tests):
+            test.beside[other] = {"ci": alt.estimate.to_dict()["ci"], "outcome": alt.outcome}
 
 
 def stability_seeds(analysis_plan: AnalysisPlan | Mapping) -> list[int]:

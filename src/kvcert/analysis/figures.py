@@ -309,7 +309,8 @@ def recompute_figure(claim: Mapping | None, path: Path) -> Path | None:
 
 
 def multiturn_figure(table: pd.DataFrame, path: Path, budget: str = "") -> Path | None:
-    """Recall by turn-distance bin for full, top-k, Poisson and certificate-gated."""
+    """Recall by turn-distance bin for full, top-k, Poisson and certificate-gated, and (where the table has them)
+    random and confidence gating at the certificate gate's rate."""
     bins = table[table["bin"] != "overall"].dropna(subset=["full"]) if not table.empty else table
     if bins.empty:
         return None
@@ -319,10 +320,14 @@ def multiturn_figure(table: pd.DataFrame, path: Path, budget: str = "") -> Path 
     gated = f"certificate-gated (recomputed {100 * share:.0f} % of runs)"
     if share >= 0.999:
         gated += " = full cache"
-    for col, label, style in (("full", "full cache", dict(ls="-", lw=4, alpha=0.45, marker="s", ms=9)),
-                              ("topk", "top-k", dict(ls="--", marker="v")),
-                              ("poisson", "Poisson, ungated", dict(ls=":", marker="^")),
-                              ("gated", gated, dict(ls="-", marker="o"))):
+    lines = [("full", "full cache", dict(ls="-", lw=4, alpha=0.45, marker="s", ms=9)),
+             ("topk", "top-k", dict(ls="--", marker="v")),
+             ("poisson", "Poisson, ungated", dict(ls=":", marker="^")),
+             ("gated", gated, dict(ls="-", marker="o"))]
+    if "random" in bins:  # the baselines at the gate's own rate
+        lines += [("random", "random gating, same rate", dict(ls="-.", lw=1.2, marker=".")),
+                  ("confidence", "confidence gating, same rate", dict(ls="--", lw=1.2, marker="x"))]
+    for col, label, style in lines:
         ax.plot(x, 100 * bins[col].to_numpy(float), color=COLORS[col], label=label, **style)
     ax.set_xticks(x, bins["bin"])
     ax.set_ylim(-3, 103)

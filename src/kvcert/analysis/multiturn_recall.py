@@ -8,8 +8,10 @@ run's correctness — when the gate of ``analysis_plan.multiturn_gate`` fires
 (``gate_signal`` > ``threshold``; the gate signal is computed per record by
 :mod:`kvcert.analysis.load`). Recall = mean correctness, by turn-distance bins of
 width 5 (1–5, 6–10, …) and overall, for full, top-k, Poisson ungated and gated, with
-the fraction of runs the gate recomputed. The paper: 0.97 gated vs 0.09 top-k overall,
-97 % vs 2 % for facts 26–30 turns back (arXiv 2607.21475, abstract).
+the fraction of runs the gate recomputed — beside it random gating and confidence gating at the
+same rate (:func:`multiturn_table`), so that a gate is compared with what recomputing as many
+runs without it gives. The paper: 0.97 gated vs 0.09 top-k overall, 97 % vs 2 % for facts
+26–30 turns back (arXiv 2607.21475, abstract).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ import numpy as np
 import pandas as pd
 
 PAPER = {"overall": {"gated": 0.97, "topk": 0.09}, "26-30": {"gated": 0.97, "topk": 0.02}}
-COLUMNS = ["bin", "n", "full", "topk", "poisson", "gated", "recomputed"]
+COLUMNS = ["bin", "n", "full", "topk", "poisson", "gated", "random", "confidence", "recomputed"]
+#: the overall row's intervals (``<column>_ci``: [low, high] over the bootstrap of examples)
+INTERVAL_COLUMNS = ("gated", "random", "confidence")
 
 
 def distance_bins(max_distance: int, width: int = 5) -> list[tuple[int, int]]:
@@ -29,37 +33,108 @@ def distance_bins(max_distance: int, width: int = 5) -> list[tuple[int, int]]:
     return [(lo, lo + width - 1) for lo in range(1, top + 1, width)]
 
 
-def multiturn_table(
-    scores: pd.DataFrame, cell: Mapping, threshold: float, width: int = 5
-) -> pd.DataFrame:
-    """Recall by turn-distance bin (+ an ``overall`` row); empty when the cell has no runs.
-
-    ``scores``: scored rows (:func:`kvcert.analysis.load.scored`); ``cell``: the grid's
-    ``multiturn`` section (task, condition, budgets, methods).
-    """
+def _runs(scores: pd.DataFrame, cell: Mapping) -> pd.DataFrame:
+    """The cell's Poisson runs beside their top-k run of the same example (their turn distance known)."""
     task = cell.get("task", "multiturn")
     condition = cell.get("condition", "streaming")
     budgets = [float(b) for b in cell.get("budgets", [0.1])]
     rows = scores[(scores["task"] == task) & (scores["condition"] == condition) & scores["budget"].isin(budgets)]
     key = ["model", "target_tokens", "example_id", "seed", "budget"]
     topk = rows[rows["sampler"] == "topk"][key + ["correct"]].rename(columns={"correct": "topk"})
-    pois = rows[rows["sampler"] == "poisson"][key + ["correct", "full_correct", "gate_signal", "turn_distance"]]
+    extra = [c for c in ("confidence", "unit") if c in rows.columns]
+    pois = rows[rows["sampler"] == "poisson"][key + ["correct", "full_correct", "gate_signal", "turn_distance", *extra]]
     if pois.empty or topk.empty:
-        return pd.DataFrame(columns=COLUMNS)
-    both = pois.merge(topk, on=key, how="inner").dropna(subset=["full_correct", "turn_distance"])
+        return pd.DataFrame()
+    return pois.merge(topk, on=key, how="inner").dropna(subset=["full_correct", "turn_distance"])
+
+
+def _selected(score: np.ndarray, rate: float) -> np.ndarray:
+    """The share of each run that a gate recomputing the fraction ``rate`` of runs with the highest ``score``
+    recomputes: 1 above the cut, 0 below, the runs tied at the cut in proportion (every gate recomputes exactly
+    that fraction: matched rates, as :class:`kvcert.analysis.gating.RecomputeGate` does)."""
+    n = score.size
+    target = rate * n
+    order = np.argsort(-score, kind="mergesort")
+    sel = np.zeros(n)
+    done = 0.0
+    values = score[order]
+    i = 0
+    while i < n and done < target - 1e-12:
+        j = i
+        while j + 1 < n and values[j + 1] == values[i]:
+            j += 1
+        size = j - i + 1
+        take = min(1.0, (target - done) / size)
+        sel[order[i:j + 1]] = take
+        done += take * size
+        i = j + 1
+    return sel
+
+
+def multiturn_table(
+    scores: pd.DataFrame, cell: Mapping, threshold: float, width: int = 5, bootstrap_plan=None,
+) -> pd.DataFrame:
+    """Recall by turn-distance bin (+ an ``overall`` row); empty when the cell has no runs.
+
+    ``scores``: scored rows (:func:`kvcert.analysis.load.scored`); ``cell``: the grid's
+    ``multiturn`` section (task, condition, budgets, methods). Beside the certificate-gated
+    system, the baselines at its rate r (the share of runs its gate recomputed): **random**
+    gating, which recomputes a random share r of the runs (its expectation: Poisson recall +
+    r · mean(full − Poisson)), and **confidence** gating, which recomputes the share r with
+    the lowest confidence (``confidence``: the mean token log-probability), ties in proportion.
+    With ``bootstrap_plan`` (:class:`kvcert.analysis.stats.BootstrapPlan`) the overall row
+    carries each system's interval over the bootstrap of examples (``gated_ci``,
+    ``random_ci``, ``confidence_ci``; the rate re-measured in every resample).
+    """
+    both = _runs(scores, cell)
     if both.empty:
         return pd.DataFrame(columns=COLUMNS)
     fired = both["gate_signal"].fillna(0.0).to_numpy() > threshold
+    correct, full = both["correct"].to_numpy(float), both["full_correct"].to_numpy(float)
+    benefit = full - correct
+    rate = float(fired.mean())
+    confidence = both["confidence"].to_numpy(float) if "confidence" in both else np.zeros(len(both))
+    low_conf = _selected(-np.nan_to_num(confidence, nan=np.inf), rate)  # lowest confidence first
     both = both.assign(
-        full=both["full_correct"], poisson=both["correct"],
-        gated=np.where(fired, both["full_correct"], both["correct"]), recomputed=fired.astype(float),
+        full=full, poisson=correct, gated=np.where(fired, full, correct), random=correct + rate * benefit,
+        confidence=correct + low_conf * benefit, recomputed=fired.astype(float),
     )
     out = []
     for lo, hi in distance_bins(int(both["turn_distance"].max()), width):
         part = both[(both["turn_distance"] >= lo) & (both["turn_distance"] <= hi)]
         out.append(_row(f"{lo}-{hi}", part))
-    out.append(_row("overall", both))
-    return pd.DataFrame(out, columns=COLUMNS)
+    overall = _row("overall", both)
+    if bootstrap_plan is not None:
+        overall.update(_intervals(both, fired, benefit, confidence, bootstrap_plan))
+    out.append(overall)
+    return pd.DataFrame(out)
+
+
+def _intervals(both: pd.DataFrame, fired: np.ndarray, benefit: np.ndarray, confidence: np.ndarray, plan) -> dict:
+    """The overall row's intervals of the three gated systems (the module's formulas on resample weights)."""
+    from .gating import RecomputeGate
+    from .stats import bootstrap, encode_units
+
+    units = both["unit"] if "unit" in both else both["example_id"]
+    codes, n_units = encode_units(units)
+    correct, gated = both["correct"].to_numpy(float), both["gated"].to_numpy(float)
+    gate = RecomputeGate(-np.nan_to_num(confidence, nan=np.inf), benefit)
+
+    def statistic(w):
+        total = w.sum(axis=1)
+        ok = total > 0
+        safe = np.where(ok, total, 1.0)
+        base = (w @ correct) / safe
+        rate = (w @ fired.astype(float)) / safe
+        mean_benefit = (w @ benefit) / safe
+        conf = np.empty(w.shape[0])
+        for i, r in enumerate(rate):  # the confidence gate at this resample's certificate rate
+            conf[i] = gate.gains(w[i:i + 1], [float(r)])[float(r)][0][0]
+        return {"gated": ((w @ gated) / safe, ok), "random": (base + rate * mean_benefit, ok),
+                "confidence": (base + conf, ok)}
+
+    est = bootstrap(statistic, codes, n_units, plan)
+    return {f"{name}_ci": [est[name].ci_low, est[name].ci_high] for name in INTERVAL_COLUMNS}
 
 
 def _row(name: str, part: pd.DataFrame) -> dict:

@@ -39,6 +39,7 @@ from .load import scored
 from .model_info import MODEL_HEADER, ModelInfo, fetched_caveat, fetched_phrase
 from .multiturn_recall import PAPER as MULTITURN_PAPER
 from .multiturn_recall import multiturn_table
+from .stats import BootstrapPlan
 from .replay_stats import replay_cells, summarize_replay
 
 MARK = {"pass": "✓", "fail": "✗", "unclear": "?", "unexercised": "–"}
@@ -132,8 +133,8 @@ def test_rows(claims: list[Mapping]) -> list[list[str]]:
         for t in c["tests"]:
             p = placebo.get(t["statistic"])
             rows.append([c["id"], f"`{t['statistic']}` {OP_TEXT.get(t['op'], t['op'])} {t['threshold']:g}"
-                         f"{'†' if t.get('ours') else ''}", fmt_ci(t), f"{MARK[t['outcome']]} {t['outcome']}",
-                         fmt_ci(p) if p else "–"])
+                         f"{'†' if t.get('ours') else ''}", fmt_ci(t) + unit_text(t),
+                         f"{MARK[t['outcome']]} {t['outcome']}", fmt_ci(p) if p else "–"])
             beside = pooled_counterpart(t["statistic"])
             if beside and beside in stats:
                 rows.append([c["id"], f"`{beside}` (the paper's pooled statistic; reported, not tested)",
@@ -142,6 +143,19 @@ def test_rows(claims: list[Mapping]) -> list[list[str]]:
 
 
 TEST_HEADER = ["claim", "test (passes when)", "estimate [90 % CI]", "outcome", "leading placebo [90 % CI]"]
+#: a replay test's bootstrap unit, in words (``bootstrap.replay_unit`` / ``replay_beside``)
+UNIT_WORDS = {"cell": "replay cells", "example_layer": "prompt × layer", "example": "prompts"}
+
+
+def unit_text(test: Mapping) -> str:
+    """A replay test's unit and, where registered, the intervals over the other units beside it (not deciding):
+    " (over prompts; prompt × layer [a, b], replay cells [c, d])"; empty for a generation test."""
+    unit = test.get("unit")
+    if not unit:
+        return ""
+    beside = test.get("beside") or {}
+    others = "; ".join(f"{UNIT_WORDS.get(u, u)} [{fmt(b['ci'][0])}, {fmt(b['ci'][1])}]" for u, b in beside.items())
+    return f" (over {UNIT_WORDS.get(unit, unit)}" + (f"; beside: {others}" if others else "") + ")"
 
 
 def replay_rows(summary: Mapping) -> list[list[str]]:
@@ -496,13 +510,14 @@ def figures_section(doc: Document, run: ReportData) -> pd.DataFrame:
                "recomputation gain vs recompute rate (C7): certificate, confidence and random gating at matched rates, "
                "every stratum recomputing the same share (the registered gate)")
     mt_cell, threshold = run.multiturn_cell, run.gate_threshold
-    table = (multiturn_table(scores_ok, mt_cell, threshold)
+    table = (multiturn_table(scores_ok, mt_cell, threshold, bootstrap_plan=BootstrapPlan.from_plan(run.plan))
              if scores_ok is not None and mt_cell else pd.DataFrame())
     budget_txt = ", ".join(f"{100 * float(b):g} %" for b in mt_cell.get("budgets", []))
     recomputed = float(table.loc[table["bin"] == "overall", "recomputed"].iloc[0]) if len(table) else float("nan")
     doc.figure(figures.multiturn_figure(table, fig_dir / "multiturn_recall.png", budget_txt) if len(table) else None,
                f"multi-turn recall by turn distance: full cache, top-k, Poisson and certificate-gated (gate: the "
-               f"largest step's relative radius above {threshold:g})"
+               f"largest step's relative radius above {threshold:g}), and random and confidence gating recomputing "
+               "as many runs"
                + (f" — the gate recomputed {100 * recomputed:.0f} % of the runs"
                   + (" (every run: the gated line is the full cache, not the certificate rescuing the compressed "
                      "run)" if recomputed >= 0.999 else "") if recomputed == recomputed else ""))
@@ -561,12 +576,22 @@ def multiturn_section(doc: Document, run: ReportData, table: pd.DataFrame) -> No
     gate = run.plan.multiturn_gate
     doc.paragraph(f"Certificate-gated = the Poisson run, recomputed with the full cache when the gate fires "
                   f"({gate.field} {gate.aggregation} over heads, {gate.over_steps} over steps "
-                  f"> {gate.threshold}). Paper: gated {MULTITURN_PAPER['overall']['gated']} vs top-k "
+                  f"> {run.gate_threshold:g}). Paper: gated {MULTITURN_PAPER['overall']['gated']} vs top-k "
                   f"{MULTITURN_PAPER['overall']['topk']} overall; {MULTITURN_PAPER['26-30']['gated']} vs "
                   f"{MULTITURN_PAPER['26-30']['topk']} at 26–30 turns.")
-    doc.table(["turn distance", "runs", "full cache", "top-k", "Poisson", "certificate-gated", "recomputed"],
-              [[r["bin"], r["n"], fmt(r["full"]), fmt(r["topk"]), fmt(r["poisson"]), fmt(r["gated"]),
-                fmt(r["recomputed"])] for _, r in table.iterrows()])
+    doc.paragraph(f"Beside it, at the same recompute rate: random gating (the expected recall of recomputing a random "
+                  f"share of the runs as large as the gate's) and confidence gating (recomputing that share with the "
+                  f"lowest mean token log-probability). The overall row's intervals are {run.pct} bootstrap intervals "
+                  f"over examples, the rate re-measured in each resample.")
+
+    def with_ci(r, col):
+        ci = r.get(f"{col}_ci") if f"{col}_ci" in table else None
+        return fmt(r[col]) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if isinstance(ci, list) else "")
+
+    doc.table(["turn distance", "runs", "full cache", "top-k", "Poisson", "certificate-gated", "random, same rate",
+               "confidence, same rate", "recomputed"],
+              [[r["bin"], r["n"], fmt(r["full"]), fmt(r["topk"]), fmt(r["poisson"]), with_ci(r, "gated"),
+                with_ci(r, "random"), with_ci(r, "confidence"), fmt(r["recomputed"])] for _, r in table.iterrows()])
 
 
 def failure_labels_section(doc: Document, run: ReportData) -> None:

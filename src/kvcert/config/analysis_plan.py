@@ -88,22 +88,41 @@ def _part(cls, section: str, data: Any):
     return cls(**data)
 
 
+#: the units the replay claims' bootstrap can resample (``bootstrap.replay_unit`` / ``replay_beside``): a replay
+#: cell (model × example × layer × query head × budget × query kind), an example × layer, an example (a prompt)
+REPLAY_UNITS = ("cell", "example_layer", "example")
+
+
 @dataclass(frozen=True)
 class BootstrapPart:
     """``bootstrap``: the unit bootstrap of every interval (resamples, seed, level, unit = example) and the
-    Monte-Carlo stability check: the verdict redone under ``stability_seeds`` other seeds."""
+    Monte-Carlo stability check: the verdict redone under ``stability_seeds`` other seeds. The replay claims
+    resample ``replay_unit`` (default ``cell``, what every freeze before the eighth amendment did: the cells of
+    one prompt are not independent; ``example`` resamples the prompts, the cluster bootstrap), and report the
+    intervals over ``replay_beside``'s units beside their tests (not deciding)."""
 
     resamples: int = 1000
     seed: int = 0
     level: float = 0.9
     unit: str = "example"
     stability_seeds: int = 0
+    replay_unit: str = "cell"
+    replay_beside: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "resamples", int(self.resamples))
         object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "level", _fraction("bootstrap.level", self.level))
         object.__setattr__(self, "stability_seeds", int(self.stability_seeds))
+        object.__setattr__(self, "replay_unit", str(self.replay_unit))
+        object.__setattr__(self, "replay_beside", tuple(str(u) for u in self.replay_beside))
+        for name, value in (("replay_unit", self.replay_unit), *(("replay_beside", u) for u in self.replay_beside)):
+            if value not in REPLAY_UNITS:
+                raise AnalysisPlanError(f"analysis_plan.bootstrap.{name}: {value!r} is not a replay unit; one of "
+                                        f"{', '.join(REPLAY_UNITS)}")
+        if self.replay_unit in self.replay_beside:
+            raise AnalysisPlanError(f"analysis_plan.bootstrap.replay_beside: {self.replay_unit!r} is the replay unit "
+                                    "itself; name the others")
         if self.resamples < 1:
             raise AnalysisPlanError(f"analysis_plan.bootstrap.resamples: must be >= 1, got {self.resamples}")
         if self.stability_seeds < 0:

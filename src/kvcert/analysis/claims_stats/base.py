@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from ...config.analysis_plan import AnalysisPlan
+from ...config.analysis_plan import REPLAY_UNITS, AnalysisPlan
 from ..stats import encode_units
 
 
@@ -33,6 +33,16 @@ class Prepared:
     unexercised: dict[str, str] = field(default_factory=dict)
     beside: "Prepared | None" = None
     selective: bool = False
+    units: dict[str, np.ndarray] | None = None  # a replay statistic: its records' codes in each of REPLAY_UNITS
+
+    def over(self, unit: str) -> "Prepared":
+        """This preparation bootstrapped over ``unit`` (one of :data:`REPLAY_UNITS`; the beside statistic too);
+        itself where it has no such units (a generation statistic, an empty claim)."""
+        if self.units is None or unit not in self.units:
+            return self
+        codes = self.units[unit]
+        beside = None if self.beside is None else self.beside.over(unit)
+        return replace(self, codes=codes, n_units=int(codes.max()) + 1 if codes.size else 0, beside=beside)
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,16 @@ class Kind:
 
 #: the counts of the AUC claims' minimum cell: the two classes as well as the generations
 AUC_COUNTS = ("generations", "positives", "negatives")
+
+
+def replay_units(cells: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Each replay cell's code in every unit of :data:`REPLAY_UNITS` (``cells``: one row per replay cell, with the
+    model, example and layer columns): the cell itself, its example × layer, its example."""
+    out = {"cell": np.arange(len(cells), dtype=np.int64)}
+    for name, key in (("example_layer", ["model", "example_id", "layer"]), ("example", ["model", "example_id"])):
+        out[name] = (cells.groupby(key, sort=True, observed=True).ngroup().to_numpy().astype(np.int64)
+                     if len(cells) else np.zeros(0, dtype=np.int64))
+    return out
 
 
 def units(rows: pd.DataFrame) -> tuple[np.ndarray, int]:

@@ -23,7 +23,7 @@ import pandas as pd
 from ...config.analysis_plan import AnalysisPlan
 from ..replay_stats import CELL_KEY, PATH_KEY, QUERY_KINDS, VARIANTS, log_tightness, simultaneous_anytime
 from ..stats import WeightedMedian
-from .base import Kind, Prepared, empty, ratio
+from .base import Kind, Prepared, empty, ratio, replay_units
 
 def _suffix(variant: str) -> str:
     return "" if variant == "plugin" else f"_{variant}"
@@ -142,7 +142,7 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan, variant: str = "plugin") -> 
         "sample_dependent_rows": int((row_kinds == "sample_dependent").sum()),
     }
     return Prepared(statistic, np.arange(len(cell)), len(cell), point, {"generations": int(len(cell))}, details,
-                    unexercised, selective=True)
+                    unexercised, selective=True, units=replay_units(cell))
 
 
 #: the statistics this preparation computes for the plug-in certificate (claims.yaml's tests may name these)

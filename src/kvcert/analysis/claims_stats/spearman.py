@@ -16,7 +16,7 @@ import pandas as pd
 from ...config.analysis_plan import AnalysisPlan
 from ..replay_stats import CELL_KEY, step_cell_spearman, within_cell_spearman, within_head_spearman
 from ..stats import SpearmanIndex, spearman, weighted_quantile
-from .base import Kind, Prepared, empty
+from .base import Kind, Prepared, empty, replay_units
 
 #: draws used for the bootstrap of the replay Spearman (the point estimate uses all)
 MAX_SPEARMAN_BOOTSTRAP_OBS = 50_000
@@ -38,7 +38,14 @@ def pooled(rows: pd.DataFrame) -> Prepared:
         subsample = {"draws_per_cell": keep, "observations": int(mask.sum())}
     index = SpearmanIndex(boot["radius"].to_numpy(float), boot["error"].to_numpy(float))
     point = {"spearman": spearman(rows["radius"], rows["error"])}
-    return Prepared(lambda w: {"spearman": index(w)}, codes, n_cells, point, {}, {"bootstrap_subsample": subsample})
+    cells = _cells(rows)
+    return Prepared(lambda w: {"spearman": index(w)}, codes, n_cells, point, {}, {"bootstrap_subsample": subsample},
+                    units={name: c[codes] for name, c in replay_units(cells).items()})
+
+
+def _cells(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per replay cell (:data:`CELL_KEY`), in the order of the rows' cell codes."""
+    return rows.groupby(CELL_KEY, sort=True, observed=True).size().reset_index()[CELL_KEY]
 
 
 def prepare(rows: pd.DataFrame, plan: AnalysisPlan) -> Prepared:
@@ -70,7 +77,7 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan) -> Prepared:
         "heads": int(heads.size), "observations": int(len(rows)),
     }
     return Prepared(statistic, cell_of, n_cells, {}, {"generations": int(n_cells)}, details,
-                    beside=pooled(rows))
+                    beside=pooled(rows), units={name: c[cell_of] for name, c in replay_units(_cells(rows)).items()})
 
 
 NAMES = ("spearman_within_cell",)
