@@ -382,7 +382,9 @@ def test_replay_claims_resample_the_registered_unit_and_report_the_others_beside
         f = replay_frame(8, 30, 2, seed=10 + i, layers=2, heads=2, overshoot=overshoot)
         frames.append(f.assign(example_id=f"p{i}"))
     replay = pd.concat(frames, ignore_index=True)
-    plan = AnalysisPlan.of(env["plan"])
+    registered = AnalysisPlan.of(env["plan"])
+    plan = dataclasses.replace(registered, bootstrap=dataclasses.replace(  # every freeze before the eighth amendment
+        registered.bootstrap, replay_unit="cell", replay_beside=()))
     cluster = dataclasses.replace(plan, bootstrap=dataclasses.replace(
         plan.bootstrap, replay_unit="example", replay_beside=("example_layer", "cell")))
     by_cell = evaluate_claim(env["claims"]["C1"], plan, None, replay, stability=False)
@@ -494,3 +496,60 @@ def test_a_placebo_is_seeded_by_each_rows_key_not_its_position(env, name):
     for column in columns:
         assert np.array_equal(merged[column].to_numpy(), merged[f"{column}_reversed"].to_numpy(), equal_nan=True), column
     assert not np.array_equal(forward[columns[0]].to_numpy(), rows[columns[0]].to_numpy(), equal_nan=True)
+
+
+# --- secondary analyses: the certificate against its step cell's constant ------------------------------------
+def _with_secondary(plan, claims):
+    import dataclasses
+
+    from kvcert.config.analysis_plan import AnalysisPlan, SecondaryPart
+
+    return dataclasses.replace(AnalysisPlan.of(plan), secondary=SecondaryPart(claims=claims))
+
+
+def test_secondary_analyses_by_hand():
+    """One step cell of ten draws: the top error decile is the draw of largest error, the bottom radius quartile
+    the draws at or below numpy's 0.25 quantile of the radius; the constant is the cell's median radius; at
+    matched coverage (0.9) each radius is scaled by the averaged-inverted-CDF 0.9 quantile of e/r, and the
+    tightness is its median on the log scale (numpy's median of log r/e)."""
+    from kvcert.analysis.claims_stats.secondary import prepare
+
+    error = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 3.0])
+    radius = np.array([0.05, 0.5, 0.2, 1.0, 0.6, 0.3, 1.4, 1.6, 1.0, 2.0])
+    rows = replay_frame(1, 10, 0, layers=1, heads=1, budgets=[0.25]).assign(error=error, radius=radius)
+    rows["covered"] = rows["error"] <= rows["radius"]
+    plan = _with_secondary({"delta": 0.1}, {"C1": "plugin"})
+    point = prepare(rows, plan, "plugin").point
+    c = np.median(radius)  # 0.8
+    assert point["top_error_coverage"] == 0.0 and point["top_error_coverage_constant"] == float(3.0 <= c)
+    low = radius <= np.quantile(radius, 0.25)
+    assert point["bottom_radius_coverage"] == pytest.approx(np.mean(error[low] <= radius[low]))
+    assert point["bottom_radius_coverage_constant"] == pytest.approx(np.mean(error[low] <= c))
+    for r, name in ((radius, "matched_tightness"), (np.full(10, c), "matched_tightness_constant")):
+        k = np.quantile(error / r, 0.9, method="averaged_inverted_cdf")
+        assert point[name] == pytest.approx(k * np.exp(np.median(np.log(r / error))), rel=1e-12)
+    assert point["matched_tightness_ratio"] == pytest.approx(point["matched_tightness"]
+                                                             / point["matched_tightness_constant"], rel=1e-12)
+
+
+def test_secondary_analyses_tell_a_draw_aware_certificate_from_its_cell_constant(env):
+    """A radius proportional to its draw's error (1.5 e) covers every draw of largest error and, at matched
+    coverage, is exactly as tight as an oracle (tightness 1), where its cell's median radius misses them and is
+    looser; the block sits in the claim's details, beside the tests, over the registered unit, and its intervals
+    hold their estimates. A plan without ``secondary`` (every freeze before it) reports none."""
+    replay = replay_frame(24, 40, 4, seed=4, layers=2, heads=2, overshoot=1.0, spread=1.0)
+    replay["radius"] = 1.5 * replay["error"]
+    replay["covered"] = True
+    plan = _with_secondary(env["plan"], {"C1": "plugin"})
+    r = evaluate_claim(env["claims"]["C1"], plan, None, replay, stability=False)
+    block = r.details["secondary"]
+    st = {k: v for k, v in block["statistics"].items()}
+    assert block["certificate"] == "plugin" and block["against"] == "step_cell_median_radius"
+    assert st["top_error_coverage"]["estimate"] == 1.0 and st["top_error_coverage_constant"]["estimate"] < 0.2
+    assert st["matched_tightness"]["estimate"] == pytest.approx(1.0, rel=1e-12)
+    assert st["matched_tightness_constant"]["estimate"] > 1.5 and st["matched_tightness_ratio"]["estimate"] < 0.7
+    for name, s in st.items():
+        lo, hi = s["ci"]
+        assert lo <= s["estimate"] <= hi, name
+    without = _with_secondary(env["plan"], {})
+    assert "secondary" not in evaluate_claim(env["claims"]["C1"], without, None, replay, stability=False).details

@@ -437,3 +437,25 @@ def test_the_multiturn_prose_states_the_threshold_the_table_applied(run):
         assert said in text, text
         if "0.8765" in said:
             assert f"> {plan.multiturn_gate.threshold:g})" not in text
+
+
+def test_the_secondary_analyses_sit_beside_their_claims(run):
+    """The registered secondary analyses (analysis_plan.secondary: C1's plug-in, C8's robust certificate against
+    their step cell's constant) appear in claims.json and in the report's claim details, each with its interval,
+    and decide nothing: the claim's verdict is the same without them."""
+    doc = json.loads((run["tmp"] / "claims.json").read_text())
+    registered = doc["analysis_plan"]["secondary"]["claims"]
+    assert registered == {"C1": "plugin", "C8": "robust"}
+    text = run["paths"]["markdown"].read_text()
+    for c in doc["claims"]:
+        sec = c["details"].get("secondary")
+        if c["id"] not in registered:
+            assert sec is None, c["id"]
+            continue
+        assert sec["certificate"] == registered[c["id"]] and sec["unit"] == "example"
+        for name, s in sec["statistics"].items():
+            if s["estimate"] is not None:  # a statistic without draws (none in its tail) has no estimate
+                lo, hi = s["ci"]
+                assert lo - 1e-12 <= s["estimate"] <= hi + 1e-12, (c["id"], name, s)
+        assert f"the {sec['certificate']} certificate (`{sec['radius']}`) against its step cell's constant" in text
+    assert text.count("coverage on the draws of largest error (top 10 % of their step cell)") == len(registered)

@@ -9,7 +9,7 @@ from scipy import stats as scipy_stats
 from sklearn.metrics import roc_auc_score
 
 from kvcert.analysis.stats import (
-    AUCIndex, BootstrapPlan, SpearmanIndex, WeightedMedian, auc, bootstrap, claim_verdict, encode_units,
+    AUCIndex, BootstrapPlan, SpearmanIndex, WeightedMedian, WeightedQuantile, auc, bootstrap, claim_verdict, encode_units,
     percentile_interval, test_outcome as outcome_of, weight_chunks, weighted_mean, weighted_quantile,
 )
 
@@ -136,6 +136,25 @@ def test_the_weighted_median_is_the_resampled_datas_median():
         if valid:
             assert value == np.median(replicated)
     assert got[0] == np.median(values)
+
+
+def test_the_weighted_quantile_is_the_resampled_datas_quantile():
+    """Per resample, numpy's averaged-inverted-CDF quantile of the values replicated by their unit's multiplicity
+    (infinite values included: a radius of 0 under a positive error); at unit weights numpy's own."""
+    rng = np.random.default_rng(8)
+    values = np.round(rng.exponential(size=61), 1)
+    values[[3, 17]] = np.inf
+    units = rng.integers(0, 7, size=61)
+    w = np.vstack([np.ones(7), rng.integers(0, 3, size=(30, 7)).astype(float)])
+    for q in (0.1, 0.25, 0.9):
+        got, ok = WeightedQuantile(values, units, q)(w)
+        for row, value, valid in zip(w, got, ok):
+            replicated = np.repeat(values, row[units].astype(int))
+            assert valid == (replicated.size > 0)
+            if valid:
+                assert value == np.quantile(replicated, q, method="averaged_inverted_cdf")
+    with pytest.raises(ValueError, match="NaN"):
+        WeightedQuantile(np.array([1.0, np.nan]), np.array([0, 1]), 0.5)
 
 
 def test_a_median_of_near_equal_values_gets_an_interval_that_holds_it():

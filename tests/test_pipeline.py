@@ -64,7 +64,7 @@ def test_paper_plan_matches_dry_run(paper_env):
     assert float(fields["gpu_hours"]) > float(fields["gpu_hours_roofline"]) > 0  # the roofline bounds the estimate
 
 
-@pytest.mark.parametrize("experiment,examples,seed", [("smoke", 3, 4000), ("paper", 8, 0), ("real", 3, 9500)])
+@pytest.mark.parametrize("experiment,examples,seed", [("smoke", 3, 4000), ("paper", 8, 0), ("real", 12, 9500)])
 def test_the_replay_has_its_own_manifest(experiment, examples, seed):
     """The replay runs the examples and seed its grid entry registers, from a manifest of its own — never the
     larger manifest a generation cell keeps for the same model, task and length."""
@@ -76,6 +76,24 @@ def test_the_replay_has_its_own_manifest(experiment, examples, seed):
         assert r.path == f"manifests/{r.model}/replay/{r.task}/{r.length}.jsonl" and r.path not in grid_paths
         assert plan.manifest(r.model, r.task, r.length, "replay") == r
     assert plan.jobs_per_rule()["replay_manifest"] == len(plan.replays)
+
+
+def test_a_grid_spends_its_replay_draws_over_prompts():
+    """A grid's replay.draws replaces the analysis plan's draws for its experiment (real: 12 prompts at 50 draws,
+    no more draws than 3 prompts at the plan's 200); the other grids keep the plan's; a draw count that is not a
+    positive integer is one line naming the key."""
+    from kvcert.config.prereg import load_plan
+    from kvcert.generation.replay_step import grid_replay_draws
+
+    plan_draws = load_plan(REPO / "preregistration").replay.draws
+    real = load_grid(REPO / "preregistration", "grids/real.yaml")
+    assert grid_replay_draws(real, "real") * real["replay"]["examples"] <= plan_draws * 3
+    assert real["replay"]["examples"] >= 12
+    for name in ("smoke", "paper", "rehearsal"):
+        assert grid_replay_draws(load_grid(REPO / "preregistration", f"grids/{name}.yaml"), name) is None
+    for bad in (0, -3, 2.5, True, "50"):
+        with pytest.raises(ValueError, match=r"^grid of experiment x: replay.draws must be a positive integer"):
+            grid_replay_draws({"replay": {"draws": bad}}, "x")
 
 
 @pytest.mark.pipeline

@@ -24,6 +24,10 @@ tests all pass too (:func:`kvcert.analysis.stats.claim_verdict`).
 ``bootstrap.stability_seeds`` other bootstrap seeds; ``seed_stability`` reports the share
 that agrees with the registered seed's verdict.
 
+**Secondary analyses** (``analysis_plan.secondary``, :mod:`kvcert.analysis.claims_stats.secondary`): a replay
+claim's certificate against its step cell's constant on the draws of largest error, on those of smallest radius,
+and at matched coverage; in ``details["secondary"]``, beside the tests, deciding nothing.
+
 Generation claims use the scored grid rows (:func:`kvcert.analysis.load.scored`) of the
 experiment's main tasks (the grid's ``tasks``; the multi-turn and LoCoMo cells are
 reported separately), restricted to the claim's conditions, budgets and methods (a
@@ -49,6 +53,7 @@ from ..config.analysis_plan import AnalysisPlan, MinimumCell
 from .claims_stats import STATISTICS, Kind, Prepared
 from .claims_stats.attribution import prepare as prepare_attribution
 from .claims_stats.prediction import prepare as prepare_prediction
+from .claims_stats.secondary import NAMES as SECONDARY_NAMES, prepare as prepare_secondary
 from .claims_stats.base import strata_codes
 from .claims_stats.cells import method_mask, select_generations, select_replay
 from .placebos import PLACEBOS, keyed_uniforms, placebo_names, placebo_rng, placebo_rows
@@ -256,6 +261,9 @@ def evaluate_claim(
         estimates.update(_bootstrap(prep.beside, replace(plan, resamples=min(plan.resamples, BESIDE_RESAMPLES))))
     details = dict(prep.details)
     details["statistics"] = {name: e.to_dict() for name, e in estimates.items()}
+    certificate = analysis_plan.secondary.certificate(spec["id"]) if kind.source == "replay" else None
+    if certificate:
+        details["secondary"] = secondary_block(rows, analysis_plan, certificate, plan, unit)
     if kind.source == "generations" and prep.n_units:
         details["by_model_length"] = _breakdown(rows, kind.prepare, analysis_plan)
         if kind.prepare in (prepare_prediction, prepare_attribution):
@@ -272,6 +280,17 @@ def evaluate_claim(
         paper=dict(spec.get("paper") or {}), details=details, beyond_paper=bool(spec.get("beyond_paper", False)),
         placebo=placebo, seed_stability=seed_stability, cells=dict(cells),
     )
+
+
+def secondary_block(rows: pd.DataFrame, analysis_plan: AnalysisPlan, certificate: str, plan: BootstrapPlan,
+                    unit: str | None) -> dict:
+    """A replay claim's secondary analyses (:mod:`kvcert.analysis.claims_stats.secondary`: its certificate against
+    its step cell's constant), reported beside its tests: each statistic's interval over the deciding unit, at the
+    registered seed, with the beside resamples."""
+    prep = prepare_secondary(rows, analysis_plan, certificate)
+    prep = prep.over(unit) if unit else prep
+    est = _bootstrap(prep, replace(plan, resamples=min(plan.resamples, BESIDE_RESAMPLES)), list(SECONDARY_NAMES))
+    return {**prep.details, "unit": unit or "cell", "statistics": {n: est[n].to_dict() for n in SECONDARY_NAMES}}
 
 
 def _beside_units(spec, kind, prep: Prepared, plan, minimum, missing, main: Decision, beside: Sequence[str],

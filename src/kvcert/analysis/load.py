@@ -305,6 +305,7 @@ def flatten(record: Mapping, plan: ScoringPlan) -> dict:
         "git_commit": str(record["git_commit"]),
         "kvcert_version": str(record["kvcert_version"]),
         "model_digest": record.get("model_digest"),
+        "code_digest": record.get("code_digest"),
     }
 
 
@@ -432,7 +433,7 @@ SCORE_COLUMNS = [
     "cert_signal_robust", "sig_output_entropy", "sig_top2_margin", "sig_attention_entropy", "sig_evicted_mass",
     "sig_evicted_mass_expected", "uncertified", "turn_distance", "depth", "dataset", "prompt_tokens", "decode_steps", "kept_fraction", "kv_bytes_peak",
     "prefill_seconds", "decode_seconds", "started_utc", "config_hash", "prereg_hash", "git_commit", "kvcert_version",
-    "model_digest", "shard", "line",
+    "model_digest", "code_digest", "shard", "line",
 ]
 
 

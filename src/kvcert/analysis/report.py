@@ -211,7 +211,8 @@ def provenance_section(doc: Document, claims_doc: Mapping, scores: pd.DataFrame 
     ]
     if scores is not None and len(scores):
         for col, label in (("git_commit", "generation commits"), ("config_hash", "config hashes"),
-                           ("kvcert_version", "kvcert versions"), ("model_digest", "model digests")):
+                           ("kvcert_version", "kvcert versions"), ("model_digest", "model digests"),
+                           ("code_digest", "record-code digests")):
             if col not in scores:  # a scores table of an earlier kvcert
                 continue
             vc = scores[col].value_counts()
@@ -666,9 +667,42 @@ def details_section(doc: Document, run: ReportData) -> None:
         if stats:
             doc.table(["statistic", "estimate [90 % CI]", "resamples", "skipped"],
                       [[n, fmt_ci(s, 4), s["resamples"], s["skipped"]] for n, s in stats.items()])
+        if det.get("secondary"):
+            secondary_table(doc, det["secondary"], run.pct)
         breakdown = c.get("details", {}).get("by_model_length") or []
         if breakdown:
             keys = [k for k in breakdown[0] if k not in ("model", "target_tokens")]
             doc.table(["model", "length", *keys],
                       [[b["model"], b["target_tokens"], *[fmt(b.get(k)) if isinstance(b.get(k), float) else b.get(k, "–")
                                                          for k in keys]] for b in breakdown])
+
+
+#: the secondary analyses' rows: (statistic stem, what it is, how the two compare)
+SECONDARY_ROWS = (
+    ("top_error_coverage", "coverage on the draws of largest error (top {top} of their step cell)", "difference"),
+    ("bottom_radius_coverage", "coverage on the draws of smallest radius (bottom {bottom} of their step cell)",
+     "difference"),
+    ("matched_tightness", "radius / error at matched coverage {matched} (lower is tighter)", "ratio"),
+)
+
+
+def secondary_table(doc: Document, sec: Mapping, pct: str = "90 %") -> None:
+    """A replay claim's secondary analyses (``analysis_plan.secondary``): its certificate beside its step cell's
+    constant radius, paired on the same draws, with intervals; reported, deciding nothing."""
+    stats = sec.get("statistics") or {}
+    words = {"top": f"{100 * sec['top_error']:g} %", "bottom": f"{100 * sec['bottom_radius']:g} %",
+             "matched": f"{sec['matched_coverage']:g}"}
+    rows = []
+    for stem, what, cmp in SECONDARY_ROWS:
+        if stem not in stats:
+            continue
+        rows.append([what.format(**words), fmt_ci(stats[stem], 4), fmt_ci(stats[f"{stem}_constant"], 4),
+                     f"{'certificate − constant' if cmp == 'difference' else 'certificate / constant'} "
+                     f"{fmt_ci(stats[f'{stem}_{cmp}'], 4)}", (sec.get("draws") or {}).get(stem, "–")])
+    doc.paragraph(f"Secondary analyses (registered in the analysis plan; reported, deciding nothing): the "
+                  f"{sec['certificate']} certificate (`{sec['radius']}`) against its step cell's constant — every "
+                  "radius replaced by the median radius of its step cell, a radius that knows the cell and not the "
+                  f"draw — paired on the same draws; {pct} intervals over "
+                  f"{UNIT_WORDS.get(sec.get('unit'), sec.get('unit'))}.")
+    doc.table(["analysis", *(f"{h} [{pct} CI]" for h in ("certificate", "constant", "comparison")), "draws"], rows)
+

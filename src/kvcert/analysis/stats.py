@@ -384,18 +384,21 @@ def weighted_quantile(values: np.ndarray, q: float, w: np.ndarray) -> np.ndarray
     return values[order][np.minimum(idx, values.size - 1)]
 
 
-class WeightedMedian:
-    """The median of ``values`` per resample, each value weighted by its unit's multiplicity: ``values`` [N] (finite)
-    with ``units`` [N] the index of each value's unit among the bootstrap's records, evaluated on record weights
-    [b, records]. Exact (no binning): the midpoint of the lower and upper weighted medians — the values where the
-    cumulative weight first reaches, and first passes, half the total — which at unit weights is
-    :func:`numpy.median` (the mean of the two middle values of an even count)."""
+class WeightedQuantile:
+    """The ``q`` quantile of ``values`` per resample, each value weighted by its unit's multiplicity: ``values`` [N]
+    (no NaN; ±inf allowed) with ``units`` [N] the index of each value's unit among the bootstrap's records, evaluated
+    on record weights [b, records]. Exact (no binning): the midpoint of the lower and upper weighted quantiles — the
+    values where the cumulative weight first reaches, and first passes, q of the total — which at unit weights is
+    :func:`numpy.quantile`'s ``averaged_inverted_cdf`` (at q = 1/2: :func:`numpy.median`)."""
 
-    def __init__(self, values: np.ndarray, units: np.ndarray):
+    def __init__(self, values: np.ndarray, units: np.ndarray, q: float = 0.5):
         values = np.asarray(values, dtype=np.float64)
-        if not np.isfinite(values).all():
-            raise ValueError("values: the median's values must be finite; drop the others first")
+        if np.isnan(values).any():
+            raise ValueError("values: a quantile's values must not be NaN; drop them first")
+        if not 0.0 < q < 1.0:
+            raise ValueError(f"q: a quantile in (0, 1), got {q}")
         order = np.argsort(values, kind="mergesort")
+        self.q = float(q)
         self.sorted = values[order]
         self.units = np.asarray(units, dtype=np.int64)[order]
 
@@ -403,12 +406,26 @@ class WeightedMedian:
         if self.sorted.size == 0:
             return np.full(w.shape[0], np.nan), np.zeros(w.shape[0], dtype=bool)
         cum = np.cumsum(w[:, self.units], axis=1)
-        half = 0.5 * cum[:, -1:]
-        lower = np.minimum((cum < half).sum(axis=1), self.sorted.size - 1)
-        upper = np.minimum((cum <= half).sum(axis=1), self.sorted.size - 1)
+        at = self.q * cum[:, -1:]
+        lower = np.minimum((cum < at).sum(axis=1), self.sorted.size - 1)
+        upper = np.minimum((cum <= at).sum(axis=1), self.sorted.size - 1)
         ok = cum[:, -1] > 0
-        value = 0.5 * (self.sorted[lower] + self.sorted[upper])
+        lo, hi = self.sorted[lower], self.sorted[upper]
+        with np.errstate(invalid="ignore"):
+            value = np.where(lo == hi, lo, 0.5 * (lo + hi))
         return np.where(ok, value, np.nan), ok
+
+
+class WeightedMedian(WeightedQuantile):
+    """The median of ``values`` per resample (:class:`WeightedQuantile` at q = 1/2; finite values only): the
+    midpoint of the lower and upper weighted medians, which at unit weights is :func:`numpy.median` (the mean of
+    the two middle values of an even count)."""
+
+    def __init__(self, values: np.ndarray, units: np.ndarray):
+        values = np.asarray(values, dtype=np.float64)
+        if not np.isfinite(values).all():
+            raise ValueError("values: the median's values must be finite; drop the others first")
+        super().__init__(values, units, 0.5)
 
 
 # --- verdicts -----------------------------------------------------------------------------

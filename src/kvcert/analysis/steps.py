@@ -308,6 +308,17 @@ def run_summary(df) -> dict:
     }
 
 
+def code_digests(doc: Mapping, df=None) -> list[str]:
+    """The digests of the code that made the run's records and replay tables
+    (:func:`kvcert.provenance.code_digest`), each once, sorted; "unknown" for those made before kvcert stamped it."""
+    found = set()
+    if df is not None and len(df):
+        found |= {str(d) if isinstance(d, str) else "unknown"
+                  for d in (df["code_digest"] if "code_digest" in df else [None])}
+    found |= {p.get("code_digest") or "unknown" for p in (doc.get("provenance") or {}).get("replay") or []}
+    return sorted(found)
+
+
 def summary(doc: Mapping, df=None, models: Sequence = (), beside: Sequence[Mapping] = ()) -> dict:
     """The verdicts beside the paper's, in a few lines (machine-readable), with the run's counts, and each
     comparison signal's prediction and attribution AUC pooled over the main grid (``signal_auc``). ``models``
@@ -331,6 +342,7 @@ def summary(doc: Mapping, df=None, models: Sequence = (), beside: Sequence[Mappi
                                                          if b["run"] else None),
                                 "command": b["command"]} for b in beside},
         **run_summary(df),
+        "code_digests": code_digests(doc, df),
         "claims": {c["id"]: {"verdict": c["verdict"], "statistic": c["statistic"], "value": c["value"], "ci": c["ci"],
                              "paper_value": c["paper"].get("value"), "paper_verdict": c["paper"].get("verdict"),
                              "placebo_passes": (c.get("placebo") or {}).get("passes"),

@@ -23,7 +23,9 @@ key, so every committed freeze loads as it was analysed):
   :data:`kvcert.method.sketch.PLAN` where it is computed);
 * signals — ``certificate_signal``, ``multiturn_gate``, ``confidence_signal``,
   ``correctness`` (pass marks), ``comparison_signals``;
-* ``strata``, ``minimum_cell``, ``recompute``, ``escalation`` — what the claims' statistics read.
+* ``strata``, ``minimum_cell``, ``recompute``, ``escalation`` — what the claims' statistics read;
+* ``secondary`` — the analyses reported beside replay claims' tests (each certificate against its step cell's
+  constant), deciding nothing.
 
 :meth:`AnalysisPlan.to_dict` is the registered mapping itself (what ``claims.json`` records).
 """
@@ -180,6 +182,40 @@ class ReplayPart:
         object.__setattr__(self, "query_kinds", tuple(str(k) for k in self.query_kinds))
         for name in ("draws", "later_queries", "minimum_diverged_decodes", "seed"):
             object.__setattr__(self, name, int(getattr(self, name)))
+
+
+#: the certificates a secondary analysis can compare with their step cell's constant
+SECONDARY_CERTIFICATES = ("plugin", "robust")
+
+
+@dataclass(frozen=True)
+class SecondaryPart:
+    """``secondary``: analyses reported beside replay claims' tests, never deciding a verdict — each claim's
+    certificate against its step cell's constant (every radius replaced by its step cell's median: the
+    ``step_cell_median_radius`` placebo), paired on the same draws (:mod:`kvcert.analysis.claims_stats.secondary`).
+    ``claims``: replay claim → the certificate it compares (``plugin`` or ``robust``); none (the default, what
+    every freeze before the eighth amendment had): no secondary analysis. ``top_error``: the share of a step cell's
+    draws of largest error (0.1: the top decile); ``bottom_radius``: the share of smallest radius (0.25: the bottom
+    quartile). The matched coverage of the tightness comparison is the nominal 1 − δ."""
+
+    claims: tuple[tuple[str, str], ...] = ()
+    top_error: float = 0.1
+    bottom_radius: float = 0.25
+
+    def __post_init__(self) -> None:
+        given = self.claims
+        pairs = tuple(given.items()) if isinstance(given, Mapping) else tuple(tuple(p) for p in given)
+        for claim, cert in pairs:
+            if cert not in SECONDARY_CERTIFICATES:
+                raise AnalysisPlanError(f"analysis_plan.secondary.claims.{claim}: {cert!r} is not a certificate; "
+                                        f"one of {', '.join(SECONDARY_CERTIFICATES)}")
+        object.__setattr__(self, "claims", tuple((str(c), str(v)) for c, v in pairs))
+        object.__setattr__(self, "top_error", _fraction("secondary.top_error", self.top_error))
+        object.__setattr__(self, "bottom_radius", _fraction("secondary.bottom_radius", self.bottom_radius))
+
+    def certificate(self, claim: str) -> str | None:
+        """The certificate claim ``claim``'s secondary analyses compare (None: it has none)."""
+        return dict(self.claims).get(str(claim))
 
 
 @dataclass(frozen=True)
@@ -346,6 +382,7 @@ class AnalysisPlan:
     minimum_cell: MinimumCell = MinimumCell()
     recompute: RecomputePart = RecomputePart()
     escalation: EscalationPart = EscalationPart()
+    secondary: SecondaryPart = SecondaryPart()
     _registered: dict = field(default_factory=dict, hash=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -355,7 +392,7 @@ class AnalysisPlan:
     PARTS = {"bootstrap": BootstrapPart, "placebos": PlacebosPart, "replay": ReplayPart,
              "certificate_signal": SignalPart, "multiturn_gate": SignalPart, "confidence_signal": ConfidencePart,
              "correctness": CorrectnessPart, "minimum_cell": MinimumCell, "recompute": RecomputePart,
-             "escalation": EscalationPart}
+             "escalation": EscalationPart, "secondary": SecondaryPart}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "AnalysisPlan":

@@ -99,10 +99,10 @@ def evicted_mass_field(realised: dict, expected: dict | None) -> dict:
 
 
 #: the provenance group (:func:`kvcert.provenance.provenance` stamps them; None where a caller gave none)
-PROVENANCE_FIELDS = ("config_hash", "prereg_hash", "git_commit", "kvcert_version", "model_digest")
+PROVENANCE_FIELDS = ("config_hash", "prereg_hash", "git_commit", "kvcert_version", "model_digest", "code_digest")
 #: fields a record written by an earlier kvcert may lack ({field: the value it then has}); every other field is
 #: required
-OPTIONAL_FIELDS = {"model_digest": None}
+OPTIONAL_FIELDS = {"model_digest": None, "code_digest": None}
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,7 @@ class GenerationRecord:
     git_commit: str | None
     kvcert_version: str | None
     model_digest: str | None = None
+    code_digest: str | None = None  # the code that made it (:func:`kvcert.provenance.code_digest`)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready record (what a shard line holds)."""

@@ -18,7 +18,7 @@ from typing import Mapping
 from ..config.paths import resolve_configs
 from ..config.experiment import experiment_grid
 from ..config.prereg import load_plan, verify
-from ..provenance import git_commit
+from ..provenance import code_digest, git_commit
 from ..tables import write_json, write_table
 
 
@@ -56,9 +56,11 @@ def resolve_model(model_config: str | Path | None = None, model: str | None = No
 
 
 def replay_cell(experiment: str, records: str | Path, prereg: str | Path, configs: str | Path, model: str,
-                model_path: str | None = None) -> tuple[str, str]:
-    """(task, config hash) of the replay cell whose manifest is ``records``, after checking the manifest is
-    what ``kvcert manifest`` builds for it (:func:`kvcert.generation.manifest.verify_manifest`)."""
+                model_path: str | None = None) -> tuple[str, str, int | None]:
+    """(task, config hash, the grid's draws per budget or None) of the replay cell whose manifest is ``records``,
+    after checking the manifest is what ``kvcert manifest`` builds for it
+    (:func:`kvcert.generation.manifest.verify_manifest`). A grid's ``replay.draws`` replaces the analysis plan's
+    ``replay.draws`` for its experiment: a grid that reads more prompts may spend fewer draws on each."""
     from .jobs import replay_config_hash
     from .manifest import verify_manifest
     from .plan import build_plan
@@ -70,7 +72,18 @@ def replay_cell(experiment: str, records: str | Path, prereg: str | Path, config
         raise ValueError(f"{records}: not a replay manifest of experiment {experiment}'s plan for model {model}")
     item = match[0]
     verify_manifest(records, item, configs, model_path)  # its seal, the plan's inputs, a rebuild
-    return item.task, replay_config_hash(configs, model, item.task, grid["replay"]["method"])
+    return (item.task, replay_config_hash(configs, model, item.task, grid["replay"]["method"]),
+            grid_replay_draws(grid, experiment))
+
+
+def grid_replay_draws(grid: Mapping, experiment: str) -> int | None:
+    """The draws per budget a design grid's replay registers (``replay.draws``), None where it leaves the analysis
+    plan's; a positive integer or a one-line error naming the key."""
+    draws = (grid.get("replay") or {}).get("draws")
+    if draws is not None and (isinstance(draws, bool) or not isinstance(draws, int) or draws < 1):
+        raise ValueError(f"grid of experiment {experiment}: replay.draws must be a positive integer (draws per budget "
+                         f"and query), got {draws!r}")
+    return draws
 
 
 def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: str | Path,
@@ -81,7 +94,7 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     ``analysis_plan``: its ``replay`` part, δ, the design, the robust certificate). ``seed``: the draws' sampling
     seed, the plan's ``replay.seed`` where None (what the Snakefile runs). With ``experiment`` (as the Snakefile
     runs it), the manifest is checked against the plan's and the table stamped with the hash of the configs it is
-    made under (:func:`replay_cell`)."""
+    made under, and the grid's ``replay.draws``, where it registers one, replaces the plan's (:func:`replay_cell`)."""
     from ..method.design import RetentionDesign
     from ..method.models import ModelSpec, load_model
     from ..tasks.records import read_jsonl
@@ -100,8 +113,10 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     kinds = list(rp.query_kinds)
     seed = rp.seed if seed is None else int(seed)
     spec = ModelSpec(**{k: v for k, v in model.items() if k in ModelSpec.__dataclass_fields__})
-    task, made_under = (replay_cell(experiment, records, prereg, resolve_configs(configs), model["name"], model_path)
-                        if experiment else (None, None))
+    task, made_under, grid_draws = (
+        replay_cell(experiment, records, prereg, resolve_configs(configs), model["name"], model_path)
+        if experiment else (None, None, None))
+    n_draws = rp.draws if grid_draws is None else grid_draws
     recs = read_jsonl(records)[:max_examples]
     if not recs:
         raise ValueError(f"{records}: no task records to replay")
@@ -110,7 +125,7 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     loaded, tokenizer = load_model(spec)  # a fetched model's folder is checked against its pins here
     digest = content_digest(spec.path)
     t0 = time.perf_counter()
-    draws = replay_model(loaded, tokenizer, recs, list(rp.budgets), rp.draws, rp.later_queries, plan.delta, design,
+    draws = replay_model(loaded, tokenizer, recs, list(rp.budgets), n_draws, rp.later_queries, plan.delta, design,
                          seed, max_layers, model_name=spec.name,
                          query_kinds=kinds, progress=True)
     rows = impossibility_for_model(loaded, tokenizer, recs[0], design=design, seed=seed, model_name=spec.name)
@@ -119,11 +134,11 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
         "model": spec.name, "model_path": Path(spec.path).name, "model_digest": digest, "experiment": experiment,
         "task": task,
         "config_hash": made_under, "examples": len(recs),
-        "records": Path(records).name, "budgets": list(rp.budgets), "draws": rp.draws,
+        "records": Path(records).name, "budgets": list(rp.budgets), "draws": n_draws,
         "later_queries": rp.later_queries, "query_kinds": kinds, "delta": plan.delta, "design": dict(plan.design),
         "robust_certificate": plan.robust_certificate, "seed": seed,
         "layers": replay_layers(num_layers, max_layers), "prereg_hash": freeze.prereg_hash,
-        "frozen_utc": freeze.frozen_utc, "git_commit": git_commit(), "seconds": round(time.perf_counter() - t0, 2),
+        "frozen_utc": freeze.frozen_utc, "git_commit": git_commit(), "code_digest": code_digest(), "seconds": round(time.perf_counter() - t0, 2),
     }
     path = write_table(draws, out, provenance)
     imp = write_json({"model": spec.name, "prereg_hash": freeze.prereg_hash, "rows": rows}, impossibility_out)
