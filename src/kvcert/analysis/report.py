@@ -9,12 +9,13 @@ in the paper's column, so the table keeps seven columns at 800 px; "not run" whi
 is absent; their pre-registration hashes in the provenance), each claim's placebo and the
 verdict's stability over bootstrap seeds — and its tests (the registered statistics, with
 the paper's pooled statistic reported beside them), the plain accuracy table (condition ×
-method × budget, with intervals), then the figures (accuracy by budget, induced failures by
+method × budget, with intervals) and the paired accuracy gap of top-k and the Poisson sampler
+(:mod:`kvcert.analysis.paired_gap`), then the figures (accuracy by budget, induced failures by
 budget × condition, prediction vs attribution AUC, replay coverage and tightness of the
 plug-in and the robust certificate, recompute-gain curves, multi-turn recall), the replay,
 impossibility, multi-turn and failure-label tables, the comparison signals
 (:mod:`kvcert.analysis.report_signals`), the per-claim details (an embedded run's C1: why its
-plug-in certificate under-covers), and the provenance block (pre-registration hash and
+plug-in certificate under-covers; the secondary analyses beside C1 and C8), and the provenance block (pre-registration hash and
 freeze time, git commits, config hashes, the models' config.json, the beside runs'
 pre-registrations, generations started before the freeze — listed, and excluded from scoring).
 ``failure_labels.csv``, ``replay_cells.csv`` and ``generations_per_cell.csv`` hold the full
@@ -39,6 +40,7 @@ from .load import scored
 from .model_info import MODEL_HEADER, ModelInfo, fetched_caveat, fetched_phrase
 from .multiturn_recall import PAPER as MULTITURN_PAPER
 from .multiturn_recall import multiturn_table
+from .paired_gap import paired_gaps
 from .stats import BootstrapPlan
 from .replay_stats import replay_cells, summarize_replay
 
@@ -477,6 +479,17 @@ def accuracy_section(doc: Document, run: ReportData) -> None:
                for _, r in board.iterrows()])
     doc.figure(figures.accuracy_figure(board, task_cols, run.fig_dir / "accuracy.png"),
                "accuracy by KV budget, condition and method, per task (the full cache as a line)")
+    gaps = paired_gaps(run.scores_ok, BootstrapPlan.from_plan(run.plan), run.tasks)
+    if len(gaps):
+        doc.paragraph("What randomized retention costs in accuracy: top-k's accuracy minus the Poisson sampler's on "
+                      f"the same examples (tasks pooled), with its {run.pct} bootstrap interval over examples and "
+                      "McNemar's exact test on the examples only one of them answered (a positive gap: the Poisson "
+                      "sampler answers fewer). Reported; no claim tests it.")
+        doc.table(["condition", "budget", "examples", "top-k", "Poisson", f"gap [{run.pct} CI]", "only top-k",
+                   "only Poisson", "McNemar p"],
+                  [[r["condition"], f"{r['budget']:g}", r["examples"], fmt(r["topk"]), fmt(r["poisson"]),
+                    f"{r['gap']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]", r["only_topk"], r["only_poisson"],
+                    f"{r['mcnemar_p']:.3g}"] for _, r in gaps.iterrows()])
 
 
 def figures_section(doc: Document, run: ReportData) -> pd.DataFrame:
