@@ -114,6 +114,6 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("certificate", help="certificate and sampling overhead on the torch path (CPU)")
     p.add_argument("--retained", type=int, nargs="+", default=[8192, 32768])
     p.add_argument("--sampling-tokens", type=int, default=131072)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the CPUs free now, at most torch's choice; kvcert.threads)")
     p.add_argument("--repeats", type=int, default=7)
     p.set_defaults(func=run)

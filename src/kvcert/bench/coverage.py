@@ -209,5 +209,5 @@ def register(subparsers) -> None:
     p.add_argument("--draws", type=int, default=200, help="Poisson draws per head and budget")
     p.add_argument("--later", type=int, default=3, help="later queries per ρ and head")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.set_defaults(func=run)

@@ -151,7 +151,7 @@ def register(subparsers) -> None:
                    help="context lengths (default 8192 16384; with --model 512 1024 2048 4096 8192)")
     p.add_argument("--steps", type=int, default=None,
                    help="decoded tokens per timing (default 8; with --model 16 a block, kvcert's caches reserving slots for them)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the CPUs free now, at most torch's choice; kvcert.threads)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--shape", choices=sorted(SHAPES), default="bench",
                    help="model shape: the small default, or the layer shape of the paper's Qwen2.5-1.5B (8 layers)")

@@ -28,7 +28,9 @@ string match × 100 and their average, per setting —, and a run with LongBench
 ``longbench_e``), as LongBench's ``eval.py --e`` reports them. Keys of its own: ``budget`` (fraction
 of the cache kept) or ``compression_ratio`` (kvpress's convention: the fraction *removed*; give exactly
 one), ``limit``, ``length`` (prompt tokens: the task's default — 512 for synthetic tasks,
-6144 for LongBench, LoCoMo's own), ``data_seed``, ``out``, ``threads``.
+6144 for LongBench, LoCoMo's own), ``data_seed``, ``out``, ``threads`` (torch's threads; by default the CPUs
+free now — those the process may use less the load average, :mod:`kvcert.threads` — which the first line
+it prints names).
 
 The retention design and δ come from the pre-registration's analysis plan, as in the
 pipeline. The records carry ``prereg_hash: null``: claim scoring refuses them — a
@@ -538,7 +540,7 @@ def run_command(args) -> int:
         limits[task_cfg["name"]] = check_limit(limit, task_cfg, given="limit" in own)
     first = plan[0][1][-1]
     model_spec = ModelSpec(**{k: first["model"][k] for k in ("name", "path", "dtype", "device")})
-    pick_device(model_spec.device)
+    device = pick_device(model_spec.device)
     positions = max_positions(model_spec.path)
     lengths = {}
     for task_cfg, _, specs in plan:
@@ -551,11 +553,13 @@ def run_command(args) -> int:
         for spec in specs if task_for_config(task_cfg).default_length else []:  # a native-length task: once built
             check_budget(spec, length)
         lengths[task_cfg["name"]] = (length, answer)
-    if threads:
-        import torch
+    from ..threads import set_threads
 
-        torch.set_num_threads(threads)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    choice = set_threads(threads)  # the CPUs free now, unless threads= says (kvcert.threads)
+    if not args.quiet:
+        print(f"kvcert run: {choice.line}", file=sys.stderr, flush=True)
+    started = datetime.now(timezone.utc)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
     names = [t["name"] for t, _, _ in plan]
     methods = sorted({c["method"]["name"] for _, cs, _ in plan for c in cs[1:]}) or ["full"]
     out = Path(own.get("out") or f"results/runs/{stamp}-{'+'.join(names)}-{'+'.join(methods)}")
@@ -613,9 +617,11 @@ def run_command(args) -> int:
         **({"longbench_e": by_length} if (by_length := longbench_e_buckets(records_out)) else {}),
         "configs": [c for _, cs, _ in plan for c in cs],
     }
+    results["threads"] = {"count": choice.threads, "why": choice.line}
     write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
     print(f"model {first['model']['name']}; " + "; ".join(
         f"{name}: {len(built[name])} records at {lengths[name][0] or 'native'} tokens" for name in names)
+        + f"; {choice.threads} thread{'s' if choice.threads != 1 else ''}"
         + "; one-off run outside the pre-registration (claims never score it)")
     print(format_table(rows))
     for table in (ruler_tables(records_out), longbench_e_tables(records_out)):
