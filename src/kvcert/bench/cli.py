@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-BENCHMARKS = ["kvcert.bench.certificate_cost", "kvcert.bench.coverage", "kvcert.bench.decode", "kvcert.bench.design", "kvcert.bench.generate", "kvcert.bench.host", "kvcert.bench.kernel", "kvcert.bench.report_timing"]
+BENCHMARKS = ["kvcert.bench.borrowed_variance", "kvcert.bench.certificate_cost", "kvcert.bench.coverage", "kvcert.bench.decode", "kvcert.bench.design", "kvcert.bench.generate", "kvcert.bench.host", "kvcert.bench.kernel", "kvcert.bench.report_timing"]
 
 
 def register(subparsers) -> None:
