@@ -30,7 +30,10 @@ of the cache kept) or ``compression_ratio`` (kvpress's convention: the fraction 
 one), ``limit``, ``length`` (prompt tokens: the task's default — 512 for synthetic tasks,
 6144 for LongBench, LoCoMo's own), ``data_seed``, ``out``, ``threads`` (torch's threads; by default the CPUs
 free now — those the process may use less the load average, :mod:`kvcert.threads` — which the first line
-it prints names).
+it prints names). Beside ``results.json`` it writes the same records as kvpress's evaluation writes a run
+(``<out>/kvpress/<run>/``: ``predictions.csv``, ``metrics.json``, ``config.yaml``) and as lm-eval's
+``--output_path … --log_samples`` does (``<out>/lm-eval/<setting>/<model>/``: ``results_<date>.json``,
+``samples_<task>_<date>.jsonl``): :mod:`kvcert.commands.layouts`.
 
 The retention design and δ come from the pre-registration's analysis plan, as in the
 pipeline. The records carry ``prereg_hash: null``: claim scoring refuses them — a
@@ -521,6 +524,9 @@ def run_command(args) -> int:
     from ..config.compose import analysis_plan
     from ..generation.manifest import load_tokenizer
     from ..tasks.lengths import LengthError
+    from .. import __version__
+    from ..provenance import git_commit
+    from .layouts import write_layouts
 
     configs = resolve_configs(args.configs)
     if getattr(args, "list", False):
@@ -617,7 +623,18 @@ def run_command(args) -> int:
         **({"longbench_e": by_length} if (by_length := longbench_e_buckets(records_out)) else {}),
         "configs": [c for _, cs, _ in plan for c in cs],
     }
+    layouts = write_layouts(
+        out, records_out,
+        {name: {"records": {r.id: r for r in built[name]}, "length": lengths[name][0], "max_new_tokens": lengths[name][1],
+                "offered": len(built[name])} for name in names},
+        first["model"]["name"], str(first["model"]["path"]), marks.pass_mark,
+        {"command": results["command"], "device": str(device), "output_dir": str(out / "kvpress"),
+         "limit": limit, "data_seed": data_seed, "threads": choice.threads, "created_utc": results["created_utc"],
+         "model_digest": digest, "kvcert_version": __version__, "git_commit": git_commit(),
+         "outside_preregistration": True, "results": str(out / "results.json")},
+        started)
     results["threads"] = {"count": choice.threads, "why": choice.line}
+    results["layouts"] = layouts
     write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
     print(f"model {first['model']['name']}; " + "; ".join(
         f"{name}: {len(built[name])} records at {lengths[name][0] or 'native'} tokens" for name in names)
@@ -627,5 +644,10 @@ def run_command(args) -> int:
     for table in (ruler_tables(records_out), longbench_e_tables(records_out)):
         if table:
             print(table)
-    print(f"results: {out / 'results.json'} (records, metrics with intervals, the composed configs)")
+    took = int((datetime.now(timezone.utc) - started).total_seconds())
+    settings = len({Path(p).parent.parent for p in layouts["lm_eval"]})
+    print(f"results ({took // 60} min {took % 60} s): {out / 'results.json'} (records, metrics with intervals, the "
+          f"composed configs)\n  as kvpress's evaluation writes them: {out / 'kvpress'}/ ({len(layouts['kvpress'])} "
+          f"folders: predictions.csv, metrics.json, config.yaml)\n  as lm-eval's --output_path --log_samples writes "
+          f"them: {out / 'lm-eval'}/ ({settings} settings: results_<date>.json, samples_<task>_<date>.jsonl)")
     return 0
