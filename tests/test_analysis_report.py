@@ -105,7 +105,10 @@ def test_report_markdown_order_and_provenance(run):
     numbers = [int(n) for n in re.findall(r"^\*Fig\. (\d+) — ", md, re.M)]
     # 8: the signal leaderboard joins the seven; the turn-distance figure is left out (every bucket below the minimum)
     assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) == 8
-    assert "no bucket reaches the pre-registered minimum cell" in md
+    # the turn-distance table would read "–" throughout: one sentence says why instead
+    assert "*No attribution AUC by turn distance: no bucket reaches the pre-registered minimum cell" in md
+    td = md.split("### Attribution by turn distance")[1].split("## Claim details")[0]
+    assert "| turn distance |" not in td and re.search(r"poisson: \d+ failures \(\d+ cache-induced / 0 inherent", td)
     assert md.index("Contents: [Claims](#claims)") < md.index("## Claims")
     assert "[Accuracy by setting](#accuracy-by-setting)" in md
     assert md.startswith("# kvcert claim report") and "> **A miniature, not the paper's models.**" in md
@@ -145,6 +148,53 @@ def test_report_html_reads_in_a_browser(run):
     assert '<div class="note"><strong>A miniature' in page
     # the claims table fits 800 px: its notes break long identifiers instead of widening it
     assert '<table class="claims">' in page and "table.claims td:last-child{overflow-wrap:anywhere" in page
+
+
+def test_claim_details_fit_800_px_and_name_their_counts_populations(run):
+    """The per-model breakdown runs down, a statistic a row (C7's was ~8,000 px wide with a column a statistic);
+    a stratified claim says that its cell's positives and negatives count only strata holding both outcomes."""
+    md = run["paths"]["markdown"].read_text()
+    details = md.split("## Claim details")[1].split("## Provenance")[0]
+    lines = details.splitlines()
+    headers = [line for line, below in zip(lines, lines[1:]) if line.startswith("| ") and below.startswith("|---")]
+    assert headers and max(h.count(" | ") + 1 for h in headers) <= 5
+    c7 = details.split("### C7")[1].split("### C8")[0]
+    assert "| per model, length | embedded, 512 | embedded, 2048 |" in c7 and "\n| gain_certificate@0.05 | " in c7
+    claims = {c["id"]: c for c in run["content"]["claims"]}
+    for cid in ("C4", "C6"):
+        st, cell = claims[cid]["details"]["strata"], claims[cid]["cell"]
+        part = details.split(f"### {cid}")[1].split("### C")[0]
+        assert (f"positives {cell['positives']}, negatives {cell['negatives']} (positives and negatives counted in the "
+                f"{st['strata_used']} strata that hold both outcomes;") in part
+        assert (f"every run of the cell, those strata included: {st['pooled_positives']} positives / "
+                f"{st['pooled_negatives']} negatives.") in part
+    assert "pooled counts" not in details
+
+
+def test_a_breakdown_of_many_models_is_split_into_tables_of_four_columns():
+    from kvcert.analysis.document import Document
+    from kvcert.analysis.report import breakdown_tables
+
+    doc = Document()
+    breakdown = [{"model": f"m{i}", "target_tokens": 512, "generations": 10 + i, "gain@0.1": 0.5 / (i + 1)}
+                 for i in range(5)]
+    breakdown[4]["late"] = 1  # a key only a later row has
+    breakdown_tables(doc, breakdown)
+    tables = [b for b in doc.blocks if b.kind == "table"]
+    assert [len(t.header) for t in tables] == [5, 2]
+    assert tables[1].header == ["per model, length", "m4, 512"]
+    assert [row[0] for row in tables[0].rows] == ["generations", "gain@0.1", "late"]
+    assert tables[0].rows[1][1:] == ["0.500", "0.250", "0.167", "0.125"] and tables[0].rows[2][1:] == ["–"] * 4
+
+
+def test_the_claims_step_prints_one_line_not_every_unrounded_value():
+    from kvcert.analysis.cli import claims_line
+
+    claims = [{"id": "C1", "verdict": "holds", "value": 0.9123456789012345},
+              {"id": "C2", "verdict": "killed", "value": 0.1}, {"id": "C3", "verdict": "holds", "value": None}]
+    line = claims_line(claims, "results/x/claims.json")
+    assert line.startswith("results/x/claims.json: 3 claims (2 holds, 1 killed); ") and "0.912" not in line
+    assert "\n" not in line
 
 
 def test_auc_panel_without_an_estimate_says_why(tmp_path):

@@ -64,6 +64,24 @@ def test_paper_plan_matches_dry_run(paper_env):
     assert float(fields["gpu_hours"]) > float(fields["gpu_hours_roofline"]) > 0  # the roofline bounds the estimate
 
 
+@pytest.mark.parametrize("experiment", ["real", "smoke", "rehearsal"])
+def test_plan_of_a_cpu_experiment_needs_no_gpu_hours(experiment, capsys):
+    from kvcert.cli import main
+    from kvcert.config.experiment import experiment_grid
+
+    exp, grid = experiment_grid(experiment, REPO / "configs", REPO / "preregistration")
+    assert exp["hardware"] == "cpu"
+    plan = build_plan(experiment, grid, REPO / "configs")
+    assert main(["plan", "--experiment", experiment, "--gpu", "h200"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert not any(line.startswith("roofline") for line in lines)  # no H100 (or other GPU) bound
+    assert lines[-2].startswith(f"hardware: CPU (configs/experiment/{experiment}.yaml: hardware: cpu): it needs no "
+                                "GPU hours") and lines[-2].endswith("--gpu: for a GPU experiment's roofline, not used here")
+    fields = dict(f.split("=") for f in lines[-1].split())
+    assert fields["generations"] == str(plan.generations) and fields["jobs"] == str(plan.job_count)
+    assert fields["gpu_hours"] == "0" and float(fields["cpu_job_hours"]) > 0
+
+
 @pytest.mark.parametrize("experiment,examples,seed", [("smoke", 3, 4000), ("paper", 8, 0), ("real", 12, 9500)])
 def test_the_replay_has_its_own_manifest(experiment, examples, seed):
     """The replay runs the examples and seed its grid entry registers, from a manifest of its own — never the

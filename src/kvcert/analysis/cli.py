@@ -39,9 +39,19 @@ def _claims(a) -> int:
 
     content = claims_step(a.scores, a.replay, a.prereg, a.experiment, a.out, a.verified, a.configs,
                           a.accept_excluded)
-    for c in content["claims"]:
-        print(f"{c['id']}: {c['verdict']} ({c['statistic']} = {c['value']}, CI {c['ci']})")
+    print(claims_line(content["claims"], a.out))
     return 0
+
+
+def claims_line(claims: list[dict], out) -> str:
+    """The claims step's one line: how many claims, their verdicts counted, where they are. The verdicts with
+    their values, rounded, are printed once, at the end of a pipeline run (``kvcert.commands.console``), and
+    stand in report.md."""
+    counts: dict[str, int] = {}
+    for c in claims:
+        counts[c["verdict"]] = counts.get(c["verdict"], 0) + 1
+    return (f"{out}: {len(claims)} claims ({', '.join(f'{n} {v}' for v, n in counts.items())}); each verdict "
+            "with its value: the pipeline's last lines and report.md")
 
 
 def _report(a) -> int:

@@ -641,8 +641,11 @@ def details_section(doc: Document, run: ReportData) -> None:
             doc.paragraph(EMBEDDED_C1)
         cell = c.get("cell", {})
         names = {"generations": "replay cells" if c.get("source") == "replay" else "generations"}
+        strata = (c.get("details") or {}).get("strata")  # a stratified AUC's counts: the strata holding both outcomes
+        counted = (f"positives and negatives counted in the {strata['strata_used']} strata that hold both outcomes; "
+                   if isinstance(strata, Mapping) else "")
         doc.paragraph("Cell: " + ", ".join(f"{names.get(k, k)} {v}" for k, v in cell.items() if k != "minimum")
-                      + " (pre-registered minimum: "
+                      + f" ({counted}pre-registered minimum: "
                       + ", ".join(f"{names.get(k, k)} {v}" for k, v in (cell.get("minimum") or {}).items()) + ").")
         det = c.get("details", {})
         if det.get("within_cell_median") is not None:
@@ -665,8 +668,9 @@ def details_section(doc: Document, run: ReportData) -> None:
             doc.paragraph(text + ".")
         if isinstance(det.get("strata"), Mapping):
             st = det["strata"]
-            doc.paragraph(f"Strata: {st['strata_used']} hold both classes, {st['strata_dropped']} lack one and add no "
-                          f"pair; pooled counts {st['pooled_positives']} / {st['pooled_negatives']}.")
+            doc.paragraph(f"Strata: {st['strata_used']} hold both outcomes, {st['strata_dropped']} lack one and add no "
+                          f"pair; every run of the cell, those strata included: {st['pooled_positives']} positives / "
+                          f"{st['pooled_negatives']} negatives.")
         placebo = c.get("placebo") or {}
         for pb in placebo.get("placebos", []):
             doc.paragraph(f"Placebo *{pb['kind'].replace('_', ' ')}* ({pb['description']}): **{pb['verdict']}** — "
@@ -682,12 +686,25 @@ def details_section(doc: Document, run: ReportData) -> None:
                       [[n, fmt_ci(s, 4), s["resamples"], s["skipped"]] for n, s in stats.items()])
         if det.get("secondary"):
             secondary_table(doc, det["secondary"], run.pct)
-        breakdown = c.get("details", {}).get("by_model_length") or []
-        if breakdown:
-            keys = [k for k in breakdown[0] if k not in ("model", "target_tokens")]
-            doc.table(["model", "length", *keys],
-                      [[b["model"], b["target_tokens"], *[fmt(b.get(k)) if isinstance(b.get(k), float) else b.get(k, "–")
-                                                         for k in keys]] for b in breakdown])
+        breakdown_tables(doc, c.get("details", {}).get("by_model_length") or [])
+
+
+#: model × length columns of a claim's breakdown per table (each a column: the tables fit 800 px)
+BREAKDOWN_COLUMNS = 4
+
+
+def breakdown_tables(doc: Document, breakdown: Sequence[Mapping]) -> None:
+    """A claim's statistics per model × length, one row a statistic and one column a model × length, at most
+    :data:`BREAKDOWN_COLUMNS` columns a table (a claim with many statistics, C7's gains at every rate, stays
+    narrow)."""
+    if not breakdown:
+        return
+    keys = list(dict.fromkeys(k for b in breakdown for k in b if k not in ("model", "target_tokens")))
+    for start in range(0, len(breakdown), BREAKDOWN_COLUMNS):
+        part = breakdown[start:start + BREAKDOWN_COLUMNS]
+        doc.table(["per model, length", *(f"{b['model']}, {b['target_tokens']}" for b in part)],
+                  [[k, *(fmt(b.get(k)) if isinstance(b.get(k), float) else b.get(k, "–") for b in part)]
+                   for k in keys])
 
 
 #: the secondary analyses' rows: (statistic stem, what it is, how the two compare)

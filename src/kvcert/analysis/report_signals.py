@@ -48,6 +48,20 @@ def count_text(row: Mapping | None) -> str:
     return f"{row['generations']} ({row['positives']} / {row['negatives']})"
 
 
+def no_turn_distance_auc(rows: list[Mapping]) -> str:
+    """One sentence in place of a turn-distance table without an estimate: why, from each method's failures pooled
+    over the buckets (its ``all`` row)."""
+    pooled: dict[str, Mapping] = {}
+    for r in rows:
+        if r.get("bucket") == "all":
+            pooled.setdefault(r["method"], r)
+    why = "; ".join(f"{method}: {r['generations']} failures ({r['positives']} cache-induced / {r['negatives']} "
+                    f"inherent{', ' + ', '.join(r['below_minimum']) if r.get('below_minimum') else ''})"
+                    for method, r in pooled.items())
+    return ("*No attribution AUC by turn distance: no bucket reaches the pre-registered minimum cell, nor do the "
+            f"buckets pooled{' — ' + why if why else ''}.*")
+
+
 def joined(block: Mapping) -> list[dict]:
     """One entry per (signal, method, ``by`` values): its prediction and attribution rows side by side."""
     keys = ["signal", "method", *block.get("by", [])]
@@ -134,6 +148,9 @@ def turn_distance_section(doc: Document, td: Mapping | None, fig_dir: Path, pct:
     doc.paragraph(f"Task `{td['task']}`, {td.get('condition')} at {budgets}: attribution AUC (cache-induced vs "
                   "inherent among failed runs) per method and per bucket of turns between the question and its fact "
                   "(inclusive ranges; `all` pools the buckets).")
+    if all(r.get("estimate") is None for r in td["rows"]):  # a table of "–" says nothing: say why instead
+        doc.paragraph(no_turn_distance_auc(td["rows"]))
+        return
     doc.table(["signal", "method", "turn distance", f"attribution AUC [{pct} CI]", "failures (induced / inherent)"],
               [[r["signal"], r["method"], figures.bucket_label(r), auc_text(r), count_text(r)] for r in td["rows"]])
     path = figures.turn_distance_figure(td["rows"], fig_dir / "turn_distance_attribution.png")

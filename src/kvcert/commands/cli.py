@@ -57,6 +57,7 @@ def _efficiency(args) -> tuple[float, str | None]:
 
 
 def plan_command(args) -> int:
+    gpu_options = _gpu_options_given(args)
     args.efficiency, args.measured_line = _efficiency(args)  # refuses a missing or malformed --gpu-check file first
     exp, plan = _experiment(args)
     jobs = plan.jobs_per_rule()
@@ -71,9 +72,34 @@ def plan_command(args) -> int:
     for cell, n in cells.items():
         print(f"  cell {cell:<10} {n:>8} generations")
     hours = gpu_hours(plan, exp["seconds_per_generation"], exp["fork_speedup"])
+    if exp["hardware"] == "cpu":
+        print(cpu_plan_line(plan.experiment, hours, exp["threads_per_job"], gpu_options))
+        print(f"generations={plan.generations} jobs={plan.job_count} gpu_hours=0 cpu_job_hours={hours:.3f}")
+        return 0
     roof = _roofline_lines(args, exp, plan)
     print(f"generations={plan.generations} jobs={plan.job_count} gpu_hours={hours:.1f} gpu_hours_roofline={roof:.2f}")
     return 0
+
+
+def _gpu_options_given(args) -> list[str]:
+    """The roofline's options given on the command line (they do not apply to a CPU experiment)."""
+    from ..generation.roofline import DEFAULT_GPU, EFFICIENCY
+
+    given = [("--gpu", args.gpu != DEFAULT_GPU), ("--efficiency", args.efficiency is not None),
+             ("--prefill-efficiency", args.prefill_efficiency != EFFICIENCY),
+             ("--host-us-per-step", args.host_us_per_step is not None), ("--gpu-check", args.gpu_check is not None)]
+    return [name for name, on in given if on]
+
+
+def cpu_plan_line(experiment: str, hours: float, threads: int, ignored: list[str]) -> str:
+    """What ``kvcert plan`` says of an experiment whose jobs run on CPUs: no GPU hours, the jobs' own hours."""
+    line = (f"hardware: CPU (configs/experiment/{experiment}.yaml: hardware: cpu): it needs no GPU hours; its "
+            f"generations take about {f'{hours:.1f} job-hours' if hours >= 1 else f'{max(1, round(60 * hours))} job-minutes'} "
+            f"at {threads} thread{'s' if threads != 1 else ''} a job "
+            "(seconds_per_generation), shared out among the cores Snakemake is given (--cores)")
+    if ignored:
+        line += f"; {', '.join(ignored)}: for a GPU experiment's roofline, not used here"
+    return line
 
 
 def _roofline_lines(args, exp: dict, plan) -> float:
@@ -196,7 +222,8 @@ def _common(p) -> None:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("plan", help="generations, jobs per rule and expected GPU hours of an experiment")
+    p = subparsers.add_parser("plan", help="generations, jobs per rule and expected GPU hours of an experiment "
+                                              "(job hours, no GPU hours, for a CPU experiment)")
     _common(p)
     from ..generation.roofline import DEFAULT_GPU, EFFICIENCY, GPUS, HOST_SECONDS_PER_STEP
 
