@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -128,8 +129,14 @@ def test_kvpress_runs_read_back_side_by_side(run):
     assert len(runs) == 6 and {r["press_name"] for r in runs} == {"no_press", "snapkv-poisson", "snapkv-topk"}
     ruler = [r for r in runs if r["dataset"] == "ruler"]
     table = kvpress_table(ruler).splitlines()
-    assert table[0] == "| task | model no_press 0.00 | model snapkv-poisson 0.50 qa | model snapkv-topk 0.50 qa |"
+    assert table[0] == "| task | no_press 0.00 | snapkv-poisson 0.50 qa | snapkv-topk 0.50 qa |"
     assert [line.split(" |")[0] for line in table[2:]] == ["| niah_single_1", "| vt", "| **average**"]
+    # a kvpress results folder beside kvcert's: a column a run, each numbered by its source
+    theirs = out.parent / "kvpress-results"
+    shutil.copytree(out / "kvpress" / "ruler__1024__model__no_press__0.00", theirs / "ruler__1024__model__no_press__0.00")
+    both = kvpress_table(read_kvpress_runs(theirs, out / "kvpress")).splitlines()
+    assert both[0].startswith("| task | no_press 0.00 (1) | no_press 0.00 (2) | ") and both[0].count("(2)") == 6
+    assert both[-1] == f"(1) {theirs}; (2) {out / 'kvpress'}"
     with pytest.raises(FileNotFoundError, match="no such folder"):
         read_kvpress_runs(out / "absent")
 

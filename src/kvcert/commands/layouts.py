@@ -333,17 +333,23 @@ def read_kvpress_runs(*roots: Path | str) -> list[dict]:
 
 
 def kvpress_table(runs: list[dict]) -> str:
-    """``runs`` (:func:`read_kvpress_runs`) as a Markdown table, tasks down and runs across (a column a run:
-    model, press, compression ratio, ``qa`` where query-aware), each task's value and their average."""
+    """``runs`` (:func:`read_kvpress_runs`) as a Markdown table, tasks down and runs across (a column a run: its
+    press, compression ratio and ``qa`` where query-aware; its model where the runs hold several, its source's
+    number where they come from several roots, listed below the table), each task's value and their average."""
     if not runs:
         return "no kvpress run folders (config.yaml and metrics.json) found"
     tasks = sorted({t for r in runs for t in r["metrics"]})
-    heads = [f"{r['model']} {r['press_name']} {float(r['compression_ratio'] or 0):.2f}"
-             + (" qa" if r.get("query_aware") else "") for r in runs]
+    models = len({r["model"] for r in runs}) > 1
+    sources = list(dict.fromkeys(r["source"] for r in runs))
+    heads = [(f"{r['model']} " if models else "") + f"{r['press_name']} {float(r['compression_ratio'] or 0):.2f}"
+             + (" qa" if r.get("query_aware") else "") + (f" ({sources.index(r['source']) + 1})" if len(sources) > 1 else "")
+             for r in runs]
     lines = ["| task | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(runs)]
     for task in tasks:
         lines.append(f"| {task} | " + " | ".join(
             f"{r['metrics'][task]:.2f}" if task in r["metrics"] else "–" for r in runs) + " |")
     averages = [sum(r["metrics"].values()) / len(r["metrics"]) if r["metrics"] else None for r in runs]
     lines.append("| **average** | " + " | ".join("–" if a is None else f"**{a:.2f}**" for a in averages) + " |")
+    if len(sources) > 1:
+        lines += ["", "; ".join(f"({i}) {source}" for i, source in enumerate(sources, 1))]
     return "\n".join(lines)
