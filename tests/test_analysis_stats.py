@@ -188,3 +188,55 @@ def test_verdict_rules():
     assert claim_verdict(["fail"], False) == "inconclusive"
     with pytest.raises(ValueError, match="op"):
         outcome_of(0.1, 0.2, "=>", 0.0)
+
+
+def test_the_weighted_quantile_searches_coarse_units_block_by_block_and_gives_the_same_values():
+    """Where the bootstrap resamples units coarser than the values' records (prompts over replay cells), the
+    quantile is found block by block; it gives exactly what the cumulative sum over every value gives (ties,
+    infinities, a block boundary at the quantile, a resample with zero weight on everything)."""
+    from kvcert.analysis.stats import WeightedQuantile
+
+    rng = np.random.default_rng(7)
+    n_cells, n = 600, 20_000
+    cells = rng.integers(0, n_cells, n)
+    values = np.round(rng.normal(size=n), 2)  # many ties
+    values[:50] = np.inf
+    prompt_of_cell = rng.integers(0, 12, n_cells)
+    counts = rng.multinomial(12, np.full(12, 1 / 12), size=40).astype(float)  # 40 resamples of 12 prompts
+    counts[0] = 0.0  # nothing drawn: no quantile
+    w = counts[:, prompt_of_cell]  # each cell weighs its prompt's count
+    for q in (0.1, 0.5, 0.9):
+        blocked = WeightedQuantile(values, cells, q)
+        plain = WeightedQuantile(values, cells, q)
+        plain._groups = lambda w: None  # the cumulative sum over every value
+        assert blocked._groups(w) is not None  # the blocked search is the one taken
+        a, ok_a = blocked(w)
+        b, ok_b = plain(w)
+        assert np.array_equal(ok_a, ok_b) and not ok_a[0]
+        assert np.array_equal(a[ok_a], b[ok_b])
+    # at the values' own units (every cell its own weight) the plain sum is kept
+    per_cell = rng.integers(0, 3, size=(5, n_cells)).astype(float)
+    assert WeightedQuantile(values, cells, 0.5)._groups(per_cell) is None
+
+
+def test_the_inverted_cdf_quantile_is_weighted_quantiles_in_both_searches():
+    """``method="inverted_cdf"``: the lower quantile with weighted_quantile's allowance on q · total, the same value
+    whether the crossing is searched over every value or block by block (C2's median of step-cell Spearmans)."""
+    from kvcert.analysis.stats import WeightedQuantile, weighted_quantile
+
+    rng = np.random.default_rng(11)
+    n, prompts = 12_000, 9
+    values = np.round(rng.uniform(-1, 1, n), 3)
+    prompt = rng.integers(0, prompts, n)
+    counts = rng.multinomial(prompts, np.full(prompts, 1 / prompts), size=30).astype(float)
+    w = counts[:, prompt]  # every value its own record, weighted by its prompt's count
+    for q in (0.1, 0.5, 0.7):
+        blocked = WeightedQuantile(values, np.arange(n), q, method="inverted_cdf")
+        assert blocked._groups(w) is not None
+        got, ok = blocked(w)
+        assert np.array_equal(got[ok], weighted_quantile(values, q, w)[ok])
+    small = np.array([3.0, 1.0, 2.0, 5.0])
+    one = WeightedQuantile(small, np.arange(4), 0.5, method="inverted_cdf")(np.ones((1, 4)))[0][0]
+    assert one == np.quantile(small, 0.5, method="inverted_cdf") == 2.0
+    with pytest.raises(ValueError, match="method: averaged_inverted_cdf or inverted_cdf"):
+        WeightedQuantile(small, np.arange(4), 0.5, method="linear")

@@ -719,12 +719,16 @@ SECONDARY_ROWS = (
 def secondary_table(doc: Document, sec: Mapping, pct: str = "90 %") -> None:
     """A replay claim's secondary analyses (``analysis_plan.secondary``): its certificate beside its step cell's
     constant radius, paired on the same draws, with intervals; reported, deciding nothing."""
-    stats = sec.get("statistics") or {}
+    stats = {n: v for n, v in (sec.get("statistics") or {}).items() if v.get("estimate") is not None}
+    if not stats:
+        doc.paragraph(f"Secondary analyses (registered; deciding nothing): the {sec['certificate']} certificate against "
+                      "its step cell's constant — no draws in this claim's cells to compare them on.")
+        return
     words = {"top": f"{100 * sec['top_error']:g} %", "bottom": f"{100 * sec['bottom_radius']:g} %",
              "matched": f"{sec['matched_coverage']:g}"}
     rows = []
     for stem, what, cmp in SECONDARY_ROWS:
-        if stem not in stats:
+        if not all(n in stats for n in (stem, f"{stem}_constant", f"{stem}_{cmp}")):
             continue
         rows.append([what.format(**words), fmt_ci(stats[stem], 4), fmt_ci(stats[f"{stem}_constant"], 4),
                      f"{'certificate − constant' if cmp == 'difference' else 'certificate / constant'} "

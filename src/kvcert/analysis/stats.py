@@ -37,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping, Sequence
 
+import math
+
 import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
@@ -389,31 +391,111 @@ class WeightedQuantile:
     (no NaN; ±inf allowed) with ``units`` [N] the index of each value's unit among the bootstrap's records, evaluated
     on record weights [b, records]. Exact (no binning): the midpoint of the lower and upper weighted quantiles — the
     values where the cumulative weight first reaches, and first passes, q of the total — which at unit weights is
-    :func:`numpy.quantile`'s ``averaged_inverted_cdf`` (at q = 1/2: :func:`numpy.median`)."""
+    :func:`numpy.quantile`'s ``averaged_inverted_cdf`` (at q = 1/2: :func:`numpy.median`); with ``method=
+    "inverted_cdf"`` the lower one alone (:func:`weighted_quantile`'s, without re-sorting at every call).
 
-    def __init__(self, values: np.ndarray, units: np.ndarray, q: float = 0.5):
+    Where the weights are whole counts that agree across groups of records (a bootstrap over prompts: a prompt's
+    every replay cell draws its count) the crossing is found block by block (:meth:`_blocked`): the blocks' weights
+    from the groups' counts in each block, then the cumulative sum inside one block — the same integers added,
+    so the same answer, at a cost of groups × √N instead of N per resample."""
+
+    def __init__(self, values: np.ndarray, units: np.ndarray, q: float = 0.5, method: str = "averaged_inverted_cdf"):
         values = np.asarray(values, dtype=np.float64)
         if np.isnan(values).any():
             raise ValueError("values: a quantile's values must not be NaN; drop them first")
         if not 0.0 < q < 1.0:
             raise ValueError(f"q: a quantile in (0, 1), got {q}")
+        if method not in ("averaged_inverted_cdf", "inverted_cdf"):
+            raise ValueError(f"method: averaged_inverted_cdf or inverted_cdf, got {method!r}")
         order = np.argsort(values, kind="mergesort")
         self.q = float(q)
+        #: inverted_cdf: the lower quantile alone, with :func:`weighted_quantile`'s rounding allowance on q · total
+        self.lower_only = method == "inverted_cdf"
         self.sorted = values[order]
         self.units = np.asarray(units, dtype=np.int64)[order]
+        n = self.sorted.size
+        self.block = max(1, int(math.isqrt(n)))  # the blocked search's block of sorted values (:meth:`_blocked`)
+        self.blocks = -(-n // self.block) if n else 0
+        self._partition: tuple[bytes, np.ndarray, np.ndarray] | None = None
 
     def __call__(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.sorted.size == 0:
             return np.full(w.shape[0], np.nan), np.zeros(w.shape[0], dtype=bool)
-        cum = np.cumsum(w[:, self.units], axis=1)
-        at = self.q * cum[:, -1:]
-        lower = np.minimum((cum < at).sum(axis=1), self.sorted.size - 1)
-        upper = np.minimum((cum <= at).sum(axis=1), self.sorted.size - 1)
-        ok = cum[:, -1] > 0
+        found = self._groups(w)
+        if found is not None:
+            lower, upper, total = self._blocked(w, *found)
+        else:
+            lower, upper, total = [], [], []
+            rows = max(1, (1 << 22) // max(1, self.sorted.size))  # at most ~32 MB of cumulative sums at once
+            for i in range(0, w.shape[0], rows):
+                cum = np.cumsum(w[i:i + rows, self.units], axis=1)
+                at = self.q * cum[:, -1:]
+                lower.append((cum < at - self._allowance(cum[:, -1:])).sum(axis=1))
+                upper.append((cum <= at).sum(axis=1))
+                total.append(cum[:, -1])
+            lower, upper, total = np.concatenate(lower), np.concatenate(upper), np.concatenate(total)
+        if self.lower_only:
+            upper = lower
+        lower = np.minimum(lower, self.sorted.size - 1)
+        upper = np.minimum(upper, self.sorted.size - 1)
+        ok = total > 0
         lo, hi = self.sorted[lower], self.sorted[upper]
         with np.errstate(invalid="ignore"):
             value = np.where(lo == hi, lo, 0.5 * (lo + hi))
         return np.where(ok, value, np.nan), ok
+
+    def _allowance(self, total: np.ndarray) -> np.ndarray | float:
+        """What the lower quantile's comparison subtracts from q · total: :func:`weighted_quantile`'s allowance
+        for its rounding (1e-12 of the total) with ``inverted_cdf``; nothing otherwise."""
+        return 1e-12 * np.maximum(total, 1.0) if self.lower_only else 0.0
+
+    def _groups(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """Where a bootstrap resamples coarser units than the values' (a prompt, whose every replay cell carries the
+        same weight), the groups of records whose weights agree in every row of ``w``: (each group's first
+        record, each sorted value's group), when few enough groups make the blocked search cheaper than the
+        cumulative sum over every value, and the weights are whole counts (so both searches add the same
+        integers, exactly); else None."""
+        b, n = w.shape[0], self.sorted.size
+        if n < 4096 or not np.array_equal(w, np.round(w)):
+            return None
+        if self._partition is not None:  # the last partition holds wherever its groups' weights agree here too
+            first, labels, group_of_value, counts = self._partition
+            if np.array_equal(w, w[:, first][:, labels]):
+                return first, group_of_value, counts
+        probe = np.random.default_rng(0).random(b)  # a column's key: distinct weight columns, distinct keys
+        keys, first, labels = np.unique(probe @ w, return_index=True, return_inverse=True)
+        if keys.size * self.blocks + 2 * self.block >= n:
+            return None
+        labels = labels.reshape(-1)
+        group_of_value = labels[self.units]
+        cell = (np.arange(n) // self.block) * keys.size + group_of_value
+        counts = np.bincount(cell, minlength=self.blocks * keys.size).reshape(self.blocks, keys.size).astype(float)
+        self._partition = (first, labels, group_of_value, counts)
+        return first, group_of_value, counts
+
+    def _blocked(self, w: np.ndarray, first: np.ndarray, group_of_value: np.ndarray, counts: np.ndarray):
+        """The positions the cumulative sum would give (first at ≥ q · total, first above it) and the total, found
+        block by block: each block's weight from the groups' counts in it, then the cumulative weight inside the
+        one block where q · total falls."""
+        n, size = self.sorted.size, self.block
+        gw = w[:, first]                                   # [b, groups]
+        ends = np.cumsum(gw @ counts.T, axis=1)            # [b, blocks]: the cumulative weight at each block's end
+        total = ends[:, -1]
+        at = self.q * total
+        out = []
+        for strict in (True, False):
+            if strict:
+                at_lower = at - self._allowance(total)
+            k = ((ends < at_lower[:, None]) if strict else (ends <= at[:, None])).sum(axis=1)  # its block
+            k = np.minimum(k, self.blocks - 1)
+            start = np.where(k > 0, np.take_along_axis(ends, np.maximum(k - 1, 0)[:, None], axis=1)[:, 0], 0.0)
+            idx = k[:, None] * size + np.arange(size)[None, :]
+            inside = idx < n
+            g = group_of_value[np.minimum(idx, n - 1)]
+            cum = start[:, None] + np.cumsum(np.where(inside, np.take_along_axis(gw, g, axis=1), 0.0), axis=1)
+            below = (cum < at_lower[:, None]) if strict else (cum <= at[:, None])
+            out.append(k * size + (below & inside).sum(axis=1))
+        return out[0], out[1], total
 
 
 class WeightedMedian(WeightedQuantile):
@@ -421,11 +503,11 @@ class WeightedMedian(WeightedQuantile):
     midpoint of the lower and upper weighted medians, which at unit weights is :func:`numpy.median` (the mean of
     the two middle values of an even count)."""
 
-    def __init__(self, values: np.ndarray, units: np.ndarray):
+    def __init__(self, values: np.ndarray, units: np.ndarray, method: str = "averaged_inverted_cdf"):
         values = np.asarray(values, dtype=np.float64)
         if not np.isfinite(values).all():
             raise ValueError("values: the median's values must be finite; drop the others first")
-        super().__init__(values, units, 0.5)
+        super().__init__(values, units, 0.5, method)
 
 
 # --- verdicts -----------------------------------------------------------------------------

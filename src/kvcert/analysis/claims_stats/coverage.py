@@ -89,12 +89,16 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan, variant: str = "plugin") -> 
     later_cells = cell.loc[kinds == "later", ["budget", "layer"]]
     worst_groups = [((cell["budget"] == b) & (cell["layer"] == layer) & (kinds == "later")).to_numpy(float)
                     for b, layer in later_cells.drop_duplicates().itertuples(index=False)]
+    groups = np.stack(worst_groups, 1) if worst_groups else np.zeros((len(cell), 0))  # [cells, budget × layer]
+    group_hits, group_n = hits[:, None] * groups, n[:, None] * groups
     lr, median, finite = _tightness(rows, codes, radius)
 
     def worst(w):
-        per = [ratio(w, hits * g, n * g) for g in worst_groups]
-        ok = np.stack([o for _, o in per], 1).all(axis=1)
-        vals = np.stack([np.where(o, v, np.inf) for v, o in per], 1).min(axis=1)
+        """The smallest budget × layer cell's coverage per resample (every group's ratio in one product)."""
+        den = w @ group_n
+        each_ok = den > 0
+        vals = np.where(each_ok, (w @ group_hits) / np.where(each_ok, den, 1.0), np.inf).min(axis=1)
+        ok = each_ok.all(axis=1)
         return np.where(ok, vals, np.nan), ok
 
     # name → how to compute it from the resample weights (evaluated only when asked for)

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ...config.analysis_plan import AnalysisPlan
 from ..replay_stats import CELL_KEY, step_cell_spearman, within_cell_spearman, within_head_spearman
-from ..stats import SpearmanIndex, spearman, weighted_quantile
+from ..stats import SpearmanIndex, WeightedQuantile, spearman
 from .base import Kind, Prepared, empty, replay_units
 
 #: draws used for the bootstrap of the replay Spearman (the point estimate uses all)
@@ -58,10 +58,12 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan) -> Prepared:
     values, first = step_cell_spearman(rows)
     cell_of = codes[first]  # the records of this statistic are the step cells, each in its replay cell's unit
 
+    median = WeightedQuantile(values, np.arange(values.size), 0.5, method="inverted_cdf")  # sorted once
+
     def statistic(w):
         if not values.size:
             return {"spearman_within_cell": (np.full(w.shape[0], np.nan), np.zeros(w.shape[0], dtype=bool))}
-        return {"spearman_within_cell": (weighted_quantile(values, 0.5, w), w.sum(axis=1) > 0)}
+        return {"spearman_within_cell": (median(w)[0], w.sum(axis=1) > 0)}
 
     heads = within_head_spearman(rows)
     finite_cells = within_cell_spearman(rows)
