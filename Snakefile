@@ -187,10 +187,13 @@ onstart:
 
 
 onsuccess:
-    # the run's last words: every verdict beside the paper's, and where the report is
+    # the run's last words: every verdict beside the paper's, and where the report is; then, where the checkout
+    # keeps a reference run of this experiment (results/reference/<experiment>), whether this run reproduced it
     from kvcert.commands.console import verdict_lines
+    from kvcert.commands.reference import REFERENCE_ROOT, compare_lines
 
-    print("\n".join(verdict_lines(OUT)), file=sys.stderr)
+    print("\n".join(verdict_lines(OUT) + compare_lines(OUT, Path(workflow.basedir) / REFERENCE_ROOT / EXP)),
+          file=sys.stderr)
 
 
 wildcard_constraints:

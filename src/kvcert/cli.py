@@ -34,6 +34,7 @@ SUBCOMMANDS: list[str] = [
     "kvcert.config.model_store",
     "kvcert.config.prereg",
     "kvcert.commands.cli",
+    "kvcert.commands.reference",
     "kvcert.rehearsal.cli",
     "kvcert.training.cli",
 ]
