@@ -507,5 +507,6 @@ def test_the_secondary_analyses_sit_beside_their_claims(run):
             if s["estimate"] is not None:  # a statistic without draws (none in its tail) has no estimate
                 lo, hi = s["ci"]
                 assert lo - 1e-12 <= s["estimate"] <= hi + 1e-12, (c["id"], name, s)
-        assert f"the {sec['certificate']} certificate (`{sec['radius']}`) against its step cell's constant" in text
+        name = {"plugin": "plug-in"}.get(sec["certificate"], sec["certificate"])
+        assert f"the {name} certificate (`{sec['radius']}`) against its step cell's constant" in text
     assert text.count("coverage on the draws of largest error (top 10 % of their step cell)") == len(registered)

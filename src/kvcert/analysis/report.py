@@ -707,6 +707,8 @@ def breakdown_tables(doc: Document, breakdown: Sequence[Mapping]) -> None:
                    for k in keys])
 
 
+#: a replay certificate's name in prose
+CERTIFICATE_WORDS = {"plugin": "plug-in", "robust": "robust"}
 #: the secondary analyses' rows: (statistic stem, what it is, how the two compare)
 SECONDARY_ROWS = (
     ("top_error_coverage", "coverage on the draws of largest error (top {top} of their step cell)", "difference"),
@@ -721,7 +723,8 @@ def secondary_table(doc: Document, sec: Mapping, pct: str = "90 %") -> None:
     constant radius, paired on the same draws, with intervals; reported, deciding nothing."""
     stats = {n: v for n, v in (sec.get("statistics") or {}).items() if v.get("estimate") is not None}
     if not stats:
-        doc.paragraph(f"Secondary analyses (registered; deciding nothing): the {sec['certificate']} certificate against "
+        doc.paragraph(f"Secondary analyses (registered; deciding nothing): the "
+                      f"{CERTIFICATE_WORDS.get(sec['certificate'], sec['certificate'])} certificate against "
                       "its step cell's constant — no draws in this claim's cells to compare them on.")
         return
     words = {"top": f"{100 * sec['top_error']:g} %", "bottom": f"{100 * sec['bottom_radius']:g} %",
@@ -733,10 +736,10 @@ def secondary_table(doc: Document, sec: Mapping, pct: str = "90 %") -> None:
         rows.append([what.format(**words), fmt_ci(stats[stem], 4), fmt_ci(stats[f"{stem}_constant"], 4),
                      f"{'certificate − constant' if cmp == 'difference' else 'certificate / constant'} "
                      f"{fmt_ci(stats[f'{stem}_{cmp}'], 4)}", (sec.get("draws") or {}).get(stem, "–")])
-    doc.paragraph(f"Secondary analyses (registered in the analysis plan; reported, deciding nothing): the "
-                  f"{sec['certificate']} certificate (`{sec['radius']}`) against its step cell's constant — every "
-                  "radius replaced by the median radius of its step cell, a radius that knows the cell and not the "
-                  f"draw — paired on the same draws; {pct} intervals over "
-                  f"{UNIT_WORDS.get(sec.get('unit'), sec.get('unit'))}.")
+    name = CERTIFICATE_WORDS.get(sec["certificate"], sec["certificate"])
+    doc.paragraph(f"Secondary analyses (registered in the analysis plan; reported, deciding nothing): the {name} "
+                  f"certificate (`{sec['radius']}`) against its step cell's constant — every radius replaced by the "
+                  "median radius of its step cell, a radius that knows the cell and not the draw — paired on the "
+                  f"same draws; {pct} intervals over {UNIT_WORDS.get(sec.get('unit'), sec.get('unit'))}.")
     doc.table(["analysis", *(f"{h} [{pct} CI]" for h in ("certificate", "constant", "comparison")), "draws"], rows)
 
