@@ -2,7 +2,7 @@
 
 Speed is the benchmark's business (docs/benchmarks.md); this checks that every variant is measured, the
 caches hold what they should (the 25 % caches a quarter of the full cache's KV bytes, kvcert's allocated
-bytes at least its KV bytes, transformers' exactly), and the last line carries the issue's keys."""
+bytes at least its KV bytes, transformers' exactly), and the last line carries its summary keys."""
 
 from __future__ import annotations
 

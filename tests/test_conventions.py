@@ -3,7 +3,7 @@
 Every expected value below was produced by the official code itself — THUDM/LongBench
 ``pred.py`` / ``eval.py`` / ``metrics.py`` (v1) and snap-research/locomo
 ``task_eval/evaluate_llama2.py`` + ``evaluation.py`` — run on exactly these inputs; none
-of that code is copied here. Each test failed on kvcert before the issue: the engine
+of that code is copied here. Each test failed on kvcert before the fix it guards: the engine
 stripped answers, the truncation ignored a tokenizer's BOS, trec/lcc/repobench-p had no
 records and the Chinese data sets no prompt or metric, LoCoMo mapped adversarial replies
 as ``evaluate_gpts.py`` does and cleaned no reply.

@@ -105,7 +105,7 @@ def test_full_cache_accuracy_bar():
 
 
 def test_recorded_regime_is_the_papers():
-    """Issue 12's regime, as measured on training-range records when the model was made:
+    """The regime docs/embedded.md asks for, as measured on training-range records when the model was made:
     question-aware eviction nearly free, streaming eviction harmful, failures inherent to
     the model present."""
     regime = embedded_provenance()["regime"]

@@ -287,7 +287,7 @@ def test_sigkill_at_random_points_ends_like_an_uninterrupted_run(ref, tmp_path):
 
 
 def test_an_edited_manifest_in_a_copied_results_folder_is_refused(ref, tmp_path):
-    """Issue bar: one example's reference answers edited in a copied results folder (no Snakemake metadata, so
+    """One example's reference answers edited in a copied results folder (no Snakemake metadata, so
     its checksum cannot rerun anything): the run is refused before any job, naming the manifest and the remedy,
     and nothing is scored against the edited answers."""
     import json
@@ -309,7 +309,7 @@ def test_an_edited_manifest_in_a_copied_results_folder_is_refused(ref, tmp_path)
 
 
 def test_a_resealed_or_copied_manifest_stops_the_run_before_any_shard_is_deleted(ref, tmp_path):
-    """Round 5, probes 2 and 3, in a copy of the finished run with its Snakemake metadata (Snakemake knows every
+    """In a copy of the finished run with its Snakemake metadata (Snakemake knows every
     file): (2) one example's answers changed to ["1111111"] and the seal's SHA-256 and count recomputed, which the
     seal cannot show and Snakemake would answer by regenerating both shards from the edit; (3) a manifest whose seal
     says another cell's length (needle/2048's, resealed over needle/512). Each stops the run in the pre-flight,
@@ -351,7 +351,7 @@ def test_a_resealed_or_copied_manifest_stops_the_run_before_any_shard_is_deleted
 
 
 def test_a_results_folder_whose_path_holds_a_space_runs_every_rule(ref, tmp_path):
-    """Issue bar: `--config results=…/p S/résults ü`: every shell argument is quoted, so the analysis rules run
+    """`--config results=…/p S/résults ü`: every shell argument is quoted, so the analysis rules run
     there (score, claims, report), the report rule reruns there, and no file lands outside the results folder."""
     import shutil
     import subprocess

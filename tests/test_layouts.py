@@ -1,5 +1,5 @@
 """``kvcert run`` writes its records as kvpress's evaluation and lm-evaluation-harness write theirs
-(:mod:`kvcert.commands.layouts`, issue 53 item 4), read back here with the anchors' own names.
+(:mod:`kvcert.commands.layouts`), read back here with the anchors' own names.
 
 The names below are restated from the anchors: kvpress's ``evaluation/evaluate.py`` (``EvaluationConfig``, its
 ``get_results_dir`` and ``run_evaluation``'s three files) and ``evaluation/benchmarks/ruler/calculate_metrics.py``

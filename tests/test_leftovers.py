@@ -124,7 +124,7 @@ def test_an_amendment_from_a_slow_clock_is_refused_in_one_line(tmp_path, capsys)
     assert f"31.7 h before the newest freeze record {right.path.name} (frozen {right.frozen_utc})" in err
     assert "this machine's clock reads " + now.isoformat(timespec="seconds")[:13] in err
     assert "freeze from a machine whose clock is right" in err
-    # round 5, probe 7: the declared correction is advised for the machine whose clock was checked, never as a
+    # the declared correction is advised for the machine whose clock was checked, never as a
     # command to paste here (on this slow clock it would write a backdated amendment that verify accepts)
     assert "This clock is the likelier one to be wrong: check it against a time server first" in err
     assert f"amend it on that machine: `kvcert prereg freeze --folder {folder} --reason 'the freeze " in err

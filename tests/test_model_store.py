@@ -77,7 +77,7 @@ def test_receipt_guards_the_folder(cache):
     assert "has no readable kvcert-fetch.json" in folder_problem(NAME)
 
 
-# --- round 5, probe 4: the receipt does not vouch for itself ------------------------------------------------
+# --- the receipt does not vouch for itself ---------------------------------------------------------------
 def test_a_receipt_rewritten_over_changed_weights_is_refused_by_the_pins(cache, monkeypatch):
     folder = fake_fetched(cache)
     (folder / "model.safetensors").write_bytes(b"\0" * 60 + b"\1\0\0\0")  # one float32 changed, same size
@@ -213,7 +213,7 @@ def test_preflight_waits_for_the_fetch_rule_and_names_a_changed_folder(cache, tm
     assert len(problems) == 1 and "changed since `kvcert model fetch` wrote it" in problems[0]
 
 
-# --- round 5, probe 6: a fetch killed mid-conversion --------------------------------------------------------
+# --- a fetch killed mid-conversion -----------------------------------------------------------------------
 def test_the_next_fetch_removes_the_working_folders_of_killed_fetches_of_its_model_only(cache, monkeypatch):
     folder = fake_fetched(cache)
     killed = [cache / f".{NAME}.k1ll3d_0", cache / f".{NAME}.zz9plur4"]  # what tempfile.mkdtemp names them
@@ -272,7 +272,7 @@ def test_a_conversion_that_is_not_the_pinned_model_is_not_published(cache, tmp_p
     assert not any(p.name.startswith(".") and p.is_dir() for p in cache.iterdir())
 
 
-# --- round 5, probe 1: a fetched model altered in place ------------------------------------------------------
+# --- a fetched model altered in place --------------------------------------------------------------------
 def test_kvcert_run_refuses_a_fetched_model_altered_in_place(cache, monkeypatch):
     """One float32 of model.safetensors changed, same size: `kvcert run model=smollm2-135m-instruct …` compared sizes
     only and ran; now every file is compared with its pin (through the digest cache) where the folder is resolved,

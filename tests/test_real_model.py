@@ -47,7 +47,7 @@ def test_kvcert_run_on_the_real_model(folder, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     records = [json.loads(line) for line in (out / "generations" / "needle.jsonl").read_text().splitlines()]
     assert len(records) == 4 and {r["model"] for r in records} == {NAME}
-    # round 5: results.json and every record name the content the run was made from (a fetched model: its pins')
+    # results.json and every record name the content the run was made from (a fetched model: its pins')
     from kvcert.config.digest import content_digest
 
     digest = content_digest(f"fetch:{NAME}")
@@ -123,7 +123,7 @@ def _kvcert(*args, cache, tmp_path):
 
 
 def test_round5_a_fetched_model_altered_in_place_is_refused_wherever_it_is_used(altered, tmp_path):
-    """Round 5, probes 1 and 4 on the real folder: one float32 of model.safetensors changed (same size), and then
+    """On the real folder: one float32 of model.safetensors changed (same size), and then
     the receipt rewritten to match. `kvcert run` (which compared sizes only and printed its table) refuses before
     anything loads; `kvcert check` and `kvcert model fetch` refuse the folder whatever its receipt says, since the
     converted files' digests are pinned in configs/model/smollm2-135m-instruct.yaml."""

@@ -720,7 +720,7 @@ def test_the_preflight_reads_weights_once_per_content_and_names_a_nan(tiny_dir, 
                         r"holds NaN or ±inf; its weights are broken: replace the weights in that folder", problem)
 
 
-# --- round 5: manifests rebuilt, not trusted; a model's bytes checked; the replay in the config's identity -----
+# --- manifests rebuilt, not trusted; a model's bytes checked; the replay in the config's identity ----------
 def _smoke_manifest(prereg, tmp_path, length=512):
     """(configs, results, plan, item, path): the real smoke manifest of needle at ``length``, as `kvcert manifest`
     builds it, in a results folder of ``tmp_path`` (the working folder, so its rebuild memory is this test's)."""
@@ -749,7 +749,7 @@ def _reseal(path: Path, records) -> None:
 
 
 def test_a_manifest_edited_and_resealed_is_rebuilt_and_refused(prereg, tmp_path, monkeypatch):
-    """Round 5, probe 2: the answers of one needle/512 example changed to ["1111111"], the seal's SHA-256 and count
+    """The answers of one needle/512 example changed to ["1111111"], the seal's SHA-256 and count
     recomputed. The seal passes; the rebuild from what the plan registers does not: the shard job, the score step
     and the pre-flight (before any job deletes anything) refuse it, naming the record and the field."""
     from kvcert.commands.check import check_finished_manifests
@@ -781,7 +781,7 @@ def test_a_manifest_edited_and_resealed_is_rebuilt_and_refused(prereg, tmp_path,
 
 def test_a_manifest_and_seal_copied_from_another_cell_are_refused_where_snakemake_knows_them(prereg, tmp_path,
                                                                                             monkeypatch):
-    """Round 5, probe 3: needle/2048's manifest and seal copied over needle/512's, in a working folder whose
+    """Needle/2048's manifest and seal copied over needle/512's, in a working folder whose
     Snakemake metadata knows the manifest: the pre-flight compares every manifest's registered inputs with the plan
     (not only where Snakemake does not know it), so no generate job deletes a finished shard and then refuses."""
     from base64 import urlsafe_b64encode
@@ -836,7 +836,7 @@ def test_a_file_manifest_names_its_changed_source_file(tmp_path, monkeypatch):
 
 
 def test_the_preflight_names_a_stale_replay_beside_the_stale_shards(prereg, tmp_path, monkeypatch):
-    """Round 5, probe 5: after a dtype change in a fresh clone (no Snakemake metadata) the pre-flight names the
+    """After a dtype change in a fresh clone (no Snakemake metadata) the pre-flight names the
     replay table made under the old configs with the stale shards, so it is rerun with them (not refused by the
     claims step after the whole grid was regenerated); where Snakemake knows the table it reruns it itself."""
     import pandas as pd

@@ -259,7 +259,7 @@ def test_delta_is_fixed_by_the_preregistration(override):
     assert "\n" not in str(info.value)
 
 
-# --- round 5, probe 7: each message names the user's setting and the value to give --------------------------
+# --- each message names the user's setting and the value to give ----------------------------------------
 def test_a_length_too_short_for_a_rulers_prompt_names_the_task_and_the_length_to_give(no_model_load):
     """`task=ruler:vt length=512` on the embedded tokenizer: not "target_tokens=482" (an internal name) but the task,
     the length given and the length that fits; and that length does fit."""

@@ -1,5 +1,5 @@
 """The thread count of ``kvcert run`` and ``kvcert bench`` (:mod:`kvcert.threads`) and a time-left estimate that
-settles before it is shown (:mod:`kvcert.progress`), issue 53 item 1."""
+settles before it is shown (:mod:`kvcert.progress`)."""
 
 from __future__ import annotations
 

@@ -197,7 +197,7 @@ def test_the_entry_point_is_resolved_by_name_to_the_console_commands():
     assert warm.entry_point() is main
 
 
-# --- round 5, probe 8: one job's environment reaches no later job ----------------------------------------------
+# --- one job's environment reaches no later job -------------------------------------------------------------
 def _job(name: str, env: dict, argv: list[str], cwd: Path, out: Path) -> tuple[int, str]:
     """One job sent to the server ``name`` as a client does (:func:`kvcert.commands.warm.run_warm`), with ``env`` as
     its environment; (its exit status, its stdout)."""

@@ -2,15 +2,15 @@
 
 torch's default is one thread per physical core, whatever else the machine runs. Its parallel regions wait
 for every thread at each operation's end, so a thread whose CPU is taken by another process stalls them
-all: on a busy 2-core machine a ``limit=20`` needle run on SmolLM2 took 12 min 54 s at torch's default
-(2 threads) against 1 min 13 s at one thread, with the same records (issue 53). The pipeline's jobs run one
-thread each (``threads_per_job`` of the CPU experiments).
+all, and on a busy machine torch's default runs a model several times slower than one thread, with the same
+records (a measured case: docs/bring-your-own.md). The pipeline's jobs run one thread each
+(``threads_per_job`` of the CPU experiments).
 
 The rule (:func:`choose_threads`): **the CPUs free now** — the CPUs this process may run on
 (``os.sched_getaffinity``: a container's or ``taskset``'s share, not the machine's count), less the
 1-minute load average (the runnable processes, this command's own start negligible), rounded *down*, at
 least 1 — and never more than torch's default. A CPU half taken counts as taken: too few threads cost at
-most the share of the free CPUs left idle, too many cost a stall at every operation (the tenfold above),
+most the share of the free CPUs left idle, too many cost a stall at every operation,
 and the load average lags the machine by about a minute. On a quiet machine this is torch's default; on one
 whose CPUs are all busy, one thread, as the pipeline runs. ``threads=N`` (``--threads N``) overrides it.
 """

@@ -45,7 +45,7 @@ from pathlib import Path
 
 VARIANTS = ("hf", "full", "topk", "plugin", "robust", "kvpress")
 LENGTHS = (512, 1024, 2048, 4096, 8192)
-#: decoded tokens per timed block: 8 steps of 60 ms at 512 tokens moved full / transformers by ±2 % between runs
+#: decoded tokens per timed block (a shorter block moved full / transformers between runs: docs/benchmarks.md)
 STEPS = 16
 #: timed blocks per variant and repeat, interleaved across the variants
 ROUNDS = 3
@@ -289,7 +289,7 @@ def run(args) -> int:
     hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa").eval()
     # one copy of the weights in memory for both models: the variants then differ in their cache and attention
     # alone, not in where each copy's pages lie (with two copies, transformers against kvcert's full cache moved
-    # by ±4 % between runs at 512 tokens, where the weights are most of a step)
+    # between runs at short contexts, where the weights are most of a step: docs/benchmarks.md)
     hf_model.load_state_dict(kv_model.state_dict(), assign=True)
     positions = getattr(kv_model.config, "max_position_embeddings", None)
     lengths = [min(n, positions - args.steps - 2) if positions else n for n in args.lengths]

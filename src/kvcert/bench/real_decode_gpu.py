@@ -152,7 +152,7 @@ def _real_model_decode(folder: str | Path, *, prompt_tokens: int = 4096, budget:
     tokens: dict[str, dict[str, list[int]]] = {m: {} for m in modes}
     replayed: dict[str, bool] = {}
     certified_steps = 0
-    for rep in range(repeats + 1):  # round 0: the untimed warm-up (kernel compiles, plans, the graphs' capture)
+    for rep in range(repeats + 1):  # rep 0: the untimed warm-up (kernel compiles, plans, the graphs' capture)
         for (mode, variant), (cache, step, mark, position) in runs.items():
             trace = trace_for(variant)
             sync()

@@ -1,8 +1,8 @@
 """Warm starts for the jobs of a local Snakemake run: one process imports torch, transformers and kvcert
 once, and each job runs in a fork of it.
 
-A job's own work is often the smaller part of its time: the rehearsal's ``kvcert shard`` takes 7.0 s, 5.5 of
-them importing torch and transformers before a 1-second generation (``python -m cProfile``). With
+A job's own work is often the smaller part of its time: a short ``kvcert shard`` spends most of it importing torch
+and transformers before its generation (measured with ``python -m cProfile``: CHANGELOG.md, warm starts). With
 ``KVCERT_WARM`` set to the run's owner — the Snakemake process's pid, which the Snakefile's ``onstart`` sets
 for the jobs of a local run — the ``kvcert`` commands of :data:`COMMANDS` ask a warm server to run them:
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 DEFAULT_OUT = "results/embedded_model"
-STREAMING_BUDGET = 0.125  # the "eviction must break it" check
+STREAMING_BUDGET = 0.125  # the check that the model needs its context: compressed before the question, it fails
 #: the method of that check: context compressed before the question, deterministic SnapKV top-k
 STREAMING_TOPK = {"condition": "streaming", "scorer": "snapkv", "sampler": "topk",
                   "budget": STREAMING_BUDGET}
