@@ -291,17 +291,16 @@ def run_summary(df) -> dict:
     """Generation counts, full-cache accuracy {task: {length: accuracy}} and wall time of the runs."""
     if df is None or df.empty:
         return {"generations": {"total": 0, "by_cell": {}}, "full_cache_accuracy": {}, "wall_time_seconds": None}
-    grid = df
-    by_cell = grid.groupby(["condition", "method", "budget"]).size()
+    by_cell = df.groupby(["condition", "method", "budget"]).size()
     cells = {f"{c}/{m}/{b:g}": int(n) for (c, m, b), n in by_cell.items()}
-    full = grid[grid["condition"] == "full"]
+    full = df[df["condition"] == "full"]
     accuracy: dict[str, dict[str, float]] = {}
     for (task, length), part in full.groupby(["task", "target_tokens"]):
         accuracy.setdefault(str(task), {})[str(int(length))] = float(part["correct"].mean())
     started = pd.to_datetime(df["started_utc"], utc=True)
     finished = started + pd.to_timedelta(df["prefill_seconds"] + df["decode_seconds"], unit="s")
     return {
-        "generations": {"total": int(len(df)), "grid": int(len(grid)), "by_cell": cells},
+        "generations": {"total": int(len(df)), "grid": int(len(df)), "by_cell": cells},
         "full_cache_accuracy": accuracy,
         "wall_time_seconds": float((finished.max() - started.min()).total_seconds()),
         "generation_seconds": float((df["prefill_seconds"] + df["decode_seconds"]).sum()),

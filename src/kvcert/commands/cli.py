@@ -208,7 +208,7 @@ def shard_command(args) -> int:
 
         torch.set_num_threads(args.threads)
     run_specs(job.specs, records, args.out, prereg_hash=prereg_hash, progress=not args.quiet,
-              forked=getattr(args, "forked", True))
+              forked=args.forked)
     print(f"{args.out}: {shard.generations} generations")
     return 0
 
