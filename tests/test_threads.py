@@ -179,7 +179,9 @@ def test_kvcert_run_names_its_thread_choice_first(tmp_path):
          "method=snapkv-topk", "budget=0.5", "limit=1", f"out={tmp_path / 'run'}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    first = proc.stderr.splitlines()[0]
+    lines = proc.stderr.splitlines()  # the thread line once the inputs have passed, right before the model loads
+    first = next(line for line in lines if line.startswith("kvcert run: "))
+    assert lines[lines.index(first) + 1].startswith("loading the model ")
     match = re.fullmatch(r"kvcert run: (\d+) threads?: the CPUs free now \((\d+) available, .*\); threads=N to choose",
                          first)
     assert match and 1 <= int(match[1]) <= int(match[2]), first

@@ -29,8 +29,8 @@ string match × 100 and their average, per setting —, and a run with LongBench
 of the cache kept) or ``compression_ratio`` (kvpress's convention: the fraction *removed*; give exactly
 one), ``limit``, ``length`` (prompt tokens: the task's default — 512 for synthetic tasks,
 6144 for LongBench, LoCoMo's own), ``data_seed``, ``out``, ``threads`` (torch's threads; by default the CPUs
-free now — those the process may use less the load average, :mod:`kvcert.threads` — which the first line
-it prints names). Beside ``results.json`` it writes the same records as kvpress's evaluation writes a run
+free now — those the process may use less the load average, :mod:`kvcert.threads` — which it names once
+its inputs have passed their checks, before the model loads). Beside ``results.json`` it writes the same records as kvpress's evaluation writes a run
 (``<out>/kvpress/<run>/``: ``predictions.csv``, ``metrics.json``, ``config.yaml``) and as lm-eval's
 ``--output_path … --log_samples`` does (``<out>/lm-eval/<setting>/<model>/``: ``results_<date>.json``,
 ``samples_<task>_<date>.jsonl``): :mod:`kvcert.commands.layouts`.
@@ -562,8 +562,6 @@ def run_command(args) -> int:
     from ..threads import set_threads
 
     choice = set_threads(threads)  # the CPUs free now, unless threads= says (kvcert.threads)
-    if not args.quiet:
-        print(f"kvcert run: {choice.line}", file=sys.stderr, flush=True)
     started = datetime.now(timezone.utc)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     names = [t["name"] for t, _, _ in plan]
@@ -594,7 +592,8 @@ def run_command(args) -> int:
                 raise ValueError(f"length={length}: record {r.id} needs {need} positions (prompt {r.length} + answer), "
                                  f"the model has {positions}; give a shorter length")
         built[task_cfg["name"]] = records
-    if not args.quiet:
+    if not args.quiet:  # named once every input has passed its checks: a refused run prints its one-line error alone
+        print(f"kvcert run: {choice.line}", file=sys.stderr, flush=True)
         print(f"loading the model {model_spec.path}", file=sys.stderr, flush=True)
     model, tokenizer = load_model(model_spec)  # a fetched model's folder is checked against its pins here
     from ..config.digest import content_digest
