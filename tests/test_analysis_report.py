@@ -510,3 +510,20 @@ def test_the_secondary_analyses_sit_beside_their_claims(run):
         name = {"plugin": "plug-in"}.get(sec["certificate"], sec["certificate"])
         assert f"the {name} certificate (`{sec['radius']}`) against its step cell's constant" in text
     assert text.count("coverage on the draws of largest error (top 10 % of their step cell)") == len(registered)
+
+
+def test_the_reports_numbers_come_from_the_plan(run, tmp_path):
+    """The plan's δ and interval level, changed in the claims document, change every place the report states them:
+    nothing in its prose or headers restates the registered 0.1 / 90 % by itself."""
+    doc = json.loads((run["tmp"] / "claims.json").read_text())
+    doc["analysis_plan"]["delta"] = 0.137
+    doc["analysis_plan"]["bootstrap"]["level"] = 0.87
+    doc["comparison_signals"]["bootstrap"]["level"] = 0.87  # the signals' block records the level it ran at
+    claims = tmp_path / "claims.json"
+    claims.write_text(json.dumps(doc))
+    md = report_step(claims, run["tmp"] / "scores.parquet", [run["replay"]], [], tmp_path / "report")["markdown"]
+    text = md.read_text()
+    assert "δ = 0.137 (nominal 0.863)" in text
+    assert "87 %" in text
+    stale = [line for line in text.splitlines() if "90 %" in line or "δ = 0.1 " in line or "δ = 0.1," in line]
+    assert not stale, stale[:5]

@@ -435,7 +435,7 @@ def turn_distance_figure(rows: list[Mapping], path: Path) -> Path | None:
     ax.set_xticks(np.arange(len(buckets)), [labels[b] for b in buckets])
     ax.set_ylim(-0.03, 1.03)
     ax.set_xlabel("turn distance (turns between the question and its fact)")
-    ax.set_ylabel("attribution AUC (90 % bootstrap interval)")
+    ax.set_ylabel("attribution AUC (bootstrap interval)")
     ax.set_title("Attribution by turn distance (multi-turn cell)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -682,7 +682,7 @@ def details_section(doc: Document, run: ReportData) -> None:
         # statistics without data in this claim's cells (every resample skipped) are left out
         stats = {n: s for n, s in det.get("statistics", {}).items() if s["skipped"] < s["resamples"]}
         if stats:
-            doc.table(["statistic", "estimate [90 % CI]", "resamples", "skipped"],
+            doc.table(["statistic", f"estimate [{run.pct} CI]", "resamples", "skipped"],
                       [[n, fmt_ci(s, 4), s["resamples"], s["skipped"]] for n, s in stats.items()])
         if det.get("secondary"):
             secondary_table(doc, det["secondary"], run.pct)
