@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from kvcert.commands.reference import FILES
 from kvcert.config.prereg import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "results" / "reference" / "real"
 REGENERATE = ("rerun `snakemake --cores all --config experiment=real`, then `kvcert reference update` and commit "
               "results/reference/real/")
-FILES = ("claims.json", "summary.json", "report.md", "report.html", "scores.parquet", "replay_cells.csv")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +112,7 @@ def test_a_rerun_says_claim_by_claim_whether_it_reproduced_the_reference(tmp_pat
 
 
 def test_the_reference_is_updated_from_a_finished_run_only(tmp_path):
-    from kvcert.commands.reference import FILES, update
+    from kvcert.commands.reference import update
 
     run = _run(tmp_path / "run", "a" * 64, {"C1": ("holds", 0.9)})
     with pytest.raises(FileNotFoundError, match=r"lacks claims.json, report.md, .*; finish the run first"):

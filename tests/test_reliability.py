@@ -23,6 +23,17 @@ from kvcert.config.prereg import PreregError, freeze, freezes, verify
 from kvcert.testing import frozen_copy, make_record, write_shard
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def configs_and_smoke_plan(tmp_path: Path, folder: Path):
+    """A copy of the repository's configs in ``tmp_path`` (made once per test folder) and the smoke grid's plan
+    under the pre-registration ``folder``."""
+    from kvcert.generation.plan import build_plan, load_grid
+
+    configs = tmp_path / "configs"
+    if not configs.exists():
+        shutil.copytree(REPO / "configs", configs)
+    return configs, build_plan("smoke", load_grid(folder, "grids/smoke.yaml"))
 PREREG = REPO / "preregistration"
 
 
@@ -131,9 +142,8 @@ def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, t
     from kvcert.generation.plan import build_plan, load_grid
 
     folder, fr = prereg
-    configs = tmp_path / "configs"
-    shutil.copytree(REPO / "configs", configs)
-    shard = build_plan("smoke", load_grid(folder, "grids/smoke.yaml")).shards[0]
+    configs, plan = configs_and_smoke_plan(tmp_path, folder)
+    shard = plan.shards[0]
     results = tmp_path / "results" / "smoke"
     manifest = results / shard.manifest
     plan = build_plan("smoke", load_grid(folder, "grids/smoke.yaml"))
@@ -667,13 +677,10 @@ def test_the_preflight_names_finished_shards_made_under_another_config(prereg, t
     configs give now, with both hashes and the remedy; unchanged configs pass."""
     from kvcert.commands.check import check_finished_shards
     from kvcert.generation.jobs import planned_records
-    from kvcert.generation.plan import build_plan, load_grid
     from kvcert.tasks.records import TaskRecord, write_jsonl
 
     folder, fr = prereg
-    configs = tmp_path / "configs"
-    shutil.copytree(REPO / "configs", configs)
-    plan = build_plan("smoke", load_grid(folder, "grids/smoke.yaml"))
+    configs, plan = configs_and_smoke_plan(tmp_path, folder)
     shard = plan.shards[0]
     results = tmp_path / "results"
     manifest = results / "smoke" / shard.manifest
@@ -724,13 +731,9 @@ def test_the_preflight_reads_weights_once_per_content_and_names_a_nan(tiny_dir, 
 def _smoke_manifest(prereg, tmp_path, length=512):
     """(configs, results, plan, item, path): the real smoke manifest of needle at ``length``, as `kvcert manifest`
     builds it, in a results folder of ``tmp_path`` (the working folder, so its rebuild memory is this test's)."""
-    from kvcert.generation.plan import build_plan, load_grid
 
     folder, _ = prereg
-    configs = tmp_path / "configs"
-    if not configs.exists():
-        shutil.copytree(REPO / "configs", configs)
-    plan = build_plan("smoke", load_grid(folder, "grids/smoke.yaml"))
+    configs, plan = configs_and_smoke_plan(tmp_path, folder)
     item = plan.manifest("embedded", "needle", length)
     results = tmp_path / "results"
     path = built_manifest(results / "smoke" / item.path, item, configs)
@@ -844,14 +847,11 @@ def test_the_preflight_names_a_stale_replay_beside_the_stale_shards(prereg, tmp_
 
     from kvcert.commands.check import check_finished_replays
     from kvcert.generation.jobs import replay_config_hash
-    from kvcert.generation.plan import build_plan, load_grid
     from kvcert.tables import write_table
 
     monkeypatch.chdir(tmp_path)
     folder, _ = prereg
-    configs = tmp_path / "configs"
-    shutil.copytree(REPO / "configs", configs)
-    plan = build_plan("smoke", load_grid(folder, "grids/smoke.yaml"))
+    configs, plan = configs_and_smoke_plan(tmp_path, folder)
     r = plan.replays[0]
     results = tmp_path / "results"
     table = results / "smoke" / "replay" / r.model / f"{r.task}-{r.length}.parquet"

@@ -57,7 +57,6 @@ from .claims_stats.secondary import NAMES as SECONDARY_NAMES, prepare as prepare
 from .claims_stats.base import strata_codes
 from .claims_stats.cells import method_mask, select_generations, select_replay
 from .placebos import PLACEBOS, keyed_uniforms, placebo_names, placebo_rng, placebo_rows
-from .replay_stats import VARIANTS
 from .stats import BootstrapPlan, Estimate, bootstrap, claim_verdict, test_outcome
 
 #: what other modules and tests import from here: the statistics' registry, the cell selection, the placebos
@@ -291,10 +290,7 @@ def secondary_block(rows: pd.DataFrame, analysis_plan: AnalysisPlan, certificate
     prep = prepare_secondary(rows, analysis_plan, certificate)
     prep = prep.over(unit) if unit else prep
     est = _bootstrap(prep, replace(plan, resamples=min(plan.resamples, BESIDE_RESAMPLES)), list(SECONDARY_NAMES))
-    part = analysis_plan.secondary
-    return {"certificate": certificate, "radius": VARIANTS[certificate][0], "against": "step_cell_median_radius",
-            "top_error": part.top_error, "bottom_radius": part.bottom_radius,
-            "matched_coverage": 1.0 - analysis_plan.delta, "draws": {}, **prep.details, "unit": unit or "cell",
+    return {**prep.details, "unit": unit or "cell",
             "statistics": {n: est[n].to_dict() for n in SECONDARY_NAMES if n in est}}
 
 

@@ -23,6 +23,8 @@ example), k and the median by exact weighted quantiles (:class:`kvcert.analysis.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
@@ -66,11 +68,19 @@ def _tightness(k: np.ndarray, log_median: np.ndarray) -> np.ndarray:
         return k * np.exp(log_median)
 
 
+def _details(plan: AnalysisPlan, certificate: str, draws: dict) -> dict:
+    """What the analyses compared, with which parameters, on how many draws each."""
+    part = plan.secondary
+    return {"certificate": certificate, "radius": VARIANTS[certificate][0], "against": "step_cell_median_radius",
+            "top_error": part.top_error, "bottom_radius": part.bottom_radius, "matched_coverage": 1.0 - plan.delta,
+            "draws": draws}
+
+
 def prepare(rows: pd.DataFrame, plan: AnalysisPlan, certificate: str) -> Prepared:
     """The secondary analyses of ``certificate``'s radius (``plugin`` or ``robust``) on a replay claim's rows."""
-    if (e := empty(rows)) is not None:
-        return e
     plan = AnalysisPlan.of(plan)
+    if (e := empty(rows)) is not None:  # no draws: the parameters alone, every statistic undefined
+        return replace(e, details=_details(plan, certificate, {}))
     part = plan.secondary
     radius_col = VARIANTS[certificate][0]
     error = rows["error"].to_numpy(float)
@@ -122,9 +132,8 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan, certificate: str) -> Prepare
 
     ones = np.ones((1, n_cells))
     point = {name: float(v[0]) for name, (v, _) in statistic(ones).items()}
-    details = {"certificate": certificate, "radius": radius_col, "against": "step_cell_median_radius",
-               "top_error": part.top_error, "bottom_radius": part.bottom_radius, "matched_coverage": nominal,
-               "draws": {"top_error_coverage": int(top.sum()), "bottom_radius_coverage": int(bottom.sum()),
-                         "matched_tightness": int(len(rows))}}
+    details = _details(plan, certificate, {"top_error_coverage": int(top.sum()),
+                                           "bottom_radius_coverage": int(bottom.sum()),
+                                           "matched_tightness": int(len(rows))})
     return Prepared(statistic, np.arange(n_cells), n_cells, point, {"generations": n_cells}, details,
                     selective=True, units=replay_units(cells))
