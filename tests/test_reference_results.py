@@ -3,8 +3,8 @@ freeze and of the current code that makes records: an amendment, or a change to 
 (:data:`kvcert.provenance.RECORD_CODE`), without a new reference run fails here, so a reference cannot go stale
 silently. Regenerate with ``snakemake --cores all --config experiment=real`` and ``kvcert reference update``
 (docs/pipeline.md); a code change that cannot change a record may instead be re-validated: a committed equality
-check (``revalidations.json`` in the reference folder) that regenerated records at the new code and found them
-equal."""
+check (``revalidations.json`` in the reference folder, written by ``kvcert reference revalidate``,
+:mod:`kvcert.commands.revalidate`) that regenerated the records at the new code and found them equal."""
 
 from __future__ import annotations
 
@@ -63,9 +63,8 @@ def test_the_reference_was_made_by_the_current_record_code():
     assert found, (
         f"results/reference/real/ was made by record code of digest {made}, and the code that makes records "
         f"({', '.join(RECORD_CODE)}) is now {current}: {REGENERATE}; or, for a change that cannot alter a record, "
-        "regenerate part of the records at this code, compare them with the reference's, and commit the check in "
-        "results/reference/real/revalidations.json ({code_digest, reference_code_digests, compared, equal, command, "
-        "date})")
+        "rerun at this code and `kvcert reference revalidate --before <a copy of the reference's run>`, and commit "
+        "results/reference/real/revalidations.json")
 
 
 def test_every_claim_is_decided_on_data(claims):

@@ -102,6 +102,8 @@ def update(run_dir: str | Path, reference_dir: str | Path) -> list[Path]:
 def reference_command(args) -> int:
     run_dir = Path(args.results) / args.experiment
     reference_dir = Path(args.reference) if args.reference else REFERENCE_ROOT / args.experiment
+    if args.action == "revalidate":
+        return _revalidate(args, run_dir, reference_dir)
     if args.action == "update":
         copied = update(run_dir, reference_dir)
         print(f"kvcert: {run_dir} is now the reference {reference_dir} ({len(copied)} files and folders); commit it")
@@ -115,12 +117,36 @@ def reference_command(args) -> int:
     return 0
 
 
+def _revalidate(args, run_dir: Path, reference_dir: Path) -> int:
+    from .revalidate import revalidate
+
+    if not args.before:
+        raise SystemExit("kvcert reference revalidate: give --before DIR, a copy of the run the reference was made "
+                         "from (docs/pipeline.md)")
+    command = (f"kvcert reference revalidate --experiment {args.experiment} --before <copy of the reference's run>"
+               f" (after: {run_dir.as_posix()})")
+    result, entry = revalidate(args.before, run_dir, reference_dir, command)
+    print(f"kvcert: {run_dir} against {args.before}: {result.equal:,} of {result.compared:,} items the same")
+    for line in result.differences:
+        print(f"  {line}")
+    if entry is None:
+        print("kvcert: not re-validated: the runs differ; regenerate the reference (`kvcert reference update`)")
+        return 1
+    print(f"kvcert: the reference {reference_dir} is re-validated at code {entry['code_digest']}; commit "
+          f"{reference_dir / 'revalidations.json'}")
+    return 0
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("reference", help="compare a finished run with the committed reference, or make it "
                                                 "the reference")
-    p.add_argument("action", choices=["compare", "update"])
+    p.add_argument("action", choices=["compare", "update", "revalidate"],
+                   help="compare: verdicts against the reference; update: make the run the reference; revalidate: "
+                        "check a rerun at new code item by item against --before and record the check")
     p.add_argument("--experiment", default="real", help="the experiment (default real)")
     p.add_argument("--results", default="results", help="the pipeline's results folder (default results)")
     p.add_argument("--reference", default=None,
                    help=f"the reference folder (default {REFERENCE_ROOT.as_posix()}/<experiment>)")
+    p.add_argument("--before", default=None,
+                   help="revalidate: a copy of the run the reference was made from (the folder, as results/<experiment>)")
     p.set_defaults(func=reference_command)

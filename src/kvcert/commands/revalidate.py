@@ -1,0 +1,153 @@
+"""A run made before a change to the code that makes records, compared with a rerun after it, item by item.
+
+A change to :data:`kvcert.provenance.RECORD_CODE` that cannot alter a record (a move, a rename, dead code
+removed) still changes the code digest every record carries, so the committed reference stops matching
+(tests/test_reference_results.py). Instead of replacing the reference, a maintainer keeps a copy of the run the
+reference was made from (``before``), reruns the experiment at the new code (``after``, the pipeline's
+``results/<experiment>/``) and lets :func:`compare_runs` check that every output is the same:
+
+* every generation record (``generations/**/*.jsonl``, line by line, every field),
+* every replay table (``replay/**/*.parquet``: its rows, exactly, and its provenance) and impossibility table,
+* every manifest (``manifests/**/*.jsonl``, byte for byte),
+* the scores (``scores.parquet``), ``claims.json`` and ``summary.json``,
+
+each with the fields that say *when* and *by which code* something was made left out (:data:`VOLATILE`: the
+git commit, the code digest, times and durations). ``kvcert reference revalidate --before DIR`` prints the
+comparison and, when everything is equal, appends the check to ``results/reference/<experiment>/
+revalidations.json`` ({code_digest, reference_code_digests, compared, equal, command, date}), which the
+reference test accepts in place of a new reference.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+#: fields that record when, how fast, or by which commit or code something was made: they differ between two runs
+#: of the same code and are left out of every comparison (anywhere in a record, a table's provenance or a claims
+#: document)
+VOLATILE = frozenset({
+    "code_digest", "code_digests", "git_commit", "analysis_git_commit", "started_utc", "verified_utc",
+    "decode_seconds", "prefill_seconds", "seconds", "wall_time_seconds", "generation_seconds",
+})
+#: the file in a reference folder that holds the equality checks
+CHECKS = "revalidations.json"
+
+
+def stable(value):
+    """``value`` with every :data:`VOLATILE` key removed, at any depth."""
+    if isinstance(value, dict):
+        return {k: stable(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [stable(v) for v in value]
+    return value
+
+
+@dataclass
+class Comparison:
+    """What was compared (items: a record, a table row, a manifest, a document) and the first differences."""
+
+    compared: int = 0
+    equal: int = 0
+    differences: list[str] = field(default_factory=list)
+    made_by: set[str] = field(default_factory=set)  # the code digests the ``after`` records carry
+    made_before_by: set[str] = field(default_factory=set)
+
+    def add(self, same: bool, items: int, where: str) -> None:
+        self.compared += items
+        if same:
+            self.equal += items
+        elif len(self.differences) < 20:
+            self.differences.append(where)
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _compare_records(before: Path, after: Path, rel: str, out: Comparison) -> None:
+    old, new = _records(before), _records(after)
+    out.made_before_by.update(str(r.get("code_digest")) for r in old)
+    out.made_by.update(str(r.get("code_digest")) for r in new)
+    if len(old) != len(new):
+        out.add(False, max(len(old), len(new)), f"{rel}: {len(old)} records before, {len(new)} after")
+        return
+    for i, (a, b) in enumerate(zip(old, new)):
+        sa, sb = stable(a), stable(b)
+        keys = [k for k in dict.fromkeys([*sa, *sb]) if sa.get(k) != sb.get(k)]
+        out.add(not keys, 1, f"{rel}:{i + 1}: {', '.join(keys)} differ")
+
+
+def _compare_table(before: Path, after: Path, rel: str, out: Comparison) -> None:
+    from ..tables import read_table
+
+    old, old_prov = read_table(before)
+    new, new_prov = read_table(after)
+    if "code_digest" in new_prov:
+        out.made_by.add(str(new_prov["code_digest"]))
+        out.made_before_by.add(str(old_prov.get("code_digest")))
+    if stable(old_prov) != stable(new_prov):
+        keys = [k for k in dict.fromkeys([*stable(old_prov), *stable(new_prov)])
+                if stable(old_prov).get(k) != stable(new_prov).get(k)]
+        out.add(False, 1, f"{rel}: provenance {', '.join(keys)} differ")
+    same = list(old.columns) == list(new.columns) and old.shape == new.shape and old.equals(new)
+    out.add(same, max(len(old), len(new)), f"{rel}: rows differ ({old.shape} before, {new.shape} after)")
+
+
+def _compare_json(before: Path, after: Path, rel: str, out: Comparison) -> None:
+    a, b = stable(json.loads(before.read_text())), stable(json.loads(after.read_text()))
+    keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)] if isinstance(a, dict) else []
+    out.add(a == b, 1, f"{rel}: {', '.join(keys) or 'content'} differ")
+
+
+def compare_runs(before: str | Path, after: str | Path) -> Comparison:
+    """Every output of the run in ``before`` against the same file of the run in ``after`` (the module docstring);
+    a file only one of them has is a difference."""
+    before, after = Path(before), Path(after)
+    out = Comparison()
+    kinds = (("generations/**/*.jsonl", _compare_records), ("replay/**/*.parquet", _compare_table),
+             ("replay/**/*.impossibility.json", _compare_json),
+             ("manifests/**/*.jsonl", lambda a, b, rel, o: o.add(a.read_bytes() == b.read_bytes(), 1,
+                                                               f"{rel}: bytes differ")),
+             ("scores.parquet", _compare_table), ("claims.json", _compare_json), ("summary.json", _compare_json))
+    for pattern, compare in kinds:
+        names = sorted({p.relative_to(root).as_posix() for root in (before, after) for p in root.glob(pattern)})
+        for rel in names:
+            a, b = before / rel, after / rel
+            if not (a.is_file() and b.is_file()):
+                out.add(False, 1, f"{rel}: only in {'the run before' if a.is_file() else 'the run after'}")
+                continue
+            compare(a, b, rel, out)
+    return out
+
+
+def revalidate(before: str | Path, after: str | Path, reference_dir: str | Path, command: str) -> tuple[Comparison, dict | None]:
+    """Compare ``before`` (made by the reference's code) with ``after`` (made by today's) and, when every item is
+    equal, append the check to ``reference_dir``/:data:`CHECKS`; returns the comparison and the entry written
+    (None: nothing written). Refused in one line: a ``before`` not made by the reference's code, or an ``after``
+    not made by today's."""
+    from ..provenance import code_digest
+
+    reference_dir = Path(reference_dir)
+    made = json.loads((reference_dir / "summary.json").read_text()).get("code_digests") or []
+    result = compare_runs(before, after)
+    current = code_digest()
+    if not result.compared:
+        raise ValueError(f"{before} and {after}: no records to compare; give the folders of two runs of the experiment")
+    if not result.made_before_by <= set(made):
+        raise ValueError(f"{before}: made by code {sorted(result.made_before_by)}, not the reference's {made}; give a "
+                         "copy of the run the reference was made from")
+    if result.made_by != {current}:
+        raise ValueError(f"{after}: made by code {sorted(result.made_by)}, not today's {current}; rerun the "
+                         "experiment at this code first")
+    if result.equal != result.compared:
+        return result, None
+    entry = {"code_digest": current, "reference_code_digests": sorted(made), "compared": result.compared,
+             "equal": result.equal, "command": command,
+             "date": datetime.now(timezone.utc).replace(microsecond=0).isoformat()}
+    path = reference_dir / CHECKS
+    checks = json.loads(path.read_text()) if path.exists() else []
+    path.write_text(json.dumps([*checks, entry], indent=2) + "\n")
+    return result, entry
