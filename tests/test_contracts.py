@@ -52,12 +52,6 @@ METHODS = [
     "tova-kvpress", "tova-poisson", "tova-topk",
     "value_aware-poisson",
 ]
-#: PyramidKV clips its lowest layers' budgets at the prompt and does not give the difference to the others, so at a
-#: budget near 1 its upper layers keep only the certainty set (src/kvcert/method/allocation/pyramid.py,
-#: pyramid_budget): at budget 1.0 it is not the full cache. Strict: the day it is, this mark must go.
-PYRAMID_BELOW_BUDGET = pytest.mark.xfail(strict=True, reason="pyramid_budget: k_max clipped at N, the mean falls "
-                                                             "below the budget (budget 1.0 evicts)")
-AT_FULL_BUDGET = [pytest.param(m, marks=PYRAMID_BELOW_BUDGET) if m.startswith("pyramidkv-") else m for m in METHODS]
 
 CONTEXT = 256  # tokens the press compresses (the prompt's last token is fed after compression)
 BUDGET = 0.25
@@ -127,7 +121,7 @@ def test_a_method_builds_from_its_config_and_keeps_its_budget(model, prompt, nam
     assert (len(caches[0].step_log) > 0) == method.randomized  # only a randomized method is certified
 
 
-@pytest.mark.parametrize("name", AT_FULL_BUDGET)
+@pytest.mark.parametrize("name", METHODS)
 def test_a_method_at_budget_one_is_the_full_cache(model, prompt, full_logits, name):
     cache, logits = prefill(model, prompt, name, 1.0)
     assert torch.equal(compressed_kept(cache), torch.full((2, 2), float(CONTEXT)))
@@ -180,12 +174,7 @@ STATISTIC_MODULES = [
 ]
 #: the package's other files: the shared parts, the selection of a claim's rows, the secondary analyses
 HELPERS = ["__init__", "auc", "base", "cells", "secondary"]
-#: names a module lists that no claim's rows can define (the anytime radius has no path of the setting query alone)
-NEVER_DEFINED = {"robust_coverage": "coverage_anytime_robust_setting"}
-
 STAT_IDS = [m["module"] for m in STATISTIC_MODULES]
-ALL_NAMES = [pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=f"NAMES lists {NEVER_DEFINED[m['module']]}"))
-             if m["module"] in NEVER_DEFINED else m for m in STATISTIC_MODULES]
 
 
 def module_of(entry):
@@ -252,7 +241,7 @@ def test_a_statistic_module_prepares_a_claim(data, entry):
             assert len(y) == len(defined) == len(rows) and defined.any()
 
 
-@pytest.mark.parametrize("entry", ALL_NAMES, ids=STAT_IDS)
+@pytest.mark.parametrize("entry", STATISTIC_MODULES, ids=STAT_IDS)
 def test_a_statistic_module_computes_every_name_it_lists(data, entry):
     module = module_of(entry)
     at_one = at_unit_weights(module.prepare(data[entry["source"]], data["plan"]))

@@ -111,3 +111,20 @@ def test_allocations():
     skewed[:, 0, 100:200] = 50.0  # head 0 concentrates its mass: a flatter head 1 needs more tokens
     skewed_alloc = allocate_adakv(skewed, 0.25, 0, 8, design)
     assert (skewed_alloc.sum(-1) == 1000).all()
+
+
+@pytest.mark.parametrize("budget", [0.05, 0.25, 0.5, 0.6, 0.75, 0.9, 1.0])
+def test_the_pyramid_keeps_the_budget_on_average_and_the_whole_prompt_at_budget_one(budget):
+    """PyramidKV's per-layer budgets average the uniform one (each layer rounds: within half a token), decrease
+    with depth, stay within [sinks + window, N]; where the top would pass the prompt it is clipped and the bottom
+    raised by as much (KVCache-Factory), so budget 1 keeps every token of every layer."""
+    from kvcert.method.allocation.pyramid import pyramid_budget
+    from kvcert.method.design import RetentionDesign
+
+    design, n, layers = RetentionDesign(), 1000, 30
+    k = round(budget * n)
+    ks = [pyramid_budget(k, layer, layers, n, design) for layer in range(layers)]
+    assert abs(sum(ks) / layers - max(k, design.sinks + design.window)) <= 0.5
+    assert ks == sorted(ks, reverse=True) and min(ks) >= design.sinks + design.window and max(ks) <= n
+    if budget == 1.0:
+        assert ks == [n] * layers

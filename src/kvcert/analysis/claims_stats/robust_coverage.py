@@ -3,7 +3,8 @@ plug-in radius plus the eviction sketch's shadow terms), computed as :mod:`.cove
 
     coverage_robust = Σ_c w_c · #{‖ô − o‖ ≤ ε_R}_c / Σ_c w_c · n_c,    tightness_robust = median ε_R / ‖ô − o‖
 
-per query kind (``coverage_robust_<kind>``, ``coverage_anytime_robust_<kind>``, ``tightness_robust_<kind>``),
+per query kind (``coverage_robust_<kind>``, ``tightness_robust_<kind>``; ``coverage_anytime_robust_<kind>`` for
+the kinds that decode a path),
 the worst later-query budget × layer cell (``coverage_robust_later_worst_cell``) and the diverged decodes
 (``coverage_robust_diverged``). Statistic names written out: :data:`NAMES`.
 """
@@ -23,7 +24,8 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan) -> Prepared:
     return prepare_coverage(rows, plan, "robust")
 
 
-NAMES = (*(f"{stat}_robust{k}" for stat in ("coverage", "coverage_anytime", "tightness")
-           for k in ("", *(f"_{q}" for q in QUERY_KINDS))),
+#: the anytime coverage per query kind exists for the kinds with decode paths: not ``setting`` (one query, no path)
+NAMES = (*(f"{stat}_robust{k}" for stat in ("coverage", "tightness") for k in ("", *(f"_{q}" for q in QUERY_KINDS))),
+         "coverage_anytime_robust", *(f"coverage_anytime_robust_{q}" for q in QUERY_KINDS if q != "setting"),
          "coverage_robust_later_worst_cell", "coverage_robust_diverged")
 KIND = Kind("replay", prepare, ("generations",))

@@ -4,7 +4,9 @@ fewer, linearly, with the mean over layers equal to the budget.
 
 With k the uniform budget and β the pyramid steepness, layer ℓ of n keeps
 k_ℓ = k_max − (k_max − k_min)·ℓ/(n − 1), where k_min = max(k/β, sinks + window) and
-k_max = 2k − k_min (so the mean over layers stays k); each k_ℓ is clipped to N.
+k_max = 2k − k_min (so the mean over layers stays k). Where k_max would exceed the prompt's N, the top is set to N
+and the bottom raised to k_min = 2k − N, so the mean still stays k (KVCache-Factory's pyramidkv_utils, which
+kvpress's PyramidKVPress follows): at budget 1 every layer keeps the whole prompt. Each k_ℓ is clipped to [floor, N].
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ def pyramid_budget(k: int, layer_idx: int, num_layers: int, n: int, design: Rete
     floor = min(n, design.sinks + design.window)
     k_min = min(k, max(k / beta, floor))  # never below the certainty set, so the mean stays k
     k_max = 2 * k - k_min
+    if k_max > n:  # the top clipped at the prompt, the bottom raised by as much
+        k_max, k_min = n, 2 * k - n
     k_layer = k_max - (k_max - k_min) * layer_idx / (num_layers - 1)
     return int(max(floor, min(n, round(k_layer))))
 
