@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import min_version, validate
+from snakemake.utils import min_version
 
 from kvcert.commands.check import preflight, profile_from_argv
 from kvcert.config.experiment import check_pipeline_config, experiment_grid
@@ -43,11 +43,10 @@ def here(path):
     return os.path.relpath(path)
 
 
-try:
+try:  # the schema's defaults filled in and every key validated, each error in one line
     check_pipeline_config(config, CONFIGS / "pipeline.schema.yaml", CONFIGS)
 except ValueError as exc:
     raise WorkflowError(str(exc)) from None
-validate(config, str(CONFIGS / "pipeline.schema.yaml"))
 
 if config["container"]:
 

@@ -59,27 +59,27 @@ def c3_records(h, n_examples, failing):
 
 def test_c3_holds(env):
     r = run(env, "C3", c3_records(env["hash"], 40, 20))
-    assert stat_of("induced_failure_rate", r).estimate.estimate == pytest.approx(0.5)
+    assert stat_of("induced_failure_rate", r).estimate == pytest.approx(0.5)
     assert r.verdict == "holds" and r.cell["generations"] == 160
 
 
 def test_c3_killed(env):
     r = run(env, "C3", c3_records(env["hash"], 40, 0))
     t = stat_of("induced_failure_rate", r)
-    assert t.estimate.estimate == 0.0 and t.estimate.ci_high == 0.0 and t.outcome == "fail"
+    assert t.estimate == 0.0 and t.ci[1] == 0.0 and t.outcome == "fail"
     assert r.verdict == "killed"
 
 
 def test_c3_inconclusive_when_interval_straddles(env):
     r = run(env, "C3", c3_records(env["hash"], 40, 4))
     t = stat_of("induced_failure_rate", r)
-    assert t.estimate.estimate == pytest.approx(0.1) and t.estimate.ci_low < 0.1 < t.estimate.ci_high
+    assert t.estimate == pytest.approx(0.1) and t.ci[0] < 0.1 < t.ci[1]
     assert r.verdict == "inconclusive" and "straddles" in r.reasons[-1]
 
 
 def test_c3_inconclusive_when_cell_too_small(env):
     r = run(env, "C3", c3_records(env["hash"], 5, 5))  # 20 runs < 30
-    assert stat_of("induced_failure_rate", r).estimate.estimate == 1.0
+    assert stat_of("induced_failure_rate", r).estimate == 1.0
     assert r.verdict == "inconclusive" and any("minimum 30" in x for x in r.reasons)
 
 
@@ -108,29 +108,29 @@ def c4_records(h, n_examples, failing, informative=True, seed=0):
 def test_c4_holds(env):
     r = run(env, "C4", c4_records(env["hash"], 40, 20))
     a, d = stat_of("auc_certificate_stratified", r), stat_of("auc_certificate_stratified_minus_confidence", r)
-    assert a.estimate.estimate == 1.0 and a.outcome == "pass" and d.outcome == "pass"
+    assert a.estimate == 1.0 and a.outcome == "pass" and d.outcome == "pass"
     conf = r.details["statistics"]["auc_certificate_stratified_confidence"]["estimate"]
-    assert d.estimate.estimate == pytest.approx(1.0 - conf)
+    assert d.estimate == pytest.approx(1.0 - conf)
     assert r.details["statistics"]["auc_certificate"]["estimate"] == 1.0  # the pooled figure, beside
     assert r.verdict == "holds" and r.cell["positives"] == 120 and r.cell["negatives"] == 120
     assert set(r.details["by_length"]) == {"512"}
     # the placebos, scored by the same tests, are killed: the stratum base rate is ½ in every stratum
-    assert r.placebo["applicable"] and not r.placebo["passes"] and r.placebo["verdict"] == "killed"
-    base = {b["kind"]: b for b in r.placebo["placebos"]}["stratum_base_rate"]
-    assert base["statistic"]["auc_certificate_stratified"]["estimate"] == 0.5
-    assert r.seed_stability["seeds"] == 5 and r.seed_stability["agree"] == 1.0
+    assert r.placebo.applicable and not r.placebo.passes and r.placebo.verdict == "killed"
+    base = {b.kind: b for b in r.placebo.placebos}["stratum_base_rate"]
+    assert base.statistic["auc_certificate_stratified"]["estimate"] == 0.5
+    assert r.seed_stability.seeds == 5 and r.seed_stability.agree == 1.0
 
 
 def test_c4_killed(env):
     r = run(env, "C4", c4_records(env["hash"], 40, 20, informative=False))
     a = stat_of("auc_certificate_stratified", r)
-    assert a.estimate.estimate == 0.5 and a.estimate.ci_high == 0.5 and a.outcome == "fail"
+    assert a.estimate == 0.5 and a.ci[1] == 0.5 and a.outcome == "fail"
     assert r.verdict == "killed"
 
 
 def test_c4_inconclusive_with_too_few_failures(env):
     r = run(env, "C4", c4_records(env["hash"], 40, 1))  # 6 failures < 10 positives
-    assert stat_of("auc_certificate_stratified", r).estimate.estimate == 1.0
+    assert stat_of("auc_certificate_stratified", r).estimate == 1.0
     assert r.verdict == "inconclusive" and any("positives: 6 <" in x for x in r.reasons)
 
 
@@ -158,7 +158,7 @@ def test_c4_a_signal_that_only_knows_the_cell_is_killed_within_strata(env):
     r = run(env, "C4", cell_only_records(env["hash"], 60))
     assert r.details["statistics"]["auc_certificate"]["estimate"] > 0.8  # what the pooled test would have passed
     t = stat_of("auc_certificate_stratified", r)
-    assert abs(t.estimate.estimate - 0.5) < 0.1 and t.outcome == "fail"
+    assert abs(t.estimate - 0.5) < 0.1 and t.outcome == "fail"
     assert r.verdict == "killed"
 
 
@@ -221,19 +221,19 @@ def test_c5_holds_with_known_gain(env):
     assert st["escalated_fraction"]["estimate"] == pytest.approx(0.5)
     assert st["mean_budget"]["estimate"] == pytest.approx(0.1875)
     assert st["matched_fixed_accuracy"]["estimate"] == pytest.approx(5 / 6)
-    assert stat_of("escalation_gain", r).estimate.estimate == pytest.approx(1 / 6)
+    assert stat_of("escalation_gain", r).estimate == pytest.approx(1 / 6)
     assert r.verdict == "holds" and r.cell["generations"] == 96
 
 
 def test_c5_killed_without_headroom(env):
     r = run(env, "C5", c5_records(env["hash"], 48, helpful=False))
     t = stat_of("escalation_gain", r)
-    assert t.estimate.estimate == 0.0 and t.estimate.ci_high == 0.0 and r.verdict == "killed"
+    assert t.estimate == 0.0 and t.ci[1] == 0.0 and r.verdict == "killed"
 
 
 def test_c5_inconclusive_when_too_few_chains(env):
     r = run(env, "C5", c5_records(env["hash"], 10))  # 20 chains < 30
-    assert stat_of("escalation_gain", r).estimate.estimate == pytest.approx(0.2)
+    assert stat_of("escalation_gain", r).estimate == pytest.approx(0.2)
     assert r.verdict == "inconclusive"
 
 
@@ -255,14 +255,14 @@ def c6_records(h, n_induced, n_inherent, informative=True, seed=0):
 
 def test_c6_holds(env):
     r = run(env, "C6", c6_records(env["hash"], 20, 20))
-    assert stat_of("auc_attribution_stratified", r).estimate.estimate == 1.0
+    assert stat_of("auc_attribution_stratified", r).estimate == 1.0
     assert r.verdict == "holds" and r.cell["positives"] == 120 and r.cell["negatives"] == 120
-    assert not r.placebo["passes"]
+    assert not r.placebo.passes
 
 
 def test_c6_killed(env):
     r = run(env, "C6", c6_records(env["hash"], 20, 20, informative=False))
-    assert stat_of("auc_attribution_stratified", r).estimate.estimate == 0.5 and r.verdict == "killed"
+    assert stat_of("auc_attribution_stratified", r).estimate == 0.5 and r.verdict == "killed"
 
 
 def test_c6_inconclusive_with_too_few_inherent_failures(env):
@@ -295,13 +295,13 @@ def test_c7_holds_with_known_gains(env):
     assert st["gain_certificate@0.2"]["estimate"] == pytest.approx(0.2)  # the pooled gate, beside
     assert st["gain_random@0.2"]["estimate"] == pytest.approx(0.04)
     assert st["gain_confidence_stratified@0.2"]["estimate"] == pytest.approx(0.0)
-    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate.estimate == pytest.approx(5.0)
-    assert stat_of("gain_certificate_minus_confidence_stratified", r).estimate.estimate == pytest.approx(0.2)
+    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate == pytest.approx(5.0)
+    assert stat_of("gain_certificate_minus_confidence_stratified", r).estimate == pytest.approx(0.2)
     assert st["gain_certificate_stratified@0.05"]["estimate"] == pytest.approx(0.05)  # curve point
     assert r.verdict == "holds"
-    base = {b["kind"]: b for b in r.placebo["placebos"]}["stratum_base_rate"]
+    base = {b.kind: b for b in r.placebo.placebos}["stratum_base_rate"]
     # a gate constant within strata recomputes a random share of each: exactly random gating's gain
-    assert base["statistic"]["gain_ratio_certificate_over_random_stratified"]["estimate"] == pytest.approx(1.0)
+    assert base.statistic["gain_ratio_certificate_over_random_stratified"]["estimate"] == pytest.approx(1.0)
 
 
 def test_c7_a_gate_that_only_knows_the_cell_gains_what_random_gains(env):
@@ -318,26 +318,26 @@ def test_c7_a_gate_that_only_knows_the_cell_gains_what_random_gains(env):
     r = run(env, "C7", out)
     # pooled, the gate's ties recompute 20 of the 50 runs at 12.5 %: gain 0.08, twice random's 0.04
     assert r.details["statistics"]["gain_ratio_certificate_over_random"]["estimate"] == pytest.approx(2.0)
-    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate.estimate == pytest.approx(1.0)
+    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate == pytest.approx(1.0)
     assert r.verdict == "killed"
 
 
 def test_c7_killed_when_the_certificate_points_away(env):
     r = run(env, "C7", c7_records(env["hash"], 50, 10, cert_right=False))
-    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate.estimate == 0.0
+    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate == 0.0
     assert r.verdict == "killed"
 
 
 def test_c7_inconclusive_when_cell_too_small(env):
     r = run(env, "C7", c7_records(env["hash"], 10, 2))  # 20 runs < 30
-    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate.estimate == pytest.approx(5.0)
+    assert stat_of("gain_ratio_certificate_over_random_stratified", r).estimate == pytest.approx(5.0)
     assert r.verdict == "inconclusive" and any("minimum 30" in x for x in r.reasons)
 
 
 def test_c7_without_recoverable_runs_ratio_is_undefined(env):
     r = run(env, "C7", c7_records(env["hash"], 50, 0))
     t = stat_of("gain_ratio_certificate_over_random_stratified", r)
-    assert t.estimate.skipped == t.estimate.resamples and t.outcome == "unclear"
+    assert t.skipped == t.resamples and t.outcome == "unclear"
     assert any("resamples undefined" in x for x in r.reasons)
     # the paired difference is exactly 0, which fails "> 0": by the verdict rules a failed test kills
     assert stat_of("gain_certificate_minus_confidence_stratified", r).outcome == "fail" and r.verdict == "killed"
@@ -350,12 +350,12 @@ def test_c1_holds_and_reports_kinds(env):
     replay = replay_frame(24, 40, 4, seed=1, layers=2, heads=2, overshoot=1.0, floor=0.9, spread=1.0)
     r = run(env, "C1", replay=replay)
     t = stat_of("coverage", r)
-    assert t.estimate.estimate == pytest.approx(replay["covered"].mean()) and t.outcome == "pass"
+    assert t.estimate == pytest.approx(replay["covered"].mean()) and t.outcome == "pass"
     st = r.details["statistics"]
     assert "coverage_setting" in st and "coverage_later" in st
     assert r.verdict == "holds" and r.cell["generations"] == 48  # replay cells: 24 groups × 2 kinds
-    median = {b["kind"]: b for b in r.placebo["placebos"]}["step_cell_median_radius"]
-    assert median["statistic"]["coverage"]["estimate"] < 0.7 and median["verdict"] == "killed"
+    median = {b.kind: b for b in r.placebo.placebos}["step_cell_median_radius"]
+    assert median.statistic["coverage"]["estimate"] < 0.7 and median.verdict == "killed"
 
 
 def test_c1_uninformative_when_a_cell_constant_radius_covers_as_well(env):
@@ -364,9 +364,9 @@ def test_c1_uninformative_when_a_cell_constant_radius_covers_as_well(env):
     replay = replay_frame(24, 40, 4, seed=1, layers=2, heads=2, overshoot=0.3, spread=0.05)
     r = run(env, "C1", replay=replay)
     assert stat_of("coverage", r).outcome == "pass"
-    assert r.placebo["passes"] and r.placebo["kind"] == "step_cell_median_radius"
+    assert r.placebo.passes and r.placebo.kind == "step_cell_median_radius"
     assert r.verdict == "uninformative" and any("placebo" in x for x in r.reasons)
-    assert r.seed_stability["agree"] == 1.0 and r.seed_stability["verdicts"] == {"uninformative": 5}
+    assert r.seed_stability.agree == 1.0 and r.seed_stability.verdicts == {"uninformative": 5}
 
 
 def test_replay_claims_resample_the_registered_unit_and_report_the_others_beside(env):
@@ -375,14 +375,14 @@ def test_replay_claims_resample_the_registered_unit_and_report_the_others_beside
     with the example × layer one; ``cell`` (every freeze before it) decides as before and reports nothing beside."""
     import dataclasses
 
-    from kvcert.config.analysis_plan import AnalysisPlan, AnalysisPlanError
+    from kvcert.config.analysis_plan import AnalysisPlanError
 
     frames = []
     for i, overshoot in enumerate((1.0, 1.0, 1.0, 1.6, 1.6, 1.6)):  # three prompts covered, three at 0.95/1.55
         f = replay_frame(8, 30, 2, seed=10 + i, layers=2, heads=2, overshoot=overshoot)
         frames.append(f.assign(example_id=f"p{i}"))
     replay = pd.concat(frames, ignore_index=True)
-    registered = AnalysisPlan.of(env["plan"])
+    registered = env["plan"]
     plan = dataclasses.replace(registered, bootstrap=dataclasses.replace(  # every freeze before the eighth amendment
         registered.bootstrap, replay_unit="cell", replay_beside=()))
     cluster = dataclasses.replace(plan, bootstrap=dataclasses.replace(
@@ -390,12 +390,12 @@ def test_replay_claims_resample_the_registered_unit_and_report_the_others_beside
     by_cell = evaluate_claim(env["claims"]["C1"], plan, None, replay, stability=False)
     by_prompt = evaluate_claim(env["claims"]["C1"], cluster, None, replay, stability=False)
     cell_t, prompt_t = stat_of("coverage", by_cell), stat_of("coverage", by_prompt)
-    assert cell_t.estimate.estimate == prompt_t.estimate.estimate  # the point estimate does not depend on the unit
-    cell_width = cell_t.estimate.ci_high - cell_t.estimate.ci_low
-    prompt_width = prompt_t.estimate.ci_high - prompt_t.estimate.ci_low
+    assert cell_t.estimate == prompt_t.estimate  # the point estimate does not depend on the unit
+    cell_width = cell_t.ci[1] - cell_t.ci[0]
+    prompt_width = prompt_t.ci[1] - prompt_t.ci[0]
     assert prompt_width > 2 * cell_width
     assert prompt_t.unit == "example" and set(prompt_t.beside) == {"example_layer", "cell"}
-    assert prompt_t.beside["cell"]["ci"] == pytest.approx([cell_t.estimate.ci_low, cell_t.estimate.ci_high])
+    assert prompt_t.beside["cell"]["ci"] == pytest.approx([cell_t.ci[0], cell_t.ci[1]])
     assert cell_t.to_dict()["unit"] == "cell" and cell_t.beside == {}
     with pytest.raises(AnalysisPlanError, match="replay_unit: 'prompt' is not a replay unit"):
         dataclasses.replace(plan.bootstrap, replay_unit="prompt")
@@ -404,7 +404,7 @@ def test_replay_claims_resample_the_registered_unit_and_report_the_others_beside
 def test_c1_killed(env):
     replay = replay_frame(24, 40, 4, seed=1, layers=2, heads=2, overshoot=2.0)  # coverage 0.95/1.95
     r = run(env, "C1", replay=replay)
-    assert stat_of("coverage", r).estimate.estimate == pytest.approx(0.95 / 1.95, abs=0.03) and r.verdict == "killed"
+    assert stat_of("coverage", r).estimate == pytest.approx(0.95 / 1.95, abs=0.03) and r.verdict == "killed"
 
 
 def test_c1_inconclusive_small_and_missing(env):
@@ -418,10 +418,10 @@ def test_c1_inconclusive_small_and_missing(env):
 
 def test_c2_holds_and_killed(env):
     good = run(env, "C2", replay=replay_frame(24, 40, 4, seed=2, layers=2, heads=2, spread=1.0))
-    assert stat_of("spearman_within_cell", good).estimate.estimate > 0.6 and good.verdict == "holds"
-    assert not good.placebo["passes"]
+    assert stat_of("spearman_within_cell", good).estimate > 0.6 and good.verdict == "holds"
+    assert not good.placebo.passes
     bad = run(env, "C2", replay=replay_frame(24, 40, 4, seed=2, layers=2, heads=2, informative=False))
-    assert abs(stat_of("spearman_within_cell", bad).estimate.estimate) < 0.1 and bad.verdict == "killed"
+    assert abs(stat_of("spearman_within_cell", bad).estimate) < 0.1 and bad.verdict == "killed"
 
 
 def test_c2_a_radius_that_only_knows_the_cell_is_killed_within_cells(env):
@@ -431,7 +431,7 @@ def test_c2_a_radius_that_only_knows_the_cell_is_killed_within_cells(env):
     r = run(env, "C2", replay=replay)
     assert r.details["statistics"]["spearman"]["estimate"] > 0.6
     t = stat_of("spearman_within_cell", r)
-    assert abs(t.estimate.estimate) < 0.1 and t.outcome == "fail" and r.verdict == "killed"
+    assert abs(t.estimate) < 0.1 and t.outcome == "fail" and r.verdict == "killed"
 
 
 def test_step_cell_spearman_rules():
@@ -457,9 +457,9 @@ def test_c8_worst_budget_layer_cell_and_diverged_rows(env):
     replay.loc[bad, "covered_robust"] = replay.loc[bad, "error"] <= replay.loc[bad, "radius_robust"]
     r = run(env, "C8", replay=replay)
     worst = stat_of("coverage_robust_later_worst_cell", r)
-    assert worst.estimate.estimate == pytest.approx(replay.loc[bad, "covered_robust"].mean())
+    assert worst.estimate == pytest.approx(replay.loc[bad, "covered_robust"].mean())
     assert worst.outcome == "fail" and r.verdict == "killed"
-    assert r.details["later_coverage_by_budget_layer"]["0.125/layer 1"] == pytest.approx(worst.estimate.estimate)
+    assert r.details["later_coverage_by_budget_layer"]["0.125/layer 1"] == pytest.approx(worst.estimate)
     assert stat_of("coverage_robust_diverged", r).outcome == "pass"  # steps ≥ 2 of the sample-dependent rows
     # every draw of every example × budget diverges from its second decode step on
     assert r.details["diverged_decodes"] == replay.groupby(["example_id", "budget"]).ngroups * 40
@@ -502,9 +502,9 @@ def test_a_placebo_is_seeded_by_each_rows_key_not_its_position(env, name):
 def _with_secondary(plan, claims):
     import dataclasses
 
-    from kvcert.config.analysis_plan import AnalysisPlan, SecondaryPart
+    from kvcert.config.analysis_plan import SecondaryPart
 
-    return dataclasses.replace(AnalysisPlan.of(plan), secondary=SecondaryPart(claims=claims))
+    return dataclasses.replace(plan, secondary=SecondaryPart(claims=claims))
 
 
 def test_secondary_analyses_by_hand():
@@ -513,12 +513,13 @@ def test_secondary_analyses_by_hand():
     matched coverage (0.9) each radius is scaled by the averaged-inverted-CDF 0.9 quantile of e/r, and the
     tightness is its median on the log scale (numpy's median of log r/e)."""
     from kvcert.analysis.claims_stats.secondary import prepare
+    from kvcert.config.analysis_plan import AnalysisPlan
 
     error = np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 3.0])
     radius = np.array([0.05, 0.5, 0.2, 1.0, 0.6, 0.3, 1.4, 1.6, 1.0, 2.0])
     rows = replay_frame(1, 10, 0, layers=1, heads=1, budgets=[0.25]).assign(error=error, radius=radius)
     rows["covered"] = rows["error"] <= rows["radius"]
-    plan = _with_secondary({"delta": 0.1}, {"C1": "plugin"})
+    plan = _with_secondary(AnalysisPlan.from_dict({"delta": 0.1}), {"C1": "plugin"})
     point = prepare(rows, plan, "plugin").point
     c = np.median(radius)  # 0.8
     assert point["top_error_coverage"] == 0.0 and point["top_error_coverage_constant"] == float(3.0 <= c)

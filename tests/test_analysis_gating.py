@@ -93,7 +93,7 @@ def test_multiturn_table_by_hand():
 def test_the_multiturn_baselines_carry_intervals_over_examples():
     """The overall row's gated, random and confidence recall each come with a bootstrap interval over examples that
     holds its estimate; a gate that fires on the runs the full cache rescues beats random gating at its rate."""
-    from kvcert.analysis.stats import BootstrapPlan
+    from kvcert.config.analysis_plan import BootstrapPart
 
     rng = np.random.default_rng(0)
     rows = []
@@ -106,7 +106,7 @@ def test_the_multiturn_baselines_carry_intervals_over_examples():
         rows.append({**base, "sampler": "poisson", "correct": 0.0 if rescued else 1.0,
                      "gate_signal": 0.9 if rescued else 0.1 * rng.random(), "confidence": -rng.random()})
     t = multiturn_table(pd.DataFrame(rows), {"task": "multiturn", "condition": "streaming", "budgets": [0.1]}, 0.5,
-                        bootstrap_plan=BootstrapPlan(resamples=300, seed=1))
+                        bootstrap_plan=BootstrapPart(resamples=300, seed=1))
     overall = t.set_index("bin").loc["overall"]
     assert overall["gated"] == 1.0 and overall["recomputed"] == pytest.approx(1 / 3)
     for col in ("gated", "random", "confidence"):

@@ -92,6 +92,65 @@ def test_a_malformed_plan_is_refused_in_one_line_naming_the_key(edit, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["certificate_signal"].update(field="steps_max"),
+     "analysis_plan.certificate_signal.field: 'steps_max' is not one of steps, anytime_steps, relative_steps"),
+    (lambda d: d["certificate_signal"].update(aggregation="median"),
+     "analysis_plan.certificate_signal.aggregation: 'median' is not one of max, mean, rms"),
+    (lambda d: d["certificate_signal"].update(over_steps="sum"),
+     "analysis_plan.certificate_signal.over_steps: 'sum' is not one of mean, max, min, last, first"),
+    (lambda d: d["multiturn_gate"].update(field="radius"), "analysis_plan.multiturn_gate.field: 'radius' is not one of"),
+    (lambda d: d["comparison_signals"].update(over_steps="median"),
+     "analysis_plan.comparison_signals.over_steps: 'median' is not one of"),
+    (lambda d: d["comparison_signals"].update(aggregation="sum"),
+     "analysis_plan.comparison_signals.aggregation: 'sum' is not one of"),
+    (lambda d: d["comparison_signals"]["turn_distance"].update(signals=["certificate", "entropy"]),
+     "analysis_plan.comparison_signals.turn_distance.signals: 'entropy' is not a signal"),
+    (lambda d: d["robust_certificate"].update(window="four"),
+     "analysis_plan.robust_certificate.window: must be a number, got 'four'"),
+    (lambda d: d["robust_certificate"].update(key_bits=0), "analysis_plan.robust_certificate.key_bits: must be >= 1"),
+    (lambda d: d["robust_certificate"].update(score=1), "analysis_plan.robust_certificate.score: must be a name"),
+    (lambda d: d["design"].update(sinks=-1), "analysis_plan.design.sinks: must be >= 0, got -1"),
+    (lambda d: d["design"].update(temper=0), "analysis_plan.design.temper: must lie in (0, 8]"),
+    (lambda d: d["design"].update(top_fraction=1.5), "analysis_plan.design.top_fraction: must lie in [0, 1]"),
+    (lambda d: d["bootstrap"].update(unit="prompt"), "analysis_plan.bootstrap.unit: 'prompt' is not one of example"),
+    (lambda d: d["placebos"].update(generations=["oracle"]),
+     "analysis_plan.placebos.generations: 'oracle' is not one of stratum_base_rate, random_score"),
+    (lambda d: d["placebos"].update(replay=["random_score"]),
+     "analysis_plan.placebos.replay: 'random_score' is not one of step_cell_median_radius"),
+    (lambda d: d["replay"].update(query_kinds=["setting", "stale"]),
+     "analysis_plan.replay.query_kinds: 'stale' is not one of setting, later, sample_dependent"),
+    (lambda d: d["replay"].update(draws=-1), "analysis_plan.replay.draws: must be an integer >= 0, got -1"),
+    (lambda d: d["replay"].update(later_queries=1.5), "analysis_plan.replay.later_queries: must be an integer >= 0"),
+    (lambda d: d["minimum_cell"].update(positives=-2), "analysis_plan.minimum_cell.positives: must be an integer >= 0"),
+    (lambda d: d["recompute"].update(gate_rates=[0.1, 1.5]), "analysis_plan.recompute.gate_rates: must lie in (0, 1]"),
+    (lambda d: d["recompute"].update(verdict_rate=0), "analysis_plan.recompute.verdict_rate: must lie in (0, 1]"),
+    (lambda d: d["escalation"].update(threshold_quantile=1.0),
+     "analysis_plan.escalation.threshold_quantile: must lie in (0, 1)"),
+])
+def test_every_field_is_checked_at_load(edit, message):
+    """A value the analysis or the replay could not use is refused when the plan is built, in one line naming its
+    key — not later, where the scoring or the replay reads it."""
+    data = registered()
+    edit(data)
+    with pytest.raises(AnalysisPlanError) as err:
+        AnalysisPlan.from_dict(data)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_plans_allowed_values_are_the_later_stages():
+    """The query kinds the plan accepts are the replay table's; the certificate fields and aggregations, a record's
+    certificate's; the robust certificate's keys, :mod:`kvcert.method.sketch`'s."""
+    from kvcert.config.analysis_plan import CERT_FIELDS, QUERY_KINDS
+    from kvcert.config.names import AGGREGATIONS
+    from kvcert.generation.replay_table import QUERY_KINDS as TABLE_KINDS
+    from kvcert.testing import AGGREGATIONS as RECORD_AGGREGATIONS, make_record
+
+    assert QUERY_KINDS == TABLE_KINDS and AGGREGATIONS == RECORD_AGGREGATIONS
+    certificate = make_record("e0", condition="aware", sampler="poisson", signal=0.1)["certificate"]
+    assert set(CERT_FIELDS) <= set(certificate) and all(set(certificate[f]) == set(AGGREGATIONS) for f in CERT_FIELDS)
+
+
 def test_the_schema_refuses_what_the_types_would_coerce():
     data = registered()
     data["bootstrap"]["resamples"] = "4000"

@@ -11,6 +11,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from kvcert import certified_attention, enable_certified_attention
+from kvcert.config.analysis_plan import QUERY_KINDS, ReplayPart
 from kvcert.generation.replay import (
     _potential, _seed, _shadow_slots, capture, compressed_decode, draw_samples, impossibility_for_model, replay_layers,
     replay_model,
@@ -32,12 +33,16 @@ from conftest import model_for
 BUDGETS, DRAWS, LATER, DELTA, SEED = [0.25, 0.5], 12, 2, 0.1, 5
 
 
+def part(budgets, draws, later, kinds=QUERY_KINDS, seed=0):
+    return ReplayPart(budgets=budgets, draws=draws, later_queries=later, query_kinds=kinds, seed=seed)
+
+
 @pytest.fixture(scope="module")
 def setup():
     tok = build_tokenizer()
     model = enable_certified_attention(model_for(tok))
     records = generate("needle", tok, n_examples=2, target_tokens=300, seed=123, answer_tokens=0)  # a 300-token prompt
-    df = replay_model(model, tok, records, BUDGETS, DRAWS, LATER, DELTA, seed=SEED, model_name="tiny")
+    df = replay_model(model, tok, records, part(BUDGETS, DRAWS, LATER, seed=SEED), DELTA, model_name="tiny")
     return model, tok, records, df
 
 
@@ -183,18 +188,18 @@ def test_summaries(setup):
 def test_layers_subset_and_checks(setup):
     model, tok, records, _ = setup
     assert replay_layers(32, 4) == [0, 10, 21, 31] and replay_layers(2, None) == [0, 1]
-    df = replay_model(model, tok, records[:1], [0.5], 3, 0, DELTA, max_layers=1, model_name="tiny")
+    df = replay_model(model, tok, records[:1], part([0.5], 3, 0), DELTA, max_layers=1, model_name="tiny")
     assert set(df["layer"]) == {0} and set(df["query_kind"]) == {"setting"} and len(df) == 4 * 3
-    df = replay_model(model, tok, records[:1], [0.5], 3, 1, DELTA, max_layers=1, model_name="tiny",
-                      query_kinds=("setting", "sample_dependent"))
+    df = replay_model(model, tok, records[:1], part([0.5], 3, 1, ("setting", "sample_dependent")), DELTA,
+                      max_layers=1, model_name="tiny")
     assert set(df["query_kind"]) == {"setting", "sample_dependent"} and len(df) == 4 * 3 * 2
     with pytest.raises(ValueError, match="query_kinds"):
-        replay_model(model, tok, records[:1], [0.5], 3, 1, DELTA, query_kinds=("setting", "stale"))
+        part([0.5], 3, 1, ("setting", "stale"))
     config = copy.deepcopy(model.config)
     config._attn_implementation = "sdpa"
     plain = LlamaForCausalLM(config)
     with pytest.raises(ValueError, match="enable_certified_attention"):
-        replay_model(plain, tok, records[:1], [0.5], 3, 0, DELTA)
+        replay_model(plain, tok, records[:1], part([0.5], 3, 0), DELTA)
 
 
 def test_impossibility_rows(setup):

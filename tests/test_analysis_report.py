@@ -173,7 +173,7 @@ def test_claim_details_fit_800_px_and_name_their_counts_populations(run):
 
 def test_a_breakdown_of_many_models_is_split_into_tables_of_four_columns():
     from kvcert.analysis.document import Document
-    from kvcert.analysis.report import breakdown_tables
+    from kvcert.analysis.report_details import breakdown_tables
 
     doc = Document()
     breakdown = [{"model": f"m{i}", "target_tokens": 512, "generations": 10 + i, "gain@0.1": 0.5 / (i + 1)}
@@ -198,11 +198,14 @@ def test_the_claims_step_prints_one_line_not_every_unrounded_value():
 
 
 def test_auc_panel_without_an_estimate_says_why(tmp_path):
+    from kvcert.analysis.claims_document import ClaimResult, ClaimTest, PaperOutcome, PlaceboBlock
     from kvcert.analysis.figures import auc_figure
 
-    claim = {"id": "C6", "tests": [{"statistic": "auc_attribution", "threshold": 0.65}],
-             "details": {"statistics": {}}, "reasons": ["cell below the minimum (0 negatives < 10)"],
-             "cell": {"positives": 40, "negatives": 0}}
+    test = ClaimTest("auc_attribution", ">=", 0.65, False, None, [None, None], 0.9, 100, 100, 1.0, "unclear")
+    claim = ClaimResult("C6", "s", "generations", "m", "k", [test], "inconclusive",
+                        ["cell below the minimum (0 negatives < 10)"], {"positives": 40, "negatives": 0},
+                        PaperOutcome(None, None), PlaceboBlock(False, None, None, False, []),
+                        details={"statistics": {}})
     path = auc_figure([claim], tmp_path / "auc.png")
     assert path is not None and path.exists()  # the panel is drawn, with its reason, not left out
 
@@ -296,6 +299,7 @@ def relabelled(run, folder: Path, experiment: str, models: list[str], prereg_has
         doc["provenance"]["prereg_hash"] = prereg_hash
     if c1:
         doc["claims"][0]["verdict"], doc["claims"][0]["value"] = c1
+        doc["claims"][0]["tests"][0]["estimate"] = c1[1]  # the value is the first test's estimate
     path = folder / experiment / "claims.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc))
@@ -471,17 +475,17 @@ def test_the_multiturn_prose_states_the_threshold_the_table_applied(run):
     import pandas as pd
 
     from kvcert.analysis.document import Document
+    from kvcert.analysis.claims_document import ClaimsDocument
     from kvcert.analysis.report import ReportData, multiturn_section
-    from kvcert.config.analysis_plan import AnalysisPlan
 
-    doc = json.loads((run["tmp"] / "claims.json").read_text())
-    plan = AnalysisPlan.of(doc["analysis_plan"])
+    doc = ClaimsDocument.read(run["tmp"] / "claims.json")
+    plan = doc.plan
     table = pd.DataFrame([{"bin": "overall", "n": 2, "full": 1.0, "topk": 0.0, "poisson": 0.5, "gated": 1.0,
                            "random": 0.75, "confidence": 0.5, "recomputed": 0.5}])
     for grid, said in (({"multiturn": {"gate_threshold": 0.8765}}, "> 0.8765"),
                        ({"multiturn": {}}, f"> {plan.multiturn_gate.threshold:g}")):
         d = Document()
-        data = ReportData(doc, run["tmp"], run["tmp"], doc["claims"], plan, grid, None, pd.DataFrame(), None)
+        data = ReportData(doc, run["tmp"], run["tmp"], grid, None, pd.DataFrame(), None)
         multiturn_section(d, data, table)
         text = d.markdown(run["tmp"])
         assert said in text, text

@@ -8,8 +8,9 @@ import pytest
 from scipy import stats as scipy_stats
 from sklearn.metrics import roc_auc_score
 
+from kvcert.config.analysis_plan import BootstrapPart
 from kvcert.analysis.stats import (
-    AUCIndex, BootstrapPlan, SpearmanIndex, WeightedMedian, WeightedQuantile, auc, bootstrap, claim_verdict, encode_units,
+    AUCIndex, SpearmanIndex, WeightedMedian, WeightedQuantile, auc, bootstrap, claim_verdict, encode_units,
     percentile_interval, test_outcome as outcome_of, weight_chunks, weighted_mean, weighted_quantile,
 )
 
@@ -69,9 +70,9 @@ def test_weighted_spearman_equals_scipy_on_replicated_data(data):
 def test_bootstrap_equals_explicit_unit_resampling(data):
     units, y, score = data
     codes, n_units = encode_units(units)
-    plan = BootstrapPlan(resamples=40, seed=11, level=0.9, max_chunk=16)
+    plan = BootstrapPart(resamples=40, seed=11, level=0.9)
     index = AUCIndex(score, y)
-    est = bootstrap(lambda w: {"auc": index(w)}, codes, n_units, plan)["auc"]
+    est = bootstrap(lambda w: {"auc": index(w)}, codes, n_units, plan, max_chunk=16)["auc"]
     # the same resamples, built explicitly: draw units, stack all their records
     rng = np.random.default_rng(11)
     explicit = []
@@ -90,7 +91,7 @@ def test_bootstrap_equals_explicit_unit_resampling(data):
 
 def test_bootstrap_weights_are_unit_multiplicities():
     codes = np.array([0, 0, 1, 2, 2, 2])
-    for w in weight_chunks(codes, 3, BootstrapPlan(resamples=10, seed=0)):
+    for w in weight_chunks(codes, 3, BootstrapPart(resamples=10, seed=0)):
         assert np.all(w[:, 0] == w[:, 1]) and np.all(w[:, 3] == w[:, 5])
         per_unit = w[:, [0, 2, 3]]
         assert np.all(per_unit.sum(axis=1) == 3)  # U units drawn per resample
@@ -101,8 +102,8 @@ def test_bootstrap_is_deterministic_and_counts_skips():
     y = np.array([1, 0, 0, 0, 0, 0], dtype=float)  # one positive: often absent from a resample
     score = np.arange(6, dtype=float)
     index = AUCIndex(score, y)
-    a = bootstrap(lambda w: {"auc": index(w)}, codes, 6, BootstrapPlan(200, 5))["auc"]
-    b = bootstrap(lambda w: {"auc": index(w)}, codes, 6, BootstrapPlan(200, 5))["auc"]
+    a = bootstrap(lambda w: {"auc": index(w)}, codes, 6, BootstrapPart(200, 5))["auc"]
+    b = bootstrap(lambda w: {"auc": index(w)}, codes, 6, BootstrapPart(200, 5))["auc"]
     assert a.skipped == b.skipped and a.skipped > 0.2 * 200  # P(no positive) = (5/6)^6 ≈ 0.33
     np.testing.assert_array_equal(a.samples, b.samples)
     assert a.skipped_fraction > 0.10
@@ -165,7 +166,7 @@ def test_a_median_of_near_equal_values_gets_an_interval_that_holds_it():
     units = np.repeat(np.arange(40), 25)
     values = 0.7456 + 0.004 * rng.random(units.size)
     median = WeightedMedian(values, units)
-    est = bootstrap(lambda w: {"m": median(w)}, np.arange(40), 40, BootstrapPlan(resamples=400, seed=2))["m"]
+    est = bootstrap(lambda w: {"m": median(w)}, np.arange(40), 40, BootstrapPart(resamples=400, seed=2))["m"]
     assert est.ci_low < est.estimate < est.ci_high and est.estimate == np.median(values)
 
 

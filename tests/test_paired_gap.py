@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from kvcert.analysis.paired_gap import mcnemar_exact, paired_gaps
-from kvcert.analysis.stats import BootstrapPlan
+from kvcert.config.analysis_plan import BootstrapPart
 
 
 def _scores(topk, poisson, condition="aware", budget=0.25, task="needle"):
@@ -37,7 +37,7 @@ def test_the_gap_is_paired_by_example_and_its_interval_holds_it():
     poisson = topk & (rng.random(200) < 0.8)  # the sampler loses a fifth of top-k's answers, gains none
     df = pd.concat([_scores(topk, poisson), _scores(topk, topk, condition="streaming"),
                     _scores(topk, poisson, task="multikey").assign(method="other")])  # another method: not paired
-    plan = BootstrapPlan(resamples=2000, seed=1)
+    plan = BootstrapPart(resamples=2000, seed=1)
     out = paired_gaps(df, plan, tasks=["needle"]).set_index("condition")
     aware = out.loc["aware"]
     b = int((topk & ~poisson).sum())
@@ -55,6 +55,6 @@ def test_the_gap_is_paired_by_example_and_its_interval_holds_it():
 def test_examples_missing_one_method_are_left_out():
     df = _scores([1, 1, 0, 1], [1, 0, 0, 0])
     df = df[~((df["method"] == "snapkv-poisson") & (df["example_id"] == "3"))]
-    row = paired_gaps(df, BootstrapPlan(resamples=200, seed=0)).iloc[0]
+    row = paired_gaps(df, BootstrapPart(resamples=200, seed=0)).iloc[0]
     assert row["examples"] == 3 and row["gap"] == pytest.approx(1 / 3, abs=1e-15)
-    assert paired_gaps(df[df["method"] == "snapkv-topk"], BootstrapPlan(resamples=10)).empty
+    assert paired_gaps(df[df["method"] == "snapkv-topk"], BootstrapPart(resamples=10)).empty

@@ -177,6 +177,7 @@ def test_lint_is_clean():
         ({"experimnt": "paper"}, "'experimnt' is unknown .*did you mean 'experiment'"),
         ({"experiment": "papr"}, "no configs/experiment/papr.yaml"),
         ({"retrain_model": "maybe"}, "must be true or false"),
+        ({"results": 5}, "config key 'results': 5 is not of type 'string'; give what .*pipeline.schema.yaml"),
     ],
 )
 def test_config_errors_are_one_line(config, match):
@@ -232,9 +233,9 @@ def test_a_model_folder_moved_elsewhere_keeps_every_rerun_trigger():
 
 
 def test_the_plan_hands_out_typed_jobs(tmp_path):
-    """Plan.jobs: one Job per shard, in the plan's order — its runs' GenerationSpecs (validated where they
-    enter), their config hash (the hash of the record hashes: the Snakefile's rerun trigger), and its planned
-    records keyed by GenerationKey, read from the manifest under the results folder."""
+    """Plan.job: a shard's Job — its runs' GenerationSpecs (validated where they enter), their config hash (the
+    hash of the record hashes: the Snakefile's rerun trigger), and its planned records keyed by GenerationKey,
+    read from the manifest it is given."""
     from kvcert.generation.record import GenerationKey
     from kvcert.generation.spec import GenerationSpec
     from kvcert.config.experiment import experiment_grid
@@ -249,9 +250,10 @@ def test_the_plan_hands_out_typed_jobs(tmp_path):
         write_jsonl([TaskRecord(id=f"{shard.task}-{i}", task=shard.task, context="c", question="q", answers=["a"],
                                 metadata={"target_tokens": shard.length or None}) for i in range(examples)],
                     tmp_path / shard.manifest)
-    jobs = plan.jobs(configs, prereg, results=tmp_path)
-    assert [j.shard for j in jobs] == plan.shards
-    for job in jobs:
+    cache = {}  # the analysis plan and each manifest read once across the jobs
+    for shard in plan.shards:
+        job = plan.job(shard, configs, prereg, manifest=tmp_path / shard.manifest, cache=cache)
+        assert job.shard is shard
         assert len(job.specs) == len(job.shard.runs) and all(isinstance(s, GenerationSpec) for s in job.specs)
         assert [float(s.budget) for s in job.specs] == [r.budget for r in job.shard.runs]
         assert job.config_hash == specs_hash(job.specs) == plan.job(job.shard, configs, prereg).config_hash

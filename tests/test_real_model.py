@@ -70,6 +70,7 @@ def test_kvcert_run_on_the_real_model(folder, tmp_path):
 def test_one_replay_cell_on_two_layers(folder):
     import torch
 
+    from kvcert.config.analysis_plan import ReplayPart
     from kvcert.method.design import RetentionDesign
     from kvcert.generation.replay import replay_model
     from kvcert.method.models import ModelSpec, load_model
@@ -79,8 +80,8 @@ def test_one_replay_cell_on_two_layers(folder):
     model, tokenizer = load_model(ModelSpec(NAME, f"fetch:{NAME}"))
     record = TASKS["needle"].generate(tokenizer, n_examples=1, target_tokens=1024, seed=1_200_777)
     draws = 40
-    df = replay_model(model, tokenizer, record, [0.25], draws, 2, 0.1, RetentionDesign(), 0, 2, model_name=NAME,
-                      query_kinds=("setting", "later"))
+    replay = ReplayPart(budgets=(0.25,), draws=draws, later_queries=2, query_kinds=("setting", "later"), seed=0)
+    df = replay_model(model, tokenizer, record, replay, 0.1, RetentionDesign(), 2, model_name=NAME)
     assert sorted(df["layer"].unique()) == [0, 29]  # two evenly spaced layers: the first and the last
     # one row per (layer, query head, step: the setting query and 2 later ones, draw)
     assert len(df) == 2 * 9 * 3 * draws and set(df["query_kind"]) == {"setting", "later"}

@@ -138,7 +138,6 @@ def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, t
     """planned_shards: the examples of the manifest beside the shard, the config hashes of the runs
     composed from the configs as they are; a dtype edited after the run is refused, naming both."""
     from kvcert.analysis.steps import planned_shards
-    from kvcert.generation.jobs import planned_records
     from kvcert.generation.plan import build_plan, load_grid
 
     folder, fr = prereg
@@ -148,7 +147,7 @@ def test_the_plan_comes_from_the_manifest_and_the_configs_composed_now(prereg, t
     manifest = results / shard.manifest
     plan = build_plan("smoke", load_grid(folder, "grids/smoke.yaml"))
     built_manifest(manifest, plan.manifest(shard.model, shard.task, shard.length), configs)
-    expected = planned_records("smoke", shard, manifest, configs, folder)
+    expected = plan.job(shard, configs, folder, manifest=manifest).planned_records()
     assert len(expected) == shard.generations
     from kvcert.tasks.records import load_records
 
@@ -576,7 +575,8 @@ def test_a_report_killed_half_way_leaves_no_summary_that_disagrees(tmp_path, mon
 
     out = tmp_path / "report"
     write_json({"claims": "of the previous run"}, out / "summary.json")
-    claims = write_json({"provenance": {"prereg_hash": "h"}, "claims": []}, tmp_path / "claims.json")
+    claims = shutil.copy(Path(__file__).resolve().parents[1] / "results" / "reference" / "real" / "claims.json",
+                         tmp_path / "claims.json")
 
     def killed(doc, df, prov, rp, rows, out_dir, replay_prov, **what_and_beside):
         (Path(out_dir) / "report.md").write_text("the new report")
@@ -676,7 +676,6 @@ def test_the_preflight_names_finished_shards_made_under_another_config(prereg, t
     Snakemake run does first, names each finished shard whose records carry another config hash than its job's
     configs give now, with both hashes and the remedy; unchanged configs pass."""
     from kvcert.commands.check import check_finished_shards
-    from kvcert.generation.jobs import planned_records
     from kvcert.tasks.records import TaskRecord, write_jsonl
 
     folder, fr = prereg
@@ -686,7 +685,7 @@ def test_the_preflight_names_finished_shards_made_under_another_config(prereg, t
     manifest = results / "smoke" / shard.manifest
     write_jsonl([TaskRecord(id=f"{shard.task}-{i}", task=shard.task, context="c", question="q", answers=["x"],
                             metadata={"target_tokens": shard.length}) for i in range(shard.stop)], manifest)
-    key, digest = next(iter(planned_records("smoke", shard, manifest, configs, folder).items()))
+    key, digest = next(iter(plan.job(shard, configs, folder, manifest=manifest).planned_records().items()))
     reseal(results / "smoke" / shard.path, [make_record(key[3], model=key[0], task=key[1], target_tokens=key[2],
                                                         prereg_hash=fr.prereg_hash, config_hash=digest)])
     assert check_finished_shards("smoke", plan, folder, configs, results) == []
@@ -822,8 +821,7 @@ def test_a_file_manifest_names_its_changed_source_file(tmp_path, monkeypatch):
     row = {"input": "Who wrote it?", "context": "X wrote it. " * 20, "answers": ["X"], "length": 10,
            "dataset": "hotpotqa", "language": "en", "all_classes": None, "_id": "a1"}
     (data / "hotpotqa.jsonl").write_text(json.dumps(row) + "\n")
-    task = configs / "task" / "longbench_hotpotqa.yaml"
-    task.write_text(task.read_text().replace("${oc.env:LONGBENCH_DIR,data/longbench}", str(data)))
+    monkeypatch.setenv("LONGBENCH_DIR", str(data))  # longbench_hotpotqa's source (kvcert.config.task_table)
     item = Manifest("embedded", "longbench_hotpotqa", 512, 1, 0)
     cfg = config_file(configs, "task", item.task)
     sources = source_digests(cfg)

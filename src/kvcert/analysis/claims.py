@@ -49,15 +49,16 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ..config.analysis_plan import AnalysisPlan, MinimumCell
+from ..config.analysis_plan import AnalysisPlan, BootstrapPart, MinimumCell
 from .claims_stats import STATISTICS, Kind, Prepared
 from .claims_stats.attribution import prepare as prepare_attribution
 from .claims_stats.prediction import prepare as prepare_prediction
 from .claims_stats.secondary import NAMES as SECONDARY_NAMES, prepare as prepare_secondary
 from .claims_stats.base import strata_codes
 from .claims_stats.cells import method_mask, select_generations, select_replay
+from .claims_document import ClaimResult, ClaimTest, PaperOutcome, PlaceboBlock, PlaceboRun, SeedStability
 from .placebos import PLACEBOS, keyed_uniforms, placebo_names, placebo_rng, placebo_rows
-from .stats import BootstrapPlan, Estimate, bootstrap, claim_verdict, test_outcome
+from .stats import Estimate, bootstrap, claim_verdict, test_outcome
 
 #: what other modules and tests import from here: the statistics' registry, the cell selection, the placebos
 __all__ = ["ClaimResult", "Kind", "PLACEBOS", "Prepared", "STATISTICS", "TestResult", "evaluate_claim",
@@ -79,50 +80,12 @@ class TestResult:
     unit: str | None = None  # a replay test: the unit its interval resamples (``bootstrap.replay_unit``)
     beside: dict = field(default_factory=dict)  # a replay test: {unit: interval and outcome} over the other units
 
-    def to_dict(self) -> dict:
-        out = {"statistic": self.statistic, "op": self.op, "threshold": self.threshold, "ours": self.ours,
-               **self.estimate.to_dict(), "skipped_fraction": self.estimate.skipped_fraction, "outcome": self.outcome}
-        if self.unit is not None:
-            out["unit"] = self.unit
-            out["beside"] = self.beside
-        return out
-
-
-@dataclass
-class ClaimResult:
-    id: str
-    statement: str
-    source: str
-    metric: str
-    kill: str
-    tests: list[TestResult]
-    verdict: str
-    reasons: list[str]
-    cell: dict
-    paper: dict
-    details: dict = field(default_factory=dict)
-    beyond_paper: bool = False
-
-    @property
-    def primary(self) -> TestResult:
-        return self.tests[0]
-
-    placebo: dict = field(default_factory=dict)
-    seed_stability: dict = field(default_factory=dict)
-    cells: dict = field(default_factory=dict)  # the registered cells (claims.yaml) the claim's rows come from
-
-    def to_dict(self) -> dict:
-        p = self.primary
-        return {
-            "id": self.id, "statement": self.statement, "source": self.source, "metric": self.metric,
-            "kill": self.kill, "statistic": p.statistic, "value": p.estimate.to_dict()["estimate"],
-            "ci": p.estimate.to_dict()["ci"], "ci_level": p.estimate.level, "op": p.op, "threshold": p.threshold,
-            "verdict": self.verdict, "reasons": self.reasons, "tests": [t.to_dict() for t in self.tests],
-            "placebo": self.placebo, "seed_stability": self.seed_stability,
-            "cell": self.cell, "cells": self.cells, "paper": self.paper, "details": self.details,
-            "beyond_paper": self.beyond_paper,
-        }
-
+    def record(self) -> ClaimTest:
+        """The test as claims.json records it."""
+        est = self.estimate.to_dict()
+        return ClaimTest(self.statistic, self.op, self.threshold, self.ours, est["estimate"], est["ci"], est["level"],
+                         est["resamples"], est["skipped"], self.estimate.skipped_fraction, self.outcome, self.unit,
+                         self.beside)
 
 
 # --- what a claim's tests are computed from ------------------------------------------------------
@@ -137,7 +100,7 @@ def _kind(spec: Mapping) -> Kind:
     return kinds.pop()
 
 
-def _bootstrap(prep: Prepared, plan: BootstrapPlan, names: list[str] = (), only: bool = False) -> dict[str, Estimate]:
+def _bootstrap(prep: Prepared, plan: BootstrapPart, names: list[str] = (), only: bool = False) -> dict[str, Estimate]:
     """The bootstrap of a prepared claim; statistics without data (no claim rows, or none of a named query kind)
     are NaN (every resample skipped). ``only``: compute just ``names`` where the preparation can."""
     nan = float("nan")
@@ -149,9 +112,9 @@ def _bootstrap(prep: Prepared, plan: BootstrapPlan, names: list[str] = (), only:
 
 
 
-def _placebo_rng(analysis_plan: AnalysisPlan | Mapping, claim: str, name: str) -> np.random.Generator:
+def _placebo_rng(analysis_plan: AnalysisPlan, claim: str, name: str) -> np.random.Generator:
     """:func:`kvcert.analysis.placebos.placebo_rng` (the name the tests know)."""
-    return placebo_rng(AnalysisPlan.of(analysis_plan), claim, name)
+    return placebo_rng(analysis_plan, claim, name)
 
 
 # --- verdicts ------------------------------------------------------------------------------------
@@ -172,7 +135,7 @@ class Decision:
         return claim_verdict(self.outcomes, self.cells_ok, placebo_holds)
 
 
-def decide(spec: Mapping, kind: Kind, prep: Prepared, plan: BootstrapPlan, minimum: MinimumCell,
+def decide(spec: Mapping, kind: Kind, prep: Prepared, plan: BootstrapPart, minimum: MinimumCell,
            missing: Sequence[str] = (), tests_only: bool = False) -> Decision:
     """Bootstrap a prepared claim's tests at ``plan``'s seed and apply the verdict rules (without placebos);
     ``tests_only``: compute the tests' statistics alone (the placebos, the stability seeds)."""
@@ -203,34 +166,26 @@ def decide(spec: Mapping, kind: Kind, prep: Prepared, plan: BootstrapPlan, minim
 
 
 
-def _placebo_block(spec: Mapping, names: Sequence[str], decisions: Mapping[str, Decision], kind: Kind) -> dict:
+def _placebo_block(spec: Mapping, names: Sequence[str], decisions: Mapping[str, Decision], kind: Kind) -> PlaceboBlock:
     if not names:
-        return {"applicable": False, "statistic": None, "verdict": None, "passes": False,
-                "reason": "the statistic reads no signal (it measures the damage of eviction itself): nothing to "
-                          "replace by a placebo", "placebos": []}
-    blocks = []
-    for name in names:
-        d = decisions[name]
-        blocks.append({
-            "kind": name, "description": PLACEBOS[name], "verdict": d.verdict(),
-            "statistic": {t.statistic: {**t.estimate.to_dict(), "outcome": t.outcome} for t in d.tests},
-            "reasons": d.reasons,
-        })
-    held = [b for b in blocks if b["verdict"] == "holds"]
+        return PlaceboBlock(False, None, None, False, [], reason="the statistic reads no signal (it measures the "
+                            "damage of eviction itself): nothing to replace by a placebo")
+    blocks = [PlaceboRun(name, PLACEBOS[name], decisions[name].verdict(),
+                         {t.statistic: {**t.estimate.to_dict(), "outcome": t.outcome} for t in decisions[name].tests},
+                         decisions[name].reasons) for name in names]
+    held = [b for b in blocks if b.verdict == "holds"]
     lead = held[0] if held else blocks[0]
-    return {"applicable": True, "kind": lead["kind"], "statistic": lead["statistic"], "verdict": lead["verdict"],
-            "passes": bool(held), "placebos": blocks}
+    return PlaceboBlock(True, lead.statistic, lead.verdict, bool(held), blocks, kind=lead.kind)
 
 
 def evaluate_claim(
-    spec: Mapping, analysis_plan: AnalysisPlan | Mapping, scores: pd.DataFrame | None, replay: pd.DataFrame | None,
+    spec: Mapping, analysis_plan: AnalysisPlan, scores: pd.DataFrame | None, replay: pd.DataFrame | None,
     tasks: list[str] | None = None, stability: bool = True,
 ) -> ClaimResult:
     """One claim of ``claims.yaml``: select its cells, bootstrap its tests, score its placebos with the same
     tests, apply the verdict rules, and (``stability``) redo all of it under the registered other seeds."""
-    analysis_plan = AnalysisPlan.of(analysis_plan)
     kind = _kind(spec)
-    plan = BootstrapPlan.from_plan(analysis_plan)
+    plan = analysis_plan.bootstrap
     minimum = analysis_plan.minimum_cell
     cells = spec.get("cells") or {}
     if kind.source == "replay":
@@ -250,12 +205,12 @@ def evaluate_claim(
         placebo_preps = {n: p.over(unit) for n, p in placebo_preps.items()}
     placebo_decisions = {n: decide(spec, kind, p, plan, minimum, missing, True) for n, p in placebo_preps.items()}
     placebo = _placebo_block(spec, names, placebo_decisions, kind)
-    verdict = main.verdict(placebo["passes"])
+    verdict = main.verdict(placebo.passes)
     reasons = list(main.reasons)
     if verdict == "uninformative":
-        reasons.append(f"a placebo ({placebo['kind']}: {PLACEBOS[placebo['kind']]}) passes the same tests")
+        reasons.append(f"a placebo ({placebo.kind}: {PLACEBOS[placebo.kind]}) passes the same tests")
     seed_stability = _seed_stability(spec, kind, prep, placebo_preps, plan, minimum, missing, verdict,
-                                     analysis_plan) if stability else {}
+                                     analysis_plan) if stability else None
     estimates = dict(main.estimates)
     if prep.beside is not None:  # reported, not tested: a coarser interval is enough
         estimates.update(_bootstrap(prep.beside, replace(plan, resamples=min(plan.resamples, BESIDE_RESAMPLES))))
@@ -275,14 +230,16 @@ def evaluate_claim(
             }
     return ClaimResult(
         id=str(spec["id"]), statement=str(spec["statement"]), source=kind.source, metric=str(spec.get("metric", "")),
-        kill=str(spec.get("kill", "")), tests=main.tests, verdict=verdict, reasons=reasons,
+        kill=str(spec.get("kill", "")), tests=[t.record() for t in main.tests], verdict=verdict, reasons=reasons,
         cell={**prep.counts, "minimum": {k: minimum.count(k) for k in kind.minimum}},
-        paper=dict(spec.get("paper") or {}), details=details, beyond_paper=bool(spec.get("beyond_paper", False)),
+        paper=PaperOutcome.from_dict({"value": None, "verdict": None, **(spec.get("paper") or {})},
+                                     f"claim {spec['id']}'s paper", "claims.yaml"),
+        details=details, beyond_paper=bool(spec.get("beyond_paper", False)),
         placebo=placebo, seed_stability=seed_stability, cells=dict(cells),
     )
 
 
-def secondary_block(rows: pd.DataFrame, analysis_plan: AnalysisPlan, certificate: str, plan: BootstrapPlan,
+def secondary_block(rows: pd.DataFrame, analysis_plan: AnalysisPlan, certificate: str, plan: BootstrapPart,
                     unit: str | None) -> dict:
     """A replay claim's secondary analyses (:mod:`kvcert.analysis.claims_stats.secondary`: its certificate against
     its step cell's constant), reported beside its tests: each statistic's interval over the deciding unit, at the
@@ -306,16 +263,17 @@ def _beside_units(spec, kind, prep: Prepared, plan, minimum, missing, main: Deci
             test.beside[other] = {"ci": alt.estimate.to_dict()["ci"], "outcome": alt.outcome}
 
 
-def stability_seeds(analysis_plan: AnalysisPlan | Mapping) -> list[int]:
+def stability_seeds(analysis_plan: AnalysisPlan) -> list[int]:
     """The other bootstrap seeds of the stability check: the registered seed + 1, …, + ``stability_seeds``."""
-    return AnalysisPlan.of(analysis_plan).bootstrap.other_seeds
+    return analysis_plan.bootstrap.other_seeds
 
 
-def _seed_stability(spec, kind, prep, placebo_preps, plan, minimum, missing, verdict, analysis_plan) -> dict:
+def _seed_stability(spec, kind, prep, placebo_preps, plan, minimum, missing, verdict,
+                    analysis_plan) -> SeedStability:
     """The verdict, placebos included, under each of :func:`stability_seeds`: the share that agrees."""
     seeds = stability_seeds(analysis_plan)
     if not seeds:
-        return {"seeds": 0, "agree": None, "verdicts": {}}
+        return SeedStability(0, None, {})
     seen = []
     for sd in seeds:
         bp = replace(plan, seed=sd)
@@ -323,8 +281,8 @@ def _seed_stability(spec, kind, prep, placebo_preps, plan, minimum, missing, ver
                     for p in placebo_preps.values())
         seen.append(decide(spec, kind, prep, bp, minimum, missing, True).verdict(holds))
     counts = pd.Series(seen).value_counts().to_dict()
-    return {"seeds": len(seeds), "agree": float(np.mean([v == verdict for v in seen])),
-            "verdicts": {str(k): int(v) for k, v in counts.items()}, "first_seed": seeds[0]}
+    return SeedStability(len(seeds), float(np.mean([v == verdict for v in seen])),
+                         {str(k): int(v) for k, v in counts.items()}, seeds[0])
 
 
 def _breakdown(rows: pd.DataFrame, prepare: Callable, analysis_plan: AnalysisPlan) -> list[dict]:

@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 #: verdict words the HTML colours
 VERDICT_WORDS = ("holds", "killed", "inconclusive", "uninformative")
@@ -67,54 +67,38 @@ class Document:
     def code(self, text: str) -> None:
         self.blocks.append(Block("code", text))
 
+    def _render(self, by_kind: Mapping[str, Callable[[Block], str]]) -> list[str]:
+        """Each block through the renderer of its kind, in order."""
+        return [by_kind[b.kind](b) for b in self.blocks]
+
     def markdown(self, base: Path) -> str:
-        out = []
-        for b in self.blocks:
-            if b.kind == "heading":
-                out.append(f"{'#' * b.level} {b.text}\n")
-            elif b.kind == "paragraph":
-                out.append(b.text + "\n")
-            elif b.kind == "table":
-                cell = lambda s: s.replace("|", "\\|").replace("\n", " ").replace(BR, "<br>")  # noqa: E731
-                out.append("| " + " | ".join(cell(h) for h in b.header) + " |")
-                out.append("|" + "---|" * len(b.header))
-                out.extend("| " + " | ".join(cell(c) for c in r) + " |" for r in b.rows)
-                out.append("")
-            elif b.kind == "figure":
-                out.append(f"![{b.text}]({b.path.relative_to(base).as_posix()})\n\n*{b.text}*\n")
-            elif b.kind == "code":
-                out.append("```\n" + b.text + "\n```\n")
-            elif b.kind == "note":
-                out.append("> " + b.text + "\n")
-            elif b.kind == "contents":
-                out.append("Contents: " + " · ".join(f"[{t}](#{a})" for t, a in self._toc()) + "\n")
-        return "\n".join(out)
+        cell = lambda s: s.replace("|", "\\|").replace("\n", " ").replace(BR, "<br>")  # noqa: E731
+        return "\n".join(self._render({
+            "heading": lambda b: f"{'#' * b.level} {b.text}\n",
+            "paragraph": lambda b: b.text + "\n",
+            "table": lambda b: "\n".join(["| " + " | ".join(cell(h) for h in b.header) + " |",
+                                          "|" + "---|" * len(b.header),
+                                          *("| " + " | ".join(cell(c) for c in r) + " |" for r in b.rows), ""]),
+            "figure": lambda b: f"![{b.text}]({b.path.relative_to(base).as_posix()})\n\n*{b.text}*\n",
+            "code": lambda b: "```\n" + b.text + "\n```\n",
+            "note": lambda b: "> " + b.text + "\n",
+            "contents": lambda b: "Contents: " + " · ".join(f"[{t}](#{a})" for t, a in self._toc()) + "\n",
+        }))
 
     def html(self, title: str) -> str:
-        body = []
-        for b in self.blocks:
-            if b.kind == "heading":
-                body.append(f'<h{b.level} id="{slug(b.text)}">{html.escape(b.text)}</h{b.level}>')
-            elif b.kind == "paragraph":
-                body.append(f"<p>{_inline(b.text)}</p>")
-            elif b.kind == "table":
-                head = "".join(f"<th>{html.escape(h)}</th>" for h in b.header)
-                rows = "".join("<tr>" + "".join(f"<td>{_inline(c).replace(BR, '<br>')}</td>" for c in r) + "</tr>"
-                               for r in b.rows)
-                cls = f' class="{html.escape(b.css_class)}"' if b.css_class else ""
-                body.append(f'<div class="scroll"><table{cls}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody>'
-                            "</table></div>")
-            elif b.kind == "figure":
-                data = base64.b64encode(b.path.read_bytes()).decode()
-                body.append(f'<figure><img alt="{html.escape(b.text)}" src="data:image/png;base64,{data}">'
-                            f"<figcaption>{html.escape(b.text)}</figcaption></figure>")
-            elif b.kind == "code":
-                body.append(f"<pre>{html.escape(b.text)}</pre>")
-            elif b.kind == "note":
-                body.append(f'<div class="note">{_inline(b.text)}</div>')
-            elif b.kind == "contents":
-                links = "".join(f'<li><a href="#{a}">{html.escape(t)}</a></li>' for t, a in self._toc())
-                body.append(f'<nav class="contents"><strong>Contents</strong><ol>{links}</ol></nav>')
+        body = self._render({
+            "heading": lambda b: f'<h{b.level} id="{slug(b.text)}">{html.escape(b.text)}</h{b.level}>',
+            "paragraph": lambda b: f"<p>{_inline(b.text)}</p>",
+            "table": _html_table,
+            "figure": lambda b: (f'<figure><img alt="{html.escape(b.text)}" src="data:image/png;base64,'
+                                 f'{base64.b64encode(b.path.read_bytes()).decode()}">'
+                                 f"<figcaption>{html.escape(b.text)}</figcaption></figure>"),
+            "code": lambda b: f"<pre>{html.escape(b.text)}</pre>",
+            "note": lambda b: f'<div class="note">{_inline(b.text)}</div>',
+            "contents": lambda b: ('<nav class="contents"><strong>Contents</strong><ol>'
+                                   + "".join(f'<li><a href="#{a}">{html.escape(t)}</a></li>' for t, a in self._toc())
+                                   + "</ol></nav>"),
+        })
         return (
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
@@ -138,6 +122,13 @@ CSS = (
     "strong.holds{color:#1a7f37}strong.killed{color:#b42318}strong.inconclusive{color:#9a6700}"
     "strong.uninformative{color:#6e40c9}"
 )
+
+
+def _html_table(b: Block) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in b.header)
+    rows = "".join("<tr>" + "".join(f"<td>{_inline(c).replace(BR, '<br>')}</td>" for c in r) + "</tr>" for r in b.rows)
+    cls = f' class="{html.escape(b.css_class)}"' if b.css_class else ""
+    return f'<div class="scroll"><table{cls}><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
 
 
 def _inline(text: str) -> str:
@@ -171,7 +162,11 @@ def fmt(x, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
-def fmt_ci(stat: Mapping, digits: int = 3) -> str:
+def fmt_ci(stat: Mapping | Any, digits: int = 3) -> str:
+    """'0.637 [0.612, 0.666]' of an estimate's mapping (``estimate``, ``ci``) or of a typed test
+    (:class:`kvcert.analysis.claims_document.ClaimTest`)."""
+    if not isinstance(stat, Mapping):
+        stat = {"estimate": stat.estimate, "ci": stat.ci}
     lo, hi = (stat.get("ci") or [None, None])
     return f"{fmt(stat.get('estimate'), digits)} [{fmt(lo, digits)}, {fmt(hi, digits)}]"
 

@@ -37,6 +37,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ..atomic import atomic_path  # noqa: E402
+from .claims_document import ClaimResult  # noqa: E402
 
 COLORS = {"certificate": "#1f77b4", "confidence": "#d62728", "random": "#7f7f7f", "full": "#2ca02c",
           "topk": "#ff7f0e", "poisson": "#9467bd", "gated": "#1f77b4", "aware": "#1f77b4", "streaming": "#d62728"}
@@ -78,6 +79,16 @@ def _save(fig, path: Path, layout: bool = True) -> Path:
         fig.savefig(tmp, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
+    """A one-panel figure's labels, title, grid and legend, then saved."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
 
 
 def accuracy_figure(table: pd.DataFrame, tasks: list[str], path: Path) -> Path | None:
@@ -143,35 +154,35 @@ def _ci(stat: Mapping) -> tuple[float, float, float]:
     return (nan if est is None else est, nan if lo is None else lo, nan if hi is None else hi)
 
 
-def auc_figure(claims: list[Mapping], path: Path) -> Path | None:
+def auc_figure(claims: list[ClaimResult], path: Path) -> Path | None:
     """Bars from 0: certificate vs confidence AUC for C4 and C6 — within strata (the registered test) and pooled
     (the paper's Fig. 3), then within strata per prompt length. A claim whose AUC cannot be estimated gets its
     panel all the same, with the reason written in it."""
     panels = []
     for claim in claims:
-        stats = claim.get("details", {}).get("statistics", {})
-        tests = {t["statistic"] for t in claim.get("tests", [])}
+        stats = claim.details.get("statistics", {})
+        tests = {t.statistic for t in claim.tests}
         for prefix, title in (("certificate", "failure prediction"), ("attribution", "attribution: induced vs inherent")):
             if any(k in stats or k in tests for k in (f"auc_{prefix}", f"auc_{prefix}_stratified")):
-                panels.append((claim, prefix, f"{claim['id']}: {title}"))
+                panels.append((claim, prefix, f"{claim.id}: {title}"))
     if not panels:
         return None
     fig, axes = _grid(len(panels), 3.6, sharey=True)
     for ax, (claim, prefix, title) in zip(axes, panels):
-        stats = claim.get("details", {}).get("statistics", {})
+        stats = claim.details.get("statistics", {})
         strat = f"auc_{prefix}_stratified"
-        thr = next((t["threshold"] for t in claim["tests"] if t["statistic"] in (strat, f"auc_{prefix}")), None)
+        thr = next((t.threshold for t in claim.tests if t.statistic in (strat, f"auc_{prefix}")), None)
         ax.axhline(0.5, color="k", lw=0.8, ls=":", label="chance (0.5)")
         if thr is not None:
-            ax.axhline(thr, color="#b42318", lw=1.0, ls="--", label=f"{claim['id']} kill line ({thr:g})")
+            ax.axhline(thr, color="#b42318", lw=1.0, ls="--", label=f"{claim.id} kill line ({thr:g})")
         ax.set_ylim(0.0, 1.22)  # bars from 0; the band above 1 holds the legend
         ax.set_yticks(np.linspace(0, 1, 6))
         ax.set_title(title)
         ax.grid(alpha=0.3, axis="y")
         estimate = (stats.get(strat) or stats.get(f"auc_{prefix}") or {}).get("estimate")
         if estimate is None or estimate != estimate:
-            cell = claim.get("cell") or {}
-            why = "; ".join(claim.get("reasons") or []) or "no estimate"
+            cell = claim.cell
+            why = "; ".join(claim.reasons) or "no estimate"
             ax.text(0.5, 0.62, f"not estimable\n{why}\n(cell: {cell.get('positives', '?')} positives, "
                     f"{cell.get('negatives', '?')} negatives)", ha="center", va="center", fontsize=9,
                     transform=ax.transAxes, wrap=True)
@@ -180,7 +191,7 @@ def auc_figure(claims: list[Mapping], path: Path) -> Path | None:
             continue
         groups = [("within\nstrata", stats, strat), ("pooled\n(paper)", stats, f"auc_{prefix}")]
         groups += [(f"{k} tok\n(strata)", v, strat)
-                   for k, v in sorted(claim["details"].get("by_length", {}).items(), key=lambda kv: int(kv[0]))]
+                   for k, v in sorted(claim.details.get("by_length", {}).items(), key=lambda kv: int(kv[0]))]
         x = np.arange(len(groups))
         for offset, name in zip((-0.18, 0.18), ("certificate", "confidence")):
             vals = [_ci(g.get(key if name == "certificate" else f"{key}_confidence", {})) for _, g, key in groups]
@@ -277,12 +288,12 @@ def tightness_figure(replay: pd.DataFrame, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def recompute_figure(claim: Mapping | None, path: Path) -> Path | None:
+def recompute_figure(claim: ClaimResult | None, path: Path) -> Path | None:
     """Gain vs recompute rate per gate from C7's statistics ``gain_<gate>@<rate>``."""
     if not claim:
         return None
-    stats = claim.get("details", {}).get("statistics", {})
-    rates = claim.get("details", {}).get("rates") or []
+    stats = claim.details.get("statistics", {})
+    rates = claim.details.get("rates") or []
     if not rates or f"gain_certificate@{rates[0]:g}" not in stats:
         return None
     fig, ax = plt.subplots(figsize=(WIDTH, 4.2))
@@ -297,15 +308,11 @@ def recompute_figure(claim: Mapping | None, path: Path) -> Path | None:
                  "random": "random gate (expected)"}[gate]
         ax.plot(r, est, marker="o", color=COLORS[gate], label=label)
         ax.fill_between(r, lo, hi, color=COLORS[gate], alpha=0.15)
-    rate = claim["details"].get("rate")
+    rate = claim.details.get("rate")
     if rate is not None:
         ax.axvline(100 * rate, color="k", lw=0.8, ls=":", label=f"pre-registered rate {100 * rate:g} %")
-    ax.set_xlabel("recompute rate (% of runs regenerated with the full cache)")
-    ax.set_ylabel("accuracy gain (percentage points)")
-    ax.set_title(f"{claim['id']}: recomputation gain at matched rates")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, ax, path, "recompute rate (% of runs regenerated with the full cache)",
+                   "accuracy gain (percentage points)", f"{claim.id}: recomputation gain at matched rates")
 
 
 def multiturn_figure(table: pd.DataFrame, path: Path, budget: str = "") -> Path | None:
@@ -331,12 +338,9 @@ def multiturn_figure(table: pd.DataFrame, path: Path, budget: str = "") -> Path 
         ax.plot(x, 100 * bins[col].to_numpy(float), color=COLORS[col], label=label, **style)
     ax.set_xticks(x, bins["bin"])
     ax.set_ylim(-3, 103)
-    ax.set_xlabel("turn distance (turns between the fact and the question)")
-    ax.set_ylabel("recall (% of questions answered)")
-    ax.set_title(f"Multi-turn recall (streaming{', budget ' + budget if budget else ''})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _finish(fig, ax, path, "turn distance (turns between the fact and the question)",
+                   "recall (% of questions answered)",
+                   f"Multi-turn recall (streaming{', budget ' + budget if budget else ''})")
 
 
 SIGNAL_TASKS = (("prediction", "failure prediction (C4's cells)"),

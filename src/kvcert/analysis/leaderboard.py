@@ -9,17 +9,17 @@ removed) is shown beside it.
 
 from __future__ import annotations
 
-from typing import Mapping
+from dataclasses import replace
 
 import pandas as pd
 
-from ..config.analysis_plan import AnalysisPlan
-from .stats import BootstrapPlan, bootstrap, encode_units, weighted_mean
+from ..config.analysis_plan import AnalysisPlan, BootstrapPart
+from .stats import bootstrap, encode_units, weighted_mean
 
 SETTING = ["condition", "method", "budget"]
 
 
-def pooled_interval(rows: pd.DataFrame, plan: BootstrapPlan) -> tuple[float, float]:
+def pooled_interval(rows: pd.DataFrame, plan: BootstrapPart) -> tuple[float, float]:
     """The percentile interval of a setting's pooled accuracy, resampling examples (the claims' unit)."""
     codes, n_units = encode_units(rows["unit"].to_numpy())
     correct = rows["correct"].to_numpy(float)
@@ -28,7 +28,7 @@ def pooled_interval(rows: pd.DataFrame, plan: BootstrapPlan) -> tuple[float, flo
 
 
 def accuracy_table(scores: pd.DataFrame, tasks: list[str] | None = None,
-                   analysis_plan: "AnalysisPlan | Mapping | None" = None) -> pd.DataFrame:
+                   analysis_plan: AnalysisPlan | None = None) -> pd.DataFrame:
     """One row per setting (the full cache first): ``runs``, accuracy per task and
     ``pooled`` (over every run of the setting), each with its bootstrap interval over examples
     (``<task>_low`` / ``<task>_high``, ``pooled_low`` / ``pooled_high``: ``analysis_plan.bootstrap``),
@@ -45,8 +45,8 @@ def accuracy_table(scores: pd.DataFrame, tasks: list[str] | None = None,
     order = table["condition"].map({"full": 0, "aware": 1, "streaming": 2}).fillna(3)
     table = table.assign(_order=order).sort_values(["_order", "method", "budget"]).drop(columns="_order")
     task_cols = [t for t in (tasks or sorted(per_task.columns)) if t in table.columns]
-    plan = BootstrapPlan.from_plan(analysis_plan) if analysis_plan is not None else BootstrapPlan()
-    plan = BootstrapPlan(resamples=min(plan.resamples, 1000), seed=plan.seed, level=plan.level)  # a reported figure
+    plan = analysis_plan.bootstrap if analysis_plan is not None else BootstrapPart()
+    plan = replace(plan, resamples=min(plan.resamples, 1000))  # a reported figure
     bounds = {key: pooled_interval(part, plan) for key, part in correct.groupby(SETTING)}
     table["pooled_low"] = [bounds[tuple(k)][0] for k in table[SETTING].itertuples(index=False)]
     table["pooled_high"] = [bounds[tuple(k)][1] for k in table[SETTING].itertuples(index=False)]

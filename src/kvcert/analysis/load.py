@@ -81,10 +81,6 @@ from ..tables import METADATA_KEY, read_table, write_table  # noqa: F401  (the l
 GENERATION_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "condition", "method", "budget", "seed")
 FULL_KEY: tuple[str, ...] = ("model", "task", "target_tokens", "example_id", "seed")
 RANDOMIZED_SAMPLERS = ("poisson", "priority")
-CERT_FIELDS = ("steps", "anytime_steps", "relative_steps")
-OVER_STEPS = ("mean", "max", "min", "last", "first")
-AGGREGATIONS = ("max", "mean", "rms")  # over layers × heads (kvcert.method.certificate.aggregate)
-
 
 
 class RecordRefused(ValueError):
@@ -139,33 +135,14 @@ class PlannedShard:
             raise RecordRefused(f"{shard}: {len(missing)} planned records missing (e.g. {_key_text(missing[0])}); {fix}")
 
 
-@dataclass(frozen=True)
-class SignalSpec:
-    """Which number of a record's certificate is its signal (``certificate_signal`` / ``multiturn_gate``)."""
-
-    field: str = "relative_steps"
-    aggregation: str = "mean"
-    over_steps: str = "mean"
-
-    def __post_init__(self) -> None:
-        if self.field not in CERT_FIELDS:
-            raise ValueError(f"certificate_signal.field: must be one of {CERT_FIELDS}, got {self.field!r}")
-        if self.over_steps not in OVER_STEPS:
-            raise ValueError(f"certificate_signal.over_steps: must be one of {OVER_STEPS}, got {self.over_steps!r}")
-
-    @classmethod
-    def from_part(cls, part: SignalPart) -> "SignalSpec":
-        """From the plan's ``certificate_signal`` / ``multiturn_gate`` (:class:`kvcert.config.analysis_plan.SignalPart`)."""
-        return cls(str(part.field), str(part.aggregation), str(part.over_steps))
-
-    def value(self, certificate: Mapping | None, randomized: bool, exact: bool = True) -> float:
-        """The signal of one record (see the module docstring for null certificates)."""
-        if not randomized:
-            return math.nan
-        if certificate is None:
-            return 0.0 if exact else math.nan
-        steps = certificate[self.field][self.aggregation]
-        return reduce_steps(steps, self.over_steps)
+def signal_value(part: SignalPart, certificate: Mapping | None, randomized: bool, exact: bool = True) -> float:
+    """The signal ``part`` (``certificate_signal`` / ``multiturn_gate``) of one record's certificate (see the module
+    docstring for null certificates)."""
+    if not randomized:
+        return math.nan
+    if certificate is None:
+        return 0.0 if exact else math.nan
+    return reduce_steps(certificate[part.field][part.aggregation], part.over_steps)
 
 
 def reduce_steps(values, over_steps: str) -> float:
@@ -183,33 +160,17 @@ def reduce_steps(values, over_steps: str) -> float:
     return vals[-1] if over_steps == "last" else vals[0]
 
 
-@dataclass(frozen=True)
-class ComparisonSpec:
-    """How a record's comparison signals become numbers (``analysis_plan.comparison_signals``)."""
-
-    over_steps: str = "mean"
-    aggregation: str = "mean"
-
-    @classmethod
-    def from_part(cls, part: ComparisonPart | None) -> "ComparisonSpec":
-        """From the plan's ``comparison_signals`` (None: the defaults)."""
-        spec = cls(str(part.over_steps), str(part.aggregation)) if part is not None else cls()
-        if spec.over_steps not in OVER_STEPS:
-            raise ValueError(f"comparison_signals.over_steps: must be one of {OVER_STEPS}, got {spec.over_steps!r}")
-        if spec.aggregation not in AGGREGATIONS:
-            raise ValueError(f"comparison_signals.aggregation: must be one of {AGGREGATIONS}, got {spec.aggregation!r}")
-        return spec
-
-    def columns(self, record: Mapping) -> dict[str, float]:
-        mass = record["evicted_mass"] or {}
-        part = lambda kind: _float((mass.get(kind) or {}).get(self.aggregation))  # noqa: E731
-        return {
-            "sig_output_entropy": reduce_steps(record["output_entropy_steps"], self.over_steps),
-            "sig_top2_margin": reduce_steps(record["top2_margin_steps"], self.over_steps),
-            "sig_attention_entropy": reduce_steps(record["attention_entropy_steps"], self.over_steps),
-            "sig_evicted_mass": part("realised"),
-            "sig_evicted_mass_expected": part("expected"),
-        }
+def comparison_columns(part: ComparisonPart, record: Mapping) -> dict[str, float]:
+    """The ``sig_*`` columns of one record: its comparison signals reduced as ``part`` (``comparison_signals``) says."""
+    mass = record["evicted_mass"] or {}
+    kind = lambda name: _float((mass.get(name) or {}).get(part.aggregation))  # noqa: E731
+    return {
+        "sig_output_entropy": reduce_steps(record["output_entropy_steps"], part.over_steps),
+        "sig_top2_margin": reduce_steps(record["top2_margin_steps"], part.over_steps),
+        "sig_attention_entropy": reduce_steps(record["attention_entropy_steps"], part.over_steps),
+        "sig_evicted_mass": kind("realised"),
+        "sig_evicted_mass_expected": kind("expected"),
+    }
 
 
 @dataclass(frozen=True)
@@ -218,23 +179,22 @@ class ScoringPlan:
 
     pass_default: float
     pass_by_prefix: dict[str, float]
-    certificate: SignalSpec
-    gate: SignalSpec
+    certificate: SignalPart
+    gate: SignalPart
     confidence_primary: str = "mean_logprob"
     confidence_secondary: str = "min_logprob"
-    comparison: ComparisonSpec = ComparisonSpec()
+    comparison: ComparisonPart = ComparisonPart()
 
     @classmethod
-    def from_plan(cls, plan: AnalysisPlan | Mapping) -> "ScoringPlan":
-        plan = AnalysisPlan.of(plan)
+    def from_plan(cls, plan: AnalysisPlan) -> "ScoringPlan":
         return cls(
             pass_default=plan.correctness.default,
             pass_by_prefix=dict(plan.correctness.by_task_prefix),
-            certificate=SignalSpec.from_part(plan.certificate_signal),
-            gate=SignalSpec.from_part(plan.multiturn_gate),
+            certificate=plan.certificate_signal,
+            gate=plan.multiturn_gate,
             confidence_primary=plan.confidence_signal.primary,
             confidence_secondary=plan.confidence_signal.secondary,
-            comparison=ComparisonSpec.from_part(plan.comparison_signals),
+            comparison=plan.comparison_signals or ComparisonPart(),
         )
 
     def pass_mark(self, task: str) -> float:
@@ -285,10 +245,10 @@ def flatten(record: Mapping, plan: ScoringPlan) -> dict:
         "correct": correct,
         "confidence": _float(record.get(plan.confidence_primary)),
         "confidence_secondary": _float(record.get(plan.confidence_secondary)),
-        "cert_signal": plan.certificate.value(cert, randomized, exact),
-        "cert_signal_robust": plan.certificate.value(record.get("certificate_robust"), randomized, exact),
-        "gate_signal": plan.gate.value(cert, randomized, exact),
-        **plan.comparison.columns(record),
+        "cert_signal": signal_value(plan.certificate, cert, randomized, exact),
+        "cert_signal_robust": signal_value(plan.certificate, record.get("certificate_robust"), randomized, exact),
+        "gate_signal": signal_value(plan.gate, cert, randomized, exact),
+        **comparison_columns(plan.comparison, record),
         "uncertified": bool(randomized and cert is None and not exact),
         "turn_distance": _float(meta.get("turn_distance")),
         "depth": _float(meta.get("depth")),

@@ -82,8 +82,8 @@ def multiturn_table(
     gating, which recomputes a random share r of the runs (its expectation: Poisson recall +
     r · mean(full − Poisson)), and **confidence** gating, which recomputes the share r with
     the lowest confidence (``confidence``: the mean token log-probability), ties in proportion.
-    With ``bootstrap_plan`` (:class:`kvcert.analysis.stats.BootstrapPlan`) the overall row
-    carries each system's interval over the bootstrap of examples (``gated_ci``,
+    With ``bootstrap_plan`` (``analysis_plan.bootstrap``: :class:`kvcert.config.analysis_plan.BootstrapPart`) the
+    overall row carries each system's interval over the bootstrap of examples (``gated_ci``,
     ``random_ci``, ``confidence_ci``; the rate re-measured in every resample).
     """
     both = _runs(scores, cell)

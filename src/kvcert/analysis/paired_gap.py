@@ -23,7 +23,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .stats import BootstrapPlan, bootstrap, encode_units
+from ..config.analysis_plan import BootstrapPart
+from .stats import bootstrap, encode_units
 
 #: the pair compared: (deterministic, randomized)
 PAIR = ("snapkv-topk", "snapkv-poisson")
@@ -40,7 +41,7 @@ def mcnemar_exact(b: int, c: int) -> float:
     return min(1.0, 2.0 * tail / 2.0 ** n)
 
 
-def paired_gaps(scores: pd.DataFrame, plan: BootstrapPlan, tasks: Sequence[str] | None = None,
+def paired_gaps(scores: pd.DataFrame, plan: BootstrapPart, tasks: Sequence[str] | None = None,
                 pair: tuple[str, str] = PAIR) -> pd.DataFrame:
     """One row per (condition, budget) where both methods of ``pair`` ran (:data:`COLUMNS`); ``tasks``: the grid's
     main tasks (None: every task). An example's key is (model, task, target length, example_id, seed)."""

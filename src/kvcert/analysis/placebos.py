@@ -10,8 +10,6 @@ The random placebos are functions of each row's key (:func:`keyed_uniforms`) and
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import numpy as np
 import pandas as pd
 
@@ -37,7 +35,7 @@ PLACEBOS = {
 
 def placebo_rng(plan: AnalysisPlan, claim: str, name: str) -> np.random.Generator:
     """The generator of placebo ``name`` of claim ``claim``: seeded by (``placebos.seed``, the claim, the placebo)."""
-    return np.random.default_rng([AnalysisPlan.of(plan).placebos.seed, sum(map(ord, claim)), sum(map(ord, name))])
+    return np.random.default_rng([plan.placebos.seed, sum(map(ord, claim)), sum(map(ord, name))])
 
 
 #: what names one row of a claim, whichever stage made it: a generation record's key (a multi-turn
@@ -60,7 +58,7 @@ def keyed_uniforms(rows: pd.DataFrame, rng: np.random.Generator) -> np.ndarray:
     return (x >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
-def placebo_rows(rows: pd.DataFrame, name: str, kind: Kind, analysis_plan: AnalysisPlan | Mapping,
+def placebo_rows(rows: pd.DataFrame, name: str, kind: Kind, analysis_plan: AnalysisPlan,
                  rng: np.random.Generator) -> pd.DataFrame:
     """The claim's rows with its signal replaced by placebo ``name`` (:data:`PLACEBOS`)."""
     out = rows.copy()

@@ -87,7 +87,7 @@ def _paper(block: Mapping, signal: str, task: str) -> str:
 
 def _level(block: Mapping) -> str:
     """The bootstrap interval's level as the plan registers it, e.g. "90 %"."""
-    return f"{100 * float((block.get('bootstrap') or {}).get('level', 0.9)):g} %"
+    return f"{100 * float(block['bootstrap']['level']):g} %"
 
 
 def signals_section(doc: Document, block: Mapping | None, fig_dir: Path) -> None:

@@ -36,10 +36,10 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ..config.analysis_plan import AnalysisPlan, ComparisonSignal
+from ..config.analysis_plan import AnalysisPlan, BootstrapPart, ComparisonSignal
 from .claims import method_mask, main_tasks, select_generations, strata_codes
 from .load import scored
-from .stats import AUCIndex, BootstrapPlan, StratifiedAUCIndex, auc, bootstrap, encode_units, stratified_auc
+from .stats import AUCIndex, StratifiedAUCIndex, auc, bootstrap, encode_units, stratified_auc
 
 #: the paper's AUC ranges (arXiv 2607.21475, abstract) per signal and task; the entropy/margin family's and the
 #: evicted-score-mass heuristic's single ranges are the paper's figures "for cache-induced failure" (attribution)
@@ -74,7 +74,7 @@ def failure_score(values: np.ndarray, failure: str) -> np.ndarray:
     return values if failure == "higher" else -values
 
 
-def auc_rows(rows: pd.DataFrame, y: np.ndarray, scores: Mapping[str, np.ndarray], plan: BootstrapPlan,
+def auc_rows(rows: pd.DataFrame, y: np.ndarray, scores: Mapping[str, np.ndarray], plan: BootstrapPart,
              minimum: Mapping, strata: np.ndarray | None = None) -> dict[str, dict]:
     """{signal: counts, AUC and interval} of each failure score in ``scores`` for labels ``y`` over ``rows``;
     one bootstrap over the rows' examples, paired across signals; null below the minimum cell. With
@@ -129,7 +129,7 @@ class SignalPlan:
         self.block = analysis_plan.comparison_signals
         self.signals = dict(self.block.signals)
         self.columns = {n: signal_column(n, s, analysis_plan, columns) for n, s in self.signals.items()}
-        self.bootstrap = BootstrapPlan.from_plan(analysis_plan)
+        self.bootstrap = analysis_plan.bootstrap
         self.analysis_plan = analysis_plan
         self.minimum = analysis_plan.minimum_cell.to_dict()
         self.by = [k for k in self.block.by if k != "method"]

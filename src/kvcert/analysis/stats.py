@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from ..config.analysis_plan import AnalysisPlan
+from ..config.analysis_plan import BootstrapPart
 
 #: the largest share of skipped resamples a test tolerates before it is unclear
 MAX_SKIPPED_FRACTION = 0.10
@@ -52,32 +52,12 @@ OPS = (">=", ">", "<=", "<")
 
 
 # --- the bootstrap ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class BootstrapPlan:
-    """``analysis_plan.bootstrap``: number of resamples, seed, interval level.
-
-    Resamples are evaluated in chunks of about ``chunk_elements`` weights (chunk × records
-    floats; at least one resample, at most ``max_chunk``): few records, many resamples at once.
-    The chunking does not change the resamples (the generator's stream is drawn in order).
-    """
-
-    resamples: int = 1000
-    seed: int = 0
-    level: float = 0.90
-    chunk_elements: int = 1 << 16
-    max_chunk: int = 1024
-
-    def __post_init__(self) -> None:
-        if self.resamples < 1:
-            raise ValueError(f"bootstrap.resamples: must be >= 1, got {self.resamples}")
-        if not 0.0 < self.level < 1.0:
-            raise ValueError(f"bootstrap.level: must lie in (0, 1), got {self.level}")
-
-    @classmethod
-    def from_plan(cls, analysis_plan: "AnalysisPlan | Mapping") -> "BootstrapPlan":
-        """The plan's ``bootstrap`` part (:class:`kvcert.config.analysis_plan.BootstrapPart`)."""
-        b = AnalysisPlan.of(analysis_plan).bootstrap
-        return cls(resamples=b.resamples, seed=b.seed, level=b.level)
+#: resamples are evaluated in chunks of about this many weights (chunk × records floats; at least one resample, at
+#: most :data:`MAX_CHUNK`): few records, many resamples at once. The chunking does not change the resamples (the
+#: generator's stream is drawn in order).
+CHUNK_ELEMENTS = 1 << 16
+#: the most resamples of one chunk
+MAX_CHUNK = 1024
 
 
 def encode_units(units: Sequence | pd.Series | np.ndarray) -> tuple[np.ndarray, int]:
@@ -88,11 +68,13 @@ def encode_units(units: Sequence | pd.Series | np.ndarray) -> tuple[np.ndarray, 
     return codes.astype(np.int64), len(uniques)
 
 
-def weight_chunks(codes: np.ndarray, n_units: int, plan: BootstrapPlan) -> Iterator[np.ndarray]:
-    """Per resample, the weight of every record (its unit's multiplicity): chunks [b, n]."""
+def weight_chunks(codes: np.ndarray, n_units: int, plan: BootstrapPart,
+                  max_chunk: int = MAX_CHUNK) -> Iterator[np.ndarray]:
+    """Per resample of ``plan`` (``analysis_plan.bootstrap``: resamples, seed), the weight of every record (its unit's
+    multiplicity): chunks [b, n] of at most ``max_chunk`` resamples."""
     rng = np.random.default_rng(plan.seed)
     done = 0
-    size = max(1, min(plan.max_chunk, plan.chunk_elements // max(1, len(codes), n_units)))
+    size = max(1, min(max_chunk, CHUNK_ELEMENTS // max(1, len(codes), n_units)))
     while done < plan.resamples:
         b = min(size, plan.resamples - done)
         picks = rng.integers(0, n_units, size=(b, n_units))
@@ -147,10 +129,12 @@ def bootstrap(
     statistic: Statistic,
     codes: np.ndarray,
     n_units: int,
-    plan: BootstrapPlan,
+    plan: BootstrapPart,
     point: Mapping[str, float] | None = None,
+    max_chunk: int = MAX_CHUNK,
 ) -> dict[str, Estimate]:
-    """Paired bootstrap of every statistic ``statistic(weights)`` returns.
+    """Paired bootstrap of every statistic ``statistic(weights)`` returns (``plan``: ``analysis_plan.bootstrap``, its
+    resamples, seed and interval level).
 
     ``statistic`` maps a weight matrix [b, n] (one row per resample, one column per
     record) to ``{name: (values [b], valid [b])}``; all names share the same resamples
@@ -162,7 +146,7 @@ def bootstrap(
     values: dict[str, list[np.ndarray]] = {name: [] for name in at_one}
     valid: dict[str, list[np.ndarray]] = {name: [] for name in at_one}
     if n_units > 0:
-        for w in weight_chunks(codes, n_units, plan):
+        for w in weight_chunks(codes, n_units, plan, max_chunk):
             for name, (v, ok) in statistic(w).items():
                 values[name].append(np.asarray(v, dtype=np.float64))
                 valid[name].append(np.asarray(ok, dtype=bool) & np.isfinite(v))
@@ -215,6 +199,17 @@ class RankIndex:
         return ranks
 
 
+def _scored_labels(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``scores`` and 0/1 ``labels`` as float arrays, refusing a NaN score and a label other than 0 or 1."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if np.isnan(scores).any():
+        raise ValueError("scores: NaN values cannot be ranked; drop them first")
+    labels = np.asarray(labels, dtype=np.float64)
+    if not np.isin(labels, (0.0, 1.0)).all():
+        raise ValueError("labels: must be 0/1")
+    return scores, labels
+
+
 class AUCIndex:
     """Weighted ROC AUC of ``scores`` for binary ``labels`` (1 = positive), per resample.
 
@@ -227,12 +222,7 @@ class AUCIndex:
     """
 
     def __init__(self, scores: np.ndarray, labels: np.ndarray):
-        scores = np.asarray(scores, dtype=np.float64)
-        if np.isnan(scores).any():
-            raise ValueError("scores: NaN values cannot be ranked; drop them first")
-        labels = np.asarray(labels, dtype=np.float64)
-        if not np.isin(labels, (0.0, 1.0)).all():
-            raise ValueError("labels: must be 0/1")
+        scores, labels = _scored_labels(scores, labels)
         negatives = np.flatnonzero(labels == 0.0)
         self.neg = negatives[np.argsort(scores[negatives], kind="mergesort")]
         self.pos = np.flatnonzero(labels == 1.0)
@@ -267,12 +257,7 @@ class StratifiedAUCIndex:
     """
 
     def __init__(self, scores: np.ndarray, labels: np.ndarray, strata: np.ndarray):
-        scores = np.asarray(scores, dtype=np.float64)
-        if np.isnan(scores).any():
-            raise ValueError("scores: NaN values cannot be ranked; drop them first")
-        labels = np.asarray(labels, dtype=np.float64)
-        if not np.isin(labels, (0.0, 1.0)).all():
-            raise ValueError("labels: must be 0/1")
+        scores, labels = _scored_labels(scores, labels)
         strata = np.asarray(strata, dtype=np.int64)
         if strata.shape != scores.shape:
             raise ValueError("strata: one stratum code per score")

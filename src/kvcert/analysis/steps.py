@@ -32,6 +32,7 @@ from ..config.prereg import load_claims, read_verified
 from ..provenance import check_prereg_hash, git_commit
 from ..tables import jsonable, write_json  # noqa: F401  (claims.json and summary.json are plain JSON)
 from .claims import evaluate_claims, main_tasks
+from .claims_document import ClaimsDocument, Provenance
 from .load import PlannedShard, RecordRefused, read_table, score_shards, verified_freeze, write_table
 from .replay_stats import empty_replay, summarize_replay
 from .signals import evaluate_signals, headline
@@ -44,8 +45,9 @@ def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | 
     """{shard path: what the experiment's plan puts in it} for the given shard paths (matched on
     the plan's relative shard path; the examples from the manifest beside them, the config
     hashes from the configs composed now, ``model_paths`` {model: path} overriding a model's
-    path as ``kvcert shard --model-path`` does); a shard the plan does not know is refused."""
-    from ..generation.jobs import manifest_references, planned_records
+    path as ``kvcert shard --model-path`` does: each shard's :class:`~kvcert.generation.jobs.Job`, its
+    :meth:`~kvcert.generation.jobs.Job.planned_records` and :meth:`~kvcert.generation.jobs.Job.references`);
+    a shard the plan does not know is refused."""
     from ..generation.manifest import verify_manifest
     from ..generation.plan import build_plan
 
@@ -69,9 +71,8 @@ def planned_shards(shards: Sequence[str | Path], experiment: str, prereg: str | 
                 verify_manifest(manifest, plan.manifest(shard.model, shard.task, shard.length), configs,
                                 (model_paths or {}).get(shard.model))
                 checked.add(str(manifest))
-            records = planned_records(experiment, shard, manifest, configs, prereg,
-                                      (model_paths or {}).get(shard.model), cache)
-            references = manifest_references(manifest, shard, cache)
+            job = plan.job(shard, configs, prereg, (model_paths or {}).get(shard.model), manifest=manifest, cache=cache)
+            records, references = job.planned_records(), job.references()
         except ValueError as exc:
             raise RecordRefused(f"{path}: {exc}") from None
         out[str(path)] = PlannedShard(records, f"{configs}, experiment {experiment}, model {shard.model}, task "
@@ -189,21 +190,16 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
     results = evaluate_claims(doc, df, rp, main_tasks(grid))
     signals = evaluate_signals(doc, df, grid)
     plan = AnalysisPlan.of_document(doc)  # typed by kvcert.config.prereg.load_claims; claims.json records it as registered
-    content = {
-        "experiment": experiment,
-        "paper": doc.get("paper", {}),
-        "verdict_rules": doc.get("verdict_rules"),
-        "analysis_plan": plan.to_dict(),
-        "grid": grid,
-        "provenance": {
-            "prereg_hash": freeze.prereg_hash, "frozen_utc": freeze.frozen_utc, "freeze_record": freeze.path.name,
-            "analysis_git_commit": git_commit(), "bootstrap": plan.bootstrap.to_dict(), "scores": scores_prov,
-            "replay": replay_prov, "seconds": round(time.perf_counter() - t0, 2),
-        },
-        "replay_summary": summarize_replay(rp, plan.delta) if len(rp) else None,
-        "claims": [r.to_dict() for r in results],
-        "comparison_signals": signals,
-    }
+    content = ClaimsDocument(
+        experiment=experiment, paper=doc.get("paper", {}), verdict_rules=doc.get("verdict_rules"),
+        analysis_plan=plan.to_dict(), grid=grid,
+        provenance=Provenance(
+            prereg_hash=freeze.prereg_hash, frozen_utc=freeze.frozen_utc, freeze_record=freeze.path.name,
+            analysis_git_commit=git_commit(), bootstrap=plan.bootstrap.to_dict(), scores=scores_prov,
+            replay=replay_prov, seconds=round(time.perf_counter() - t0, 2)),
+        replay_summary=summarize_replay(rp, plan.delta) if len(rp) else None, claims=results,
+        comparison_signals=signals,
+    ).to_dict()
     write_json(content, out)
     return jsonable(content)
 
@@ -229,17 +225,14 @@ def beside_run(label: str, path: str | Path) -> dict:
         print(f"{path}: absent; the report says {label!r} was not run")
         return {**out, "run": False, "command": run_command(path.parent.name)}
     try:
-        doc = json.loads(path.read_text())
-        claims = {c["id"]: {"verdict": c["verdict"], "value": c.get("value"), "statistic": c.get("statistic")}
-                  for c in doc["claims"]}
-        prereg_hash = doc["provenance"]["prereg_hash"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise RecordRefused(f"{path} (--beside {label}): not a claims.json of kvcert claims ({exc!r}); give the "
+        doc = ClaimsDocument.read(path)
+    except (ValueError, TypeError) as exc:  # not JSON, or not a document the claims step writes
+        raise RecordRefused(f"{path} (--beside {label}): not a claims.json of kvcert claims ({exc}); give the "
                             "claims.json of another experiment's run") from None
-    prov = doc.get("provenance") or {}
-    return {**out, "run": True, "command": run_command(doc.get("experiment")), "experiment": doc.get("experiment"),
-            "prereg_hash": prereg_hash, "grid": {"models": (doc.get("grid") or {}).get("models") or []},
-            "provenance": {k: prov.get(k) for k in ("frozen_utc", "freeze_record", "analysis_git_commit")},
+    claims = {c.id: {"verdict": c.verdict, "value": c.value, "statistic": c.statistic} for c in doc.claims}
+    return {**out, "run": True, "command": run_command(doc.experiment), "experiment": doc.experiment,
+            "prereg_hash": doc.provenance.prereg_hash, "grid": {"models": doc.grid.get("models") or []},
+            "provenance": {k: getattr(doc.provenance, k) for k in ("frozen_utc", "freeze_record", "analysis_git_commit")},
             "claims": claims}
 
 
@@ -260,8 +253,8 @@ def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[
     if len(set(labels)) < len(labels):
         raise ValueError(f"--beside: each label once (given {', '.join(labels)})")
     remove_stale(Path(out_dir), DOWNSTREAM[1:], "rebuilt now from these claims")
-    doc = json.loads(Path(claims).read_text())
-    prereg_hash = doc["provenance"]["prereg_hash"]
+    doc = ClaimsDocument.read(claims)
+    prereg_hash = doc.provenance.prereg_hash
     if verified_json is not None:
         stamped = read_verified(verified_json).get("prereg_hash")
         check_prereg_hash(f"{claims} (claims, verified by {verified_json})", prereg_hash, stamped,
@@ -280,8 +273,8 @@ def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[
             configs = configs_dir()
         except FileNotFoundError:
             configs = None
-    grid_models = (doc.get("grid") or {}).get("models") or (sorted(df["model"].unique()) if df is not None else [])
-    models = run_models(grid_models, configs, doc.get("experiment"), model_paths)
+    grid_models = doc.grid.get("models") or (sorted(df["model"].unique()) if df is not None else [])
+    models = run_models(grid_models, configs, doc.experiment, model_paths)
     paths = build_report(doc, df, scores_prov, rp, rows, out_dir, replay_prov, models=models, beside=others)
     paths["summary"] = write_json(summary(doc, df, models, others), Path(out_dir) / "summary.json")
     return paths
@@ -307,18 +300,18 @@ def run_summary(df) -> dict:
     }
 
 
-def code_digests(doc: Mapping, df=None) -> list[str]:
+def code_digests(doc: ClaimsDocument, df=None) -> list[str]:
     """The digests of the code that made the run's records and replay tables
     (:func:`kvcert.provenance.code_digest`), each once, sorted; "unknown" for those made before kvcert stamped it."""
     found = set()
     if df is not None and len(df):
         found |= {str(d) if isinstance(d, str) else "unknown"
                   for d in (df["code_digest"] if "code_digest" in df else [None])}
-    found |= {p.get("code_digest") or "unknown" for p in (doc.get("provenance") or {}).get("replay") or []}
+    found |= {p.get("code_digest") or "unknown" for p in doc.provenance.replay}
     return sorted(found)
 
 
-def summary(doc: Mapping, df=None, models: Sequence = (), beside: Sequence[Mapping] = ()) -> dict:
+def summary(doc: ClaimsDocument, df=None, models: Sequence = (), beside: Sequence[Mapping] = ()) -> dict:
     """The verdicts beside the paper's, in a few lines (machine-readable), with the run's counts, and each
     comparison signal's prediction and attribution AUC pooled over the main grid (``signal_auc``). ``models``
     (:class:`kvcert.analysis.model_info.ModelInfo`): what each model is; ``beside``: other runs'
@@ -330,23 +323,22 @@ def summary(doc: Mapping, df=None, models: Sequence = (), beside: Sequence[Mappi
         c = (b.get("claims") or {}).get(cid) if b.get("run") else None
         return {"verdict": c["verdict"], "value": c.get("value")} if c else None
 
+    prereg_hash = doc.provenance.prereg_hash
     return {
-        "experiment": doc.get("experiment"), "prereg_hash": doc["provenance"]["prereg_hash"],
-        "frozen_utc": doc["provenance"].get("frozen_utc"),
-        "caveat": caveat(doc.get("experiment"), doc.get("grid") or {}, models),
+        "experiment": doc.experiment, "prereg_hash": prereg_hash, "frozen_utc": doc.provenance.frozen_utc,
+        "caveat": caveat(doc.experiment, doc.grid, models),
         "models": [m.to_dict() for m in models],
         "beside": {b["label"]: {"path": b["path"], "run": b["run"], "experiment": b.get("experiment"),
                                 "prereg_hash": b.get("prereg_hash"),
-                                "same_preregistration": (b.get("prereg_hash") == doc["provenance"]["prereg_hash"]
-                                                         if b["run"] else None),
+                                "same_preregistration": b.get("prereg_hash") == prereg_hash if b["run"] else None,
                                 "command": b["command"]} for b in beside},
         **run_summary(df),
         "code_digests": code_digests(doc, df),
-        "claims": {c["id"]: {"verdict": c["verdict"], "statistic": c["statistic"], "value": c["value"], "ci": c["ci"],
-                             "paper_value": c["paper"].get("value"), "paper_verdict": c["paper"].get("verdict"),
-                             "placebo_passes": (c.get("placebo") or {}).get("passes"),
-                             "seed_stability": (c.get("seed_stability") or {}).get("agree"),
-                             "beside": {b["label"]: theirs(b, c["id"]) for b in beside}}
-                   for c in doc["claims"]},
-        "signal_auc": headline(doc.get("comparison_signals")),
+        "claims": {c.id: {"verdict": c.verdict, "statistic": c.statistic, "value": c.value, "ci": c.primary.ci,
+                          "paper_value": c.paper.value, "paper_verdict": c.paper.verdict,
+                          "placebo_passes": c.placebo.passes,
+                          "seed_stability": c.seed_stability.agree if c.seed_stability else None,
+                          "beside": {b["label"]: theirs(b, c.id) for b in beside}}
+                   for c in doc.claims},
+        "signal_auc": headline(doc.comparison_signals),
     }

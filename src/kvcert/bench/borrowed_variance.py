@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -165,9 +166,8 @@ def run_replay(part: str, examples: int, draws: int, layers: int, work: Path, pr
     loaded, tokenizer = _load(MODEL, configs, threads)
     records = TASKS[TASK].generate(tokenizer, n_examples=examples, target_tokens=LENGTH, seed=SEEDS[part])
     t0 = time.perf_counter()
-    df = replay_model(loaded, tokenizer, records, list(plan.replay.budgets), draws, plan.replay.later_queries,
-                      plan.delta, RetentionDesign(**plan.design), plan.replay.seed, layers, model_name=MODEL,
-                      query_kinds=KINDS, progress=True)
+    df = replay_model(loaded, tokenizer, records, replace(plan.replay, draws=draws, query_kinds=KINDS), plan.delta,
+                      RetentionDesign(**plan.design), layers, model_name=MODEL, progress=True)
     work.mkdir(parents=True, exist_ok=True)
     save_table(df, out, {"part": part, "seed": SEEDS[part], "examples": examples, "draws": draws, "layers": layers,
                           "seconds": round(time.perf_counter() - t0, 1)})

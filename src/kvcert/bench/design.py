@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..config.analysis_plan import ReplayPart
@@ -194,6 +195,7 @@ def run_replay(model: str, task: str, length: int, examples: int, draws: int, la
     from ..tasks import TASKS
 
     registered, delta, rp = _registered(prereg)
+    replay = replace(rp, budgets=BUDGETS, draws=draws, query_kinds=("setting", "later"))
     loaded, tokenizer = _load(model, configs, threads)
     records = TASKS[task].generate(tokenizer, n_examples=examples, target_tokens=length,
                                    seed=task_seed(task, length, "replay"))
@@ -207,9 +209,8 @@ def run_replay(model: str, task: str, length: int, examples: int, draws: int, la
             found[name] = None
             continue
         t0 = time.perf_counter()
-        df = replay_model(loaded, tokenizer, records, list(BUDGETS), draws, rp.later_queries, delta,
-                          RetentionDesign(**design), rp.seed, layers, model_name=model,
-                          scorer=get_scorer("snapkv", **scorer), query_kinds=("setting", "later"))
+        df = replay_model(loaded, tokenizer, records, replay, delta, RetentionDesign(**design), layers,
+                          model_name=model, scorer=get_scorer("snapkv", **scorer))
         df = df[df["layer"] >= int(design.get("dense_layers", 0))]  # a dense layer samples nothing: exact
         later = df[df["query_kind"] == "later"]
         cells = later.groupby(["layer", "budget"])["covered"].mean()

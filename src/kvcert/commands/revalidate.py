@@ -128,6 +128,7 @@ def revalidate(before: str | Path, after: str | Path, reference_dir: str | Path,
     equal, append the check to ``reference_dir``/:data:`CHECKS`; returns the comparison and the entry written
     (None: nothing written). Refused in one line: a ``before`` not made by the reference's code, or an ``after``
     not made by today's."""
+    from ..atomic import write_text
     from ..provenance import code_digest
 
     reference_dir = Path(reference_dir)
@@ -149,5 +150,5 @@ def revalidate(before: str | Path, after: str | Path, reference_dir: str | Path,
              "date": datetime.now(timezone.utc).replace(microsecond=0).isoformat()}
     path = reference_dir / CHECKS
     checks = json.loads(path.read_text()) if path.exists() else []
-    path.write_text(json.dumps([*checks, entry], indent=2) + "\n")
+    write_text(path, json.dumps([*checks, entry], indent=2) + "\n")
     return result, entry

@@ -34,9 +34,12 @@ from __future__ import annotations
 
 import copy
 import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
+
+from .design_params import RetentionDesign
+from .names import AGGREGATIONS
 
 #: the JSON schema of ``analysis_plan`` (checked at ``kvcert prereg freeze``)
 SCHEMA = Path(__file__).with_name("analysis_plan.schema.yaml")
@@ -44,9 +47,20 @@ SCHEMA = Path(__file__).with_name("analysis_plan.schema.yaml")
 DEFAULT_STRATA = ("model", "task", "condition", "budget", "target_tokens", "method")
 #: the keys of ``design`` (the fields of :class:`kvcert.method.design.RetentionDesign`, built at the model stage)
 DESIGN_KEYS = ("sinks", "window", "top_fraction", "floor", "temper", "dense_layers")
-#: the keys of ``robust_certificate`` (those of :data:`kvcert.method.sketch.PLAN`, which checks their values)
-ROBUST_KEYS = ("sketch_fraction", "key_bits", "drift", "window", "score", "successor_horizon", "successor_penalty",
-               "combination", "floor")
+#: the keys of ``robust_certificate`` (those of :data:`kvcert.method.sketch.PLAN`, which checks a freeze's values
+#: against what it computes where the certificate is computed: earlier freezes registered other values) and the
+#: least each number may be (None: any number; ``str``: a name)
+ROBUST_CERTIFICATE = {"sketch_fraction": 0, "key_bits": 1, "drift": None, "window": 1, "score": str,
+                      "successor_horizon": 0, "successor_penalty": None, "combination": str, "floor": str}
+ROBUST_KEYS = tuple(ROBUST_CERTIFICATE)
+#: the certificate fields a signal can read (``certificate.<field>.<aggregation>`` of a record)
+CERT_FIELDS = ("steps", "anytime_steps", "relative_steps")
+#: the reductions of a per-step series to one number (``over_steps``)
+OVER_STEPS = ("mean", "max", "min", "last", "first")
+#: the query kinds a replay can draw (those of :data:`kvcert.generation.replay_table.QUERY_KINDS`)
+QUERY_KINDS = ("setting", "later", "sample_dependent")
+#: the units the generation claims' bootstrap can resample (``bootstrap.unit``)
+BOOTSTRAP_UNITS = ("example",)
 #: the placebos of each data set when ``placebos`` names none
 DEFAULT_PLACEBOS = {"generations": ("stratum_base_rate", "random_score"),
                     "replay": ("step_cell_median_radius", "step_cell_permuted_radius")}
@@ -83,11 +97,55 @@ def _fraction(section: str, value: Any, high_open: bool = True) -> float:
     return v
 
 
-def _part(cls, section: str, data: Any):
-    """``cls`` built from the mapping ``data`` (its fields by name), unknown keys refused."""
-    data = _mapping(section, data)
-    _reject_unknown(section, data, cls)
-    return cls(**data)
+def _one_of(section: str, value: Any, allowed: tuple) -> str:
+    """``value`` if it is one of ``allowed``, else refused in one line naming ``section``."""
+    if value not in allowed:
+        raise AnalysisPlanError(f"analysis_plan.{section}: {value!r} is not one of {', '.join(map(str, allowed))}")
+    return str(value)
+
+
+def _count(section: str, value: Any) -> int:
+    """``value`` as an integer >= 0, else refused in one line naming ``section``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 0:
+        raise AnalysisPlanError(f"analysis_plan.{section}: must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def _design(data: Any) -> dict:
+    """``design``: its keys those of :class:`~kvcert.config.design_params.RetentionDesign`, its values in range."""
+    design = _mapping("design", data)
+    _reject_unknown("design", design, DESIGN_KEYS)
+    try:
+        RetentionDesign(**design)
+    except ValueError as exc:  # its message starts with the field
+        raise AnalysisPlanError(f"analysis_plan.design.{exc}") from None
+    except TypeError as exc:
+        raise AnalysisPlanError(f"analysis_plan.design: {exc}") from None
+    return design
+
+
+def _robust_certificate(data: Any) -> dict:
+    """``robust_certificate``: its keys, each a name or a number in range (:data:`ROBUST_CERTIFICATE`)."""
+    robust = _mapping("robust_certificate", data)
+    _reject_unknown("robust_certificate", robust, ROBUST_KEYS)
+    for key, value in robust.items():
+        kind = ROBUST_CERTIFICATE[key]
+        where = f"analysis_plan.robust_certificate.{key}"
+        if kind is str:
+            if not isinstance(value, str):
+                raise AnalysisPlanError(f"{where}: must be a name, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise AnalysisPlanError(f"{where}: must be a number, got {value!r}")
+        elif kind is not None and value < kind:
+            raise AnalysisPlanError(f"{where}: must be >= {kind}, got {value!r}")
+    return robust
+
+
+def _part(cls, key: str, data: Any, **extra):
+    """``cls`` built from the mapping ``data`` (its fields by name, and ``extra``), unknown keys refused."""
+    data = _mapping(key, data)
+    _reject_unknown(key, data, cls)
+    return cls(**data, **extra)
 
 
 #: the units the replay claims' bootstrap can resample (``bootstrap.replay_unit`` / ``replay_beside``): a replay
@@ -116,6 +174,7 @@ class BootstrapPart:
         object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "level", _fraction("bootstrap.level", self.level))
         object.__setattr__(self, "stability_seeds", int(self.stability_seeds))
+        object.__setattr__(self, "unit", _one_of("bootstrap.unit", self.unit, BOOTSTRAP_UNITS))
         object.__setattr__(self, "replay_unit", str(self.replay_unit))
         object.__setattr__(self, "replay_beside", tuple(str(u) for u in self.replay_beside))
         for name, value in (("replay_unit", self.replay_unit), *(("replay_beside", u) for u in self.replay_beside)):
@@ -149,10 +208,11 @@ class PlacebosPart:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("generations", "replay"):
-            value = getattr(self, name)
+        for source in ("generations", "replay"):
+            value = getattr(self, source)
             if value is not None:
-                object.__setattr__(self, name, tuple(str(v) for v in value))
+                object.__setattr__(self, source, tuple(_one_of(f"placebos.{source}", v, DEFAULT_PLACEBOS[source])
+                                                       for v in value))
         object.__setattr__(self, "seed", int(self.seed))
 
     def names(self, source: str) -> list[str]:
@@ -179,9 +239,11 @@ class ReplayPart:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budgets", tuple(_fraction("replay.budgets", b, False) for b in self.budgets))
-        object.__setattr__(self, "query_kinds", tuple(str(k) for k in self.query_kinds))
-        for name in ("draws", "later_queries", "minimum_diverged_decodes", "seed"):
-            object.__setattr__(self, name, int(getattr(self, name)))
+        object.__setattr__(self, "query_kinds", tuple(_one_of("replay.query_kinds", k, QUERY_KINDS)
+                                                      for k in self.query_kinds))
+        for name in ("draws", "later_queries", "minimum_diverged_decodes"):
+            object.__setattr__(self, name, _count(f"replay.{name}", getattr(self, name)))
+        object.__setattr__(self, "seed", int(self.seed))
 
 
 #: the certificates a secondary analysis can compare with their step cell's constant
@@ -227,6 +289,14 @@ class SignalPart:
     aggregation: str = "mean"
     over_steps: str = "mean"
     threshold: float | None = None
+    section: InitVar[str] = "certificate_signal"  # the plan's key it is read from, which its messages name
+
+    def __post_init__(self, section: str) -> None:
+        object.__setattr__(self, "field", _one_of(f"{section}.field", self.field, CERT_FIELDS))
+        object.__setattr__(self, "aggregation", _one_of(f"{section}.aggregation", self.aggregation, AGGREGATIONS))
+        object.__setattr__(self, "over_steps", _one_of(f"{section}.over_steps", self.over_steps, OVER_STEPS))
+        if self.threshold is not None:
+            object.__setattr__(self, "threshold", float(self.threshold))
 
 
 @dataclass(frozen=True)
@@ -258,6 +328,10 @@ class MinimumCell:
     positives: int = 0
     negatives: int = 0
 
+    def __post_init__(self) -> None:
+        for name in ("generations", "positives", "negatives"):
+            object.__setattr__(self, name, _count(f"minimum_cell.{name}", getattr(self, name)))
+
     def count(self, key: str) -> int:
         return int(getattr(self, key))
 
@@ -273,8 +347,8 @@ class RecomputePart:
     verdict_rate: float = 0.2
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "gate_rates", tuple(float(r) for r in self.gate_rates))
-        object.__setattr__(self, "verdict_rate", float(self.verdict_rate))
+        object.__setattr__(self, "gate_rates", tuple(_fraction("recompute.gate_rates", r, False) for r in self.gate_rates))
+        object.__setattr__(self, "verdict_rate", _fraction("recompute.verdict_rate", self.verdict_rate, False))
 
     @property
     def rates(self) -> list[float]:
@@ -292,7 +366,7 @@ class EscalationPart:
     def __post_init__(self) -> None:
         object.__setattr__(self, "budgets", tuple(sorted(_fraction("escalation.budgets", b, False)
                                                          for b in self.budgets)))
-        object.__setattr__(self, "threshold_quantile", float(self.threshold_quantile))
+        object.__setattr__(self, "threshold_quantile", _fraction("escalation.threshold_quantile", self.threshold_quantile))
 
 
 @dataclass(frozen=True)
@@ -338,6 +412,15 @@ class ComparisonPart:
     attribution: dict = field(default_factory=dict, hash=False)
     by: tuple[str, ...] = ("method", "condition", "target_tokens")
     turn_distance: TurnDistance | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "over_steps", _one_of("comparison_signals.over_steps", self.over_steps, OVER_STEPS))
+        object.__setattr__(self, "aggregation", _one_of("comparison_signals.aggregation", self.aggregation,
+                                                        AGGREGATIONS))
+        for name in self.turn_distance.signals if self.turn_distance else ():
+            if name not in self.signals:
+                raise AnalysisPlanError(f"analysis_plan.comparison_signals.turn_distance.signals: {name!r} is not a "
+                                        f"signal of comparison_signals.signals ({', '.join(self.signals)})")
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "ComparisonPart":
@@ -398,8 +481,6 @@ class AnalysisPlan:
     def from_dict(cls, data: Mapping) -> "AnalysisPlan":
         """Build from the ``analysis_plan`` mapping of a ``claims.yaml``, refusing an unknown key (one line naming
         it) and a value out of range."""
-        if isinstance(data, AnalysisPlan):
-            return data
         registered = _mapping("", data)
         given = copy.deepcopy(registered)
         _reject_unknown("", given, cls)
@@ -408,36 +489,26 @@ class AnalysisPlan:
         kwargs: dict[str, Any] = {}
         for name, part in cls.PARTS.items():
             if name in given:
-                kwargs[name] = _part(part, name, given.pop(name))
+                kwargs[name] = _part(part, name, given.pop(name), **({"section": name} if part is SignalPart else {}))
         if "comparison_signals" in given:
             kwargs["comparison_signals"] = ComparisonPart.from_dict(given.pop("comparison_signals"))
-        kwargs["design"] = _mapping("design", given.pop("design", None))
-        _reject_unknown("design", kwargs["design"], DESIGN_KEYS)
+        kwargs["design"] = _design(given.pop("design", None))
         robust = given.pop("robust_certificate", None)
         if robust is not None:
-            kwargs["robust_certificate"] = _mapping("robust_certificate", robust)
-            _reject_unknown("robust_certificate", kwargs["robust_certificate"], ROBUST_KEYS)
+            kwargs["robust_certificate"] = _robust_certificate(robust)
         strata = given.pop("strata", None)
         if strata:  # none named: DEFAULT_STRATA
             kwargs["strata"] = tuple(str(s) for s in strata)
         return cls(**given, **kwargs, _registered=registered)
 
     @classmethod
-    def of(cls, plan: "AnalysisPlan | Mapping") -> "AnalysisPlan":
-        """``plan`` itself, or built from a mapping (a test's, or the copy a ``claims.json`` records)."""
-        return plan if isinstance(plan, AnalysisPlan) else cls.from_dict(plan)
-
-    @classmethod
-    def of_document(cls, doc: Mapping, default_delta: float | None = None) -> "AnalysisPlan":
+    def of_document(cls, doc: Mapping) -> "AnalysisPlan":
         """The plan of a claims document: a ``claims.yaml`` loaded by :func:`kvcert.config.prereg.load_claims` (typed
-        already) or a ``claims.json`` (the registered mapping it records). ``default_delta``: a document without a
-        plan gets the defaults at this δ (else it is refused)."""
+        already) or a ``claims.json`` (the registered mapping it records); a document without one is refused."""
         plan = doc.get("analysis_plan")
-        if not plan and default_delta is not None:
-            return cls(delta=default_delta)
         if plan is None:
             raise AnalysisPlanError("analysis_plan: the claims document has none")
-        return cls.of(plan)
+        return plan if isinstance(plan, AnalysisPlan) else cls.from_dict(plan)
 
     def to_dict(self) -> dict:
         """The registered mapping, as frozen (what ``claims.json`` records; empty for a plan built from defaults

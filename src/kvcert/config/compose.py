@@ -4,8 +4,9 @@ from a composed config to a generation config that the pipeline's typed jobs sha
 :func:`compose_config` composes ``configs/config.yaml`` with overrides (``model=…, task=…,
 method=…, condition=…, seed=…`` and dotted keys) through hydra's compose API with an absolute
 config directory (no working-directory change, no output folders); a group option that does not
-exist is refused with its group's options, and a method name without a file is read by the method
-grammar (:mod:`kvcert.config.methods`). :func:`generation_config` turns a composed config (or the pipeline's
+exist is refused with its group's options, a method name without a file is read by the method
+grammar (:mod:`kvcert.config.methods`) and a RULER or LongBench task without one is the benchmark tables'
+(:mod:`kvcert.config.task_table`). :func:`generation_config` turns a composed config (or the pipeline's
 own reading of the same files, :mod:`kvcert.generation.jobs`) into a generation config: the retention
 design and the certificate level δ are taken from the frozen pre-registration's analysis plan, so
 generation and analysis cannot disagree about them; a method config that names ``design`` keys
@@ -14,6 +15,7 @@ itself (the kvpress-matched ones, outside the pre-registration) overrides those 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -33,17 +35,21 @@ GROUPS = ("experiment", "model", "task", "method")
 
 
 def check_group_options(overrides: list[str], config_dir: Path) -> None:
-    """Refuse an option no file of its group provides, in one line with the nearest ones and the list; a
+    """Refuse an option that neither a file of its group nor the benchmark tables provide
+    (:func:`kvcert.config.task_table.group_options`), in one line with the nearest ones and the list; a
     method name without a file is read by the method grammar (:mod:`kvcert.config.methods`) instead."""
     import difflib
 
-    from .methods import GRAMMAR, parse_method_name
+    from .methods import parse_method_name
+    from .task_table import group_options
 
     for item in overrides:
         group, sep, option = item.partition("=")
-        if not sep or group not in GROUPS or (config_dir / group / f"{option}.yaml").is_file():
+        if not sep or group not in GROUPS:
             continue
-        options = sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+        options = group_options(config_dir, group)
+        if option in options:
+            continue
         if group == "method":
             try:
                 parse_method_name(option)
@@ -57,17 +63,32 @@ def check_group_options(overrides: list[str], config_dir: Path) -> None:
         raise ValueError(f"{item}:{hint} {reason}")
 
 
-def _store_named_methods(overrides: list[str], config_dir: Path) -> None:
-    """Give hydra the grammar's method config of every ``method=<name>`` that has no file (hydra's config
-    store, group ``method``), so a grammar name composes like a shipped one."""
+@contextmanager
+def _unfiled_nodes(overrides: list[str], config_dir: Path):
+    """Give hydra (its config store), for one composition, the config of every ``method=<name>`` and
+    ``task=<name>`` that has no file: the method grammar's (:func:`kvcert.config.methods.method_config`) and the
+    benchmark tables' task config (:data:`kvcert.config.task_table.TASK_CONFIGS`, its interpolations resolved at
+    composition), so these compose like a shipped file. They are taken out again afterwards: a node left in the
+    store would be merged, as its schema, into a file of the same name that a later composition reads."""
     from hydra.core.config_store import ConfigStore
 
     from .methods import method_config
+    from .task_table import TASK_CONFIGS
 
+    store = ConfigStore.instance()
+    stored = []
     for item in overrides:
         group, sep, option = item.partition("=")
-        if group == "method" and sep and not (config_dir / "method" / f"{option}.yaml").is_file():
-            ConfigStore.instance().store(group="method", name=option, node=method_config(option, config_dir))
+        if not sep or group not in ("method", "task") or (config_dir / group / f"{option}.yaml").is_file():
+            continue
+        node = method_config(option, config_dir) if group == "method" else TASK_CONFIGS[option]
+        store.store(group=group, name=option, node=node)
+        stored.append((group, f"{option}.yaml"))
+    try:
+        yield
+    finally:
+        for group, name in stored:
+            store.repo[group].pop(name, None)
 
 
 def compose_config(overrides: list[str], config_dir: Path | None = None) -> dict:
@@ -78,13 +99,13 @@ def compose_config(overrides: list[str], config_dir: Path | None = None) -> dict
 
     config_dir = (config_dir or configs_dir()).resolve()
     check_group_options(overrides, config_dir)
-    _store_named_methods(overrides, config_dir)
     try:
-        with initialize_config_dir(config_dir=str(config_dir), version_base=None):
+        with _unfiled_nodes(overrides, config_dir), \
+                initialize_config_dir(config_dir=str(config_dir), version_base=None):
             cfg = compose(config_name="config", overrides=overrides)
+            return OmegaConf.to_container(cfg, resolve=True)
     except HydraException as exc:
         raise ValueError(f"config: {str(exc).splitlines()[0]}") from None
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def answer_tokens(task: dict, max_new_tokens: int | None = None) -> int:
@@ -101,7 +122,6 @@ def answer_tokens(task: dict, max_new_tokens: int | None = None) -> int:
 def generation_config(composed: dict, analysis_plan: "AnalysisPlan", max_new_tokens: int | None) -> dict:
     """The :class:`~kvcert.generation.spec.GenerationSpec` mapping of one composed run (the design and δ of the
     typed ``analysis_plan``, :class:`kvcert.config.analysis_plan.AnalysisPlan`)."""
-    analysis_plan = AnalysisPlan.of(analysis_plan)
     method = dict(composed["method"])
     if method.get("name") != "full":
         # the pre-registered design; a method config may override some of its keys (the

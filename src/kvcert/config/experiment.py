@@ -1,8 +1,8 @@
 """Validation of the Snakemake configuration and the one loader of experiment settings.
 
-Snakemake's own schema validation reports a wrong key with a long JSON-schema
-message; :func:`check_pipeline_config` runs first and says which key is wrong, what it
-might have meant, and which keys exist. :func:`load_experiment` reads
+The Snakefile's config goes through :func:`check_pipeline_config` alone: it fills the schema's
+defaults and validates against ``configs/pipeline.schema.yaml``, in one line that says which key
+is wrong, what it might have meant, and which keys exist. :func:`load_experiment` reads
 ``configs/experiment/<name>.yaml`` against ``configs/experiment.schema.yaml`` (defaults
 in the schema), for the Snakefile, the CLI and the analysis alike; :func:`experiment_grid`
 adds the pre-registered grid it names.
@@ -62,6 +62,8 @@ def experiment_grid(name: str, configs: str | Path, prereg: str | Path) -> tuple
 
 
 def check_pipeline_config(config: dict, schema_path: str | Path, configs_dir: str | Path) -> dict:
+    """``config`` (Snakemake's, changed in place and returned) with the schema's defaults filled in, validated
+    against the schema at ``schema_path``; a wrong one is refused in one line naming the key and the fix."""
     schema = yaml.safe_load(Path(schema_path).read_text())
     allowed = schema["properties"]
     config.update({k: v for k, v in schema_defaults(config, schema).items() if k not in config})
@@ -75,6 +77,11 @@ def check_pipeline_config(config: dict, schema_path: str | Path, configs_dir: st
             config[key] = value.lower() == "true"  # --config retrain_model=true arrives as a string
         elif expected == "boolean" and not isinstance(value, bool):
             raise PipelineConfigError(f"config key {key!r} must be true or false, got {value!r}")
+    try:
+        jsonschema.validate(config, schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
+        raise PipelineConfigError(f"config key {where!r}: {exc.message}; give what {schema_path} describes") from None
     experiments = sorted(p.stem for p in (Path(configs_dir) / "experiment").glob("*.yaml"))
     if config["experiment"] not in experiments:
         raise PipelineConfigError(

@@ -2,8 +2,7 @@
 
 ``Experiment → Plan → Job → GenerationSpec → GenerationRecord → scores → ClaimResult``: the plan
 (:mod:`kvcert.generation.plan`) lists each shard's runs (condition, method, budget, seed) and hands out
-its jobs (:meth:`Plan.jobs <kvcert.generation.plan.Plan.jobs>`, :meth:`Plan.job
-<kvcert.generation.plan.Plan.job>`): a :class:`Job` is a shard with the
+its jobs (:meth:`Plan.job <kvcert.generation.plan.Plan.job>`): a :class:`Job` is a shard with the
 :class:`~kvcert.generation.spec.GenerationSpec` of each of its runs, built from the config files
 themselves — the model's, the task's, the method's (or the method grammar's,
 :mod:`kvcert.config.methods`), the certificate's aggregations of ``configs/config.yaml`` — and the
@@ -60,9 +59,15 @@ def _load(path: str, stamp: int) -> dict:
 
 def config_file(config_dir: str | Path, group: str, name: str) -> dict:
     """``configs/<group>/<name>.yaml`` (``group`` "" for the primary ``config.yaml``), read once per version;
-    a missing one is refused in one line naming the file."""
+    without the file, the config derived from the benchmark tables (:func:`kvcert.config.task_table.derived_config`:
+    ``ruler_<name>``, ``longbench_<dataset>``); a missing one is refused in one line naming the file."""
+    from ..config.task_table import derived_config
+
     path = Path(config_dir) / group / f"{name}.yaml" if group else Path(config_dir) / f"{name}.yaml"
     if not path.is_file():
+        derived = derived_config(group, name)
+        if derived is not None:
+            return derived
         raise ValueError(f"{path}: no such config file")
     return dict(_load(str(path), path.stat().st_mtime_ns))
 
@@ -201,14 +206,3 @@ def _manifest_records(manifest: str | Path, cache: dict) -> list:
         cache[("manifest", str(manifest))] = load_records(manifest)
     return cache[("manifest", str(manifest))]
 
-
-def planned_records(experiment: str, shard: Any, manifest: str | Path, config_dir: str | Path,
-                    prereg: str | Path, model_path: str | None = None, cache: dict | None = None) -> dict:
-    """:meth:`Job.planned_records` of ``shard``'s job, from the examples of ``manifest`` (the scoring step's
-    call, :func:`kvcert.analysis.steps.planned_shards`; ``experiment`` is not read)."""
-    return make_job(shard, config_dir, prereg, model_path, manifest, cache).planned_records()
-
-
-def manifest_references(manifest: str | Path, shard: Any, cache: dict | None = None) -> dict[str, tuple[list, dict]]:
-    """:meth:`Job.references` of ``shard``, from ``manifest`` (the scoring step's call)."""
-    return Job(shard, (), "", Path(manifest), {} if cache is None else cache).references()

@@ -10,7 +10,7 @@ A *manifest* holds the task records of one (model, task, length): the generation
 share one (the most examples any of them asks for), the replay reads its own — exactly
 the examples and seed its grid entry registers.
 
-The plan hands out its generate jobs typed (:meth:`Plan.jobs`, :meth:`Plan.job`): a
+The plan hands out its generate jobs typed (:meth:`Plan.job`): a
 :class:`kvcert.generation.jobs.Job` is a shard with its runs' generation specs, their config
 hash and its planned records.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 import yaml
 
@@ -42,10 +41,6 @@ class Run:
         if self.condition == "full":
             return f"full-s{self.seed}"
         return f"{self.condition}-{self.method}-b{self.budget:g}-s{self.seed}"
-
-
-#: the manifest sets: the generation cells' shared manifests, and the replay's own
-MANIFEST_SETS = ("grid", "replay")
 
 
 @dataclass(frozen=True)
@@ -141,14 +136,6 @@ class Plan:
         from .jobs import make_job
 
         return make_job(shard, configs, prereg, model_path, manifest, cache)
-
-    def jobs(self, configs: str | Path, prereg: str | Path, model_paths: Mapping[str, str] | None = None,
-             results: str | Path | None = None, cache: dict | None = None) -> list:
-        """The generate job of every shard (:meth:`job`), in the plan's order; ``model_paths`` {model: path}
-        overrides models' paths, ``results`` is the folder the manifests lie under (``<results>/<shard.manifest>``)."""
-        cache = {} if cache is None else cache
-        return [self.job(s, configs, prereg, (model_paths or {}).get(s.model),
-                         None if results is None else Path(results) / s.manifest, cache) for s in self.shards]
 
 
 def _runs(conditions, methods, budgets, seeds, chunk=None) -> tuple[Run, ...]:

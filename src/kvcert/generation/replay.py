@@ -69,6 +69,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..config.analysis_plan import ReplayPart
 from ..method.attention import hajek_attention
 from ..method.cache import CertifiedCache
 from ..method.certificate import anytime_radius, bernstein_radius, robust_radius, unit_roundoff
@@ -81,7 +82,7 @@ from ..method.scorers import get_scorer
 from ..method.scorers.base import LayerObservation
 from ..method.sketch import POTENTIAL_WINDOW, build_sketch, shadow_count, sketch_potential
 from ..tasks.prompting import build_prompt_ids
-from .replay_table import COVERED_COLUMNS, FLOAT_COLUMNS, QUERY_KINDS, REPLAY_COLUMNS, empty_replay
+from .replay_table import COVERED_COLUMNS, FLOAT_COLUMNS, REPLAY_COLUMNS, empty_replay
 
 #: keys × draws × head-dim elements evaluated at once (bounds replay memory on big models)
 MAX_ELEMENTS = 2**25
@@ -351,22 +352,20 @@ def replay_layer(
 
 
 def replay_model(
-    model, tokenizer, records, budgets: Sequence[float], draws: int, later_queries: int, delta: float,
-    design: RetentionDesign = DEFAULT_DESIGN, seed: int = 0, max_layers: int | None = None,
-    model_name: str | None = None, scorer: str = "snapkv", query_kinds: Sequence[str] = QUERY_KINDS,
-    progress: bool = False,
+    model, tokenizer, records, replay: ReplayPart, delta: float, design: RetentionDesign = DEFAULT_DESIGN,
+    max_layers: int | None = None, model_name: str | None = None, scorer: str = "snapkv", progress: bool = False,
 ) -> pd.DataFrame:
     """Replay draws of every record (see the module docstring); one row per (example, layer, head, budget, kind, step, draw).
 
-    ``query_kinds`` (``analysis_plan.replay.query_kinds``): "setting" always; "later" and
-    "sample_dependent" add the decode steps of the full-cache and of the compressed run.
+    ``replay`` (``analysis_plan.replay``): its budgets, draws per budget, later queries, sampling seed and query
+    kinds ("setting" always; "later" and "sample_dependent" add the decode steps of the full-cache and of the
+    compressed run).
     """
     _check_model(model)
-    if draws < 1 or later_queries < 0:
-        raise ValueError("draws must be >= 1 and later_queries >= 0")
-    unknown = set(query_kinds) - set(QUERY_KINDS)
-    if unknown:
-        raise ValueError(f"query_kinds: unknown {sorted(unknown)}; known: {', '.join(QUERY_KINDS)}")
+    budgets, draws, later_queries, seed = replay.budgets, replay.draws, replay.later_queries, replay.seed
+    query_kinds = replay.query_kinds
+    if draws < 1:
+        raise ValueError("replay.draws must be >= 1")
     name = model_name or getattr(model.config, "name_or_path", None) or type(model).__name__
     num_layers = model.config.get_text_config().num_hidden_layers
     layers = replay_layers(num_layers, max_layers)

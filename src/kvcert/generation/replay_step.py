@@ -12,6 +12,7 @@ pre-registration hash and, run by the Snakefile (``--experiment``), the hash of 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
@@ -117,6 +118,7 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
         replay_cell(experiment, records, prereg, resolve_configs(configs), model["name"], model_path)
         if experiment else (None, None, None))
     n_draws = rp.draws if grid_draws is None else grid_draws
+    rp = replace(rp, draws=n_draws, seed=seed)
     recs = read_jsonl(records)[:max_examples]
     if not recs:
         raise ValueError(f"{records}: no task records to replay")
@@ -125,9 +127,8 @@ def replay_step(model: Mapping, records: str | Path, prereg: str | Path, out: st
     loaded, tokenizer = load_model(spec)  # a fetched model's folder is checked against its pins here
     digest = content_digest(spec.path)
     t0 = time.perf_counter()
-    draws = replay_model(loaded, tokenizer, recs, list(rp.budgets), n_draws, rp.later_queries, plan.delta, design,
-                         seed, max_layers, model_name=spec.name,
-                         query_kinds=kinds, progress=True)
+    draws = replay_model(loaded, tokenizer, recs, rp, plan.delta, design, max_layers, model_name=spec.name,
+                         progress=True)
     rows = impossibility_for_model(loaded, tokenizer, recs[0], design=design, seed=seed, model_name=spec.name)
     num_layers = loaded.config.get_text_config().num_hidden_layers
     provenance = {

@@ -16,7 +16,7 @@ Which order, ``condition`` (the record's ``condition`` field says which one ran)
 
 * ``"aware"`` (the default, the pre-registered question-aware condition): context and
   question are prefilled together and compressed after the question is seen;
-* ``"streaming"`` — kvpress's order (:data:`KVPRESS_ORDER`): the context alone is prefilled
+* ``"streaming"`` — kvpress's order: the context alone is prefilled
   and compressed, then the question is fed over the compressed cache, as kvpress's
   text-generation pipeline does. With ``separator=""`` and the question carrying any
   separator (kvpress's pipeline renders ``context + question`` as one user message), the
@@ -37,16 +37,13 @@ from __future__ import annotations
 from typing import Any
 
 
-KVPRESS_ORDER = "streaming"  # the condition that compresses the context before the question, as kvpress does
-
-
 def generate_answer(model: Any, tokenizer: Any, context: str, question: str, *, method: str = "snapkv-poisson",
                     budget: float | None = None, compression_ratio: float | None = None,
                     condition: str = "aware", max_new_tokens: int = 32, separator: str = "\n\n",
                     answer_prefix: str = "", seed: int = 0, delta: float = 0.1) -> dict:
     """Answer ``question`` about ``context`` (see the module docstring). ``condition``:
     ``aware`` (default: compressed after the question), ``streaming`` (kvpress's order:
-    compressed before it, :data:`KVPRESS_ORDER`) or ``full``; ``method``: a method name
+    compressed before it) or ``full``; ``method``: a method name
     (:mod:`kvcert.config.methods`: ``snapkv-poisson``, ``adakv-topk``, ``snapkv-kvpress``, …) or ``full``."""
     from .engine import Engine
     from .forked import generate

@@ -75,6 +75,19 @@ class ScoreMass:
 GROWTH = 1.0625
 
 
+def _held(which: int) -> property:
+    """:class:`CompactLayer`'s ``keys`` (0) or ``values`` (1): the slots in use; assigning a tensor goes through
+    :meth:`CompactLayer._assign` (a prefix of the stored slots crops them)."""
+
+    def get(self: "CompactLayer") -> torch.Tensor | None:
+        return self.__dict__.get("_views", (None, None))[which]
+
+    def put(self: "CompactLayer", tensor: torch.Tensor | None) -> None:
+        self._assign(which, tensor)
+
+    return property(get, put)
+
+
 class CompactLayer(CacheLayerMixin):
     """One layer's compacted cache: keys/values [B, Hkv, stored, D] plus log π and ‖v−c‖²."""
 
@@ -176,21 +189,8 @@ class CompactLayer(CacheLayerMixin):
         return self._aux_view(2)
 
     # --- keys and values: what the layer holds; assigning a prefix crops ------------------
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return self.__dict__.get("_views", (None, None))[0]
-
-    @keys.setter
-    def keys(self, tensor: torch.Tensor | None) -> None:
-        self._assign(0, tensor)
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return self.__dict__.get("_views", (None, None))[1]
-
-    @values.setter
-    def values(self, tensor: torch.Tensor | None) -> None:
-        self._assign(1, tensor)
+    keys = _held(0)
+    values = _held(1)
 
     def _assign(self, which: int, tensor: torch.Tensor | None) -> None:
         """``keys`` (0) or ``values`` (1) assigned: a crop when ``tensor`` is a prefix of the stored slots."""

@@ -201,16 +201,15 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
-    """The decoder stack of a causal LM (its ``get_decoder()``, else the model itself)."""
-    for getter in ("get_decoder",):
-        fn = getattr(model, getter, None)
-        if callable(fn):
-            try:
-                dec = fn()
-            except (AttributeError, NotImplementedError):
-                dec = None
-            if isinstance(dec, torch.nn.Module):
-                return dec
+    """The decoder stack of a causal LM: its ``get_decoder()``, else its ``base_model``, else the model itself."""
+    fn = getattr(model, "get_decoder", None)
+    if callable(fn):
+        try:
+            dec = fn()
+        except (AttributeError, NotImplementedError):
+            dec = None
+        if isinstance(dec, torch.nn.Module):
+            return dec
     return getattr(model, "base_model", model)
 
 

@@ -29,7 +29,7 @@ from typing import Iterator
 import torch
 
 from .scorers.base import LayerObservation
-from .scorers.kvpress_scorer import PREFIX, KvpressScorer, kvpress_scorer, press_class, press_options  # noqa: F401  (their old home)
+from .scorers.kvpress_scorer import PREFIX, KvpressScorer, press_class, press_options  # noqa: F401  (their old home)
 
 
 # --- kvcert's press, the kvpress way -------------------------------------------------------

@@ -71,12 +71,12 @@ import json
 import random
 import re
 import string
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kvcert.config.sources import SourceError, missing
+from kvcert.tasks.longbench_metrics import token_f1
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import TaskRecord, check_text, progress_of, read_utf8
 
@@ -322,12 +322,7 @@ def f1_score(prediction: str, ground_truth: str) -> float:
     """F1 of the Porter-stemmed normalised tokens (0 when none is shared)."""
     predicted = [_stem(w) for w in normalize_answer(prediction).split()]
     gold = [_stem(w) for w in normalize_answer(ground_truth).split()]
-    shared = sum((Counter(predicted) & Counter(gold)).values())
-    if shared == 0:
-        return 0.0
-    precision = shared / len(predicted)
-    recall = shared / len(gold)
-    return 2 * precision * recall / (precision + recall)
+    return token_f1(predicted, gold)
 
 
 def multi_answer_f1(prediction: str, ground_truth: str) -> float:

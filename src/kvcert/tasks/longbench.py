@@ -6,7 +6,9 @@ answer budgets (``DATASET2MAXLEN``) and the truncation rule follow the official
 ``config/dataset2prompt.json``, ``config/dataset2maxlen.json`` and ``pred.py`` of
 THUDM/LongBench (v1), for all 21 datasets (English, Chinese and code); the templates
 are the official strings character for character (narrativeqa's "asconcisely"
-included); the metrics live in :mod:`kvcert.tasks.longbench_metrics`.
+included); the metrics live in :mod:`kvcert.tasks.longbench_metrics`. ``DATASET2MAXLEN`` and
+``NO_CHAT_TEMPLATE_DATASETS`` are :mod:`kvcert.config.task_table`'s, which derives each data set's task config
+from them.
 
 **Data.** The original hub dataset is driven by a loading script that current
 ``datasets`` no longer runs. :func:`load_longbench` reads instead, from a local
@@ -56,8 +58,8 @@ so neither does kvcert (a leading space or a trailing newline changes the score)
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -65,7 +67,8 @@ from kvcert.tasks.lengths import LENGTH_SETTING, LengthError
 from kvcert.tasks.longbench_metrics import DATASET2METRIC, score_sample
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.config.sources import HUB_PREFIX, SourceError, hub_id, missing
-from kvcert.tasks.records import TaskRecord, check_text, progress_of, utf8_lines
+from kvcert.config.task_table import DATASET2MAXLEN, NO_CHAT_TEMPLATE_DATASETS, LONGBENCH_PREFIX as TASK_PREFIX
+from kvcert.tasks.records import TaskRecord, check_text, json_lines, progress_of
 
 __all__ = [
     "CHAT_TEMPLATE_RULES", "DATASET2MAXLEN", "DATASET2METRIC", "DATASET2PROMPT", "LONGBENCH_E_DATASETS",
@@ -174,22 +177,10 @@ DATASET2PROMPT: dict[str, str] = {
     "repobench-p": "Please complete the code given below. \n{context}{input}Next line of code:\n",
 }
 
-#: the official ``max_new_tokens`` of each task (``config/dataset2maxlen.json``).
-DATASET2MAXLEN: dict[str, int] = {
-    "narrativeqa": 128, "qasper": 128, "multifieldqa_en": 64, "multifieldqa_zh": 64,
-    "hotpotqa": 32, "2wikimqa": 32, "musique": 32, "dureader": 128, "gov_report": 512,
-    "qmsum": 512, "multi_news": 512, "vcsum": 512, "trec": 64, "triviaqa": 32,
-    "samsum": 128, "lsht": 64, "passage_count": 32, "passage_retrieval_en": 32,
-    "passage_retrieval_zh": 32, "lcc": 64, "repobench-p": 64,
-}
-
 #: the single-document and multi-document English QA tasks (the paper profile's set).
 QA_DATASETS: tuple[str, ...] = (
     "narrativeqa", "qasper", "multifieldqa_en", "hotpotqa", "2wikimqa", "musique",
 )
-
-#: datasets ``pred.py`` feeds to chat models without their chat template.
-NO_CHAT_TEMPLATE_DATASETS = frozenset({"trec", "triviaqa", "samsum", "lsht", "lcc", "repobench-p"})
 
 #: the datasets of LongBench-E (``pred.py --e``), each read as ``<dataset>_e``.
 LONGBENCH_E_DATASETS: tuple[str, ...] = (
@@ -204,8 +195,6 @@ CHAT_TEMPLATE_RULES: tuple[str, ...] = ("official", "all")
 REQUIRED_FIELDS: tuple[str, ...] = (
     "input", "context", "answers", "length", "dataset", "language", "all_classes", "_id",
 )
-
-TASK_PREFIX = "longbench_"
 
 
 def task_name(dataset: str) -> str:
@@ -324,19 +313,7 @@ def _read_file(path: Path, limit: int | None) -> list[dict[str, Any]]:
 
 
 def _read_jsonl(path: Path, limit: int | None) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for number, line in utf8_lines(path):
-        if limit is not None and len(rows) >= limit:
-            break
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where}: not valid JSON ({exc.msg})") from exc
-        rows.append(_checked_row(row, where))
-    return rows
+    return [_checked_row(row, where) for where, row in islice(json_lines(path), limit)]
 
 
 def _read_parquet(path: Path, limit: int | None) -> list[dict[str, Any]]:

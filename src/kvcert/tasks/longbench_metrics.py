@@ -57,11 +57,11 @@ __all__ = [
     "DATASET2METRIC", "FIRST_LINE_DATASETS", "classification_score", "code_sim_score",
     "count_score", "first_line", "normalize_answer", "normalize_zh_answer", "qa_f1_score",
     "qa_f1_zh_score", "retrieval_score", "retrieval_zh_score", "rouge_score", "rouge_zh_score",
-    "score_sample", "score_task",
+    "score_sample", "score_task", "token_f1",
 ]
 
 
-def _token_f1(prediction_tokens: Sequence[str], gold_tokens: Sequence[str]) -> float:
+def token_f1(prediction_tokens: Sequence[str], gold_tokens: Sequence[str]) -> float:
     """F1 of two token multisets; 0 when they share no token."""
     shared = sum((Counter(prediction_tokens) & Counter(gold_tokens)).values())
     if shared == 0:
@@ -73,7 +73,7 @@ def _token_f1(prediction_tokens: Sequence[str], gold_tokens: Sequence[str]) -> f
 
 def qa_f1_score(prediction: str, ground_truth: str, **_: object) -> float:
     """Token F1 of the normalised prediction against one normalised gold answer."""
-    return _token_f1(normalize_answer(prediction).split(), normalize_answer(ground_truth).split())
+    return token_f1(normalize_answer(prediction).split(), normalize_answer(ground_truth).split())
 
 
 def rouge_score(prediction: str, ground_truth: str, **_: object) -> float:
@@ -175,7 +175,7 @@ def qa_f1_zh_score(prediction: str, ground_truth: str, **_: object) -> float:
     def words(text: str) -> list[str]:
         return [w for w in (normalize_zh_answer(t) for t in _jieba_words(text)) if w]
 
-    return _token_f1(words(prediction), words(ground_truth))
+    return token_f1(words(prediction), words(ground_truth))
 
 
 def rouge_zh_score(prediction: str, ground_truth: str, **_: object) -> float:

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from kvcert.tasks.needle import ANSWER_PREFIX, ANSWER_TOKENS, DEPTHS, NEEDLE, QUESTION, RESPONSE, draw_values, needle_record
-from kvcert.tasks.records import QuestionAnswer, TaskRecord
-from kvcert.tasks.sampling import balanced_pick, example_rng
+from kvcert.tasks.needle import ANSWER_TOKENS, DEPTHS, NEEDLE, draw_values, needle_record
+from kvcert.tasks.needle import questions_for  # noqa: F401  (the task's: a question per needle, as the needle task's)
+from kvcert.tasks.records import TaskRecord
+from kvcert.tasks.sampling import balanced_pick, example_rng, generator, placement_depths
 from kvcert.tasks.wordlists import KEY_ADJECTIVES, NEEDLE_KEYS
 
 TASK = "lookalike"
@@ -63,8 +64,8 @@ def make_record(
     keys = [key_text(a, noun) for a in adjectives] + [key_text(adjectives[0], n) for n in other_nouns]
     kinds = ["query"] + ["lookalike"] * lookalikes + ["other"] * others
     values = draw_values(rng, len(keys), value_digits)
-    query_depth = float(depth) if depth is not None else float(balanced_pick(depths, seed, TASK, index))
-    needle_depths = [query_depth] + [rng.uniform(0.0, 100.0) for _ in keys[1:]]
+    needle_depths = placement_depths(rng, len(keys), depth, depths, seed, TASK, index)
+    query_depth = needle_depths[0]
     needles = [(d, NEEDLE.format(key=k, value=v)) for d, k, v in zip(needle_depths, keys, values)]
     return needle_record(
         tokenizer, target_tokens, needles, keys[0], values[0], answer_tokens=answer_tokens,
@@ -79,22 +80,9 @@ def make_record(
     )
 
 
-def generate(
-    tokenizer: Any, n_examples: int, target_tokens: int, seed: int, **options: Any
-) -> list[TaskRecord]:
-    """``n_examples`` records (options: ``lookalikes``, ``others``, ``depth``, ``depths``,
-    ``value_digits``, ``answer_tokens``)."""
-    return [make_record(tokenizer, target_tokens, seed, i, **options) for i in range(n_examples)]
-
-
-def questions_for(record: TaskRecord) -> list[QuestionAnswer]:
-    """A question, answer and reference response per needle; the queried needle first."""
-    return [
-        QuestionAnswer(QUESTION.format(key=n["key"]), n["value"], RESPONSE.format(value=n["value"]),
-                       n["key"], ANSWER_PREFIX.format(key=n["key"]),
-                       NEEDLE.format(key=n["key"], value=n["value"]))
-        for n in record.metadata["needles"]
-    ]
+#: ``n_examples`` records (options: ``lookalikes``, ``others``, ``depth``, ``depths``, ``value_digits``,
+#: ``answer_tokens``).
+generate = generator(make_record)
 
 
 def vocabulary_texts() -> list[str]:

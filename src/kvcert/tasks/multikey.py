@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kvcert.tasks.lengths import fit_filler
-from kvcert.tasks.prompting import build_prompt_ids
+from kvcert.tasks.prompting import measured
 from kvcert.tasks.records import QuestionAnswer, TaskRecord
-from kvcert.tasks.sampling import balanced_pick, example_rng
+from kvcert.tasks.sampling import example_rng, generator, placement_depths
 from kvcert.tasks.wordlists import CITIES, COLORS, INSTRUMENTS, JOBS, PEOPLE, PETS
 
 TASK = "multikey"
@@ -109,8 +109,8 @@ def make_record(
         relation = rng.choice(relations)
         value = rng.choice(RELATIONS[relation][2])
         facts.append({"person": person, "relation": relation, "value": value})
-    query_depth = float(depth) if depth is not None else float(balanced_pick(depths, seed, TASK, index))
-    fact_depths = [query_depth] + [rng.uniform(0.0, 100.0) for _ in range(num_facts - 1)]
+    fact_depths = placement_depths(rng, num_facts, depth, depths, seed, TASK, index)
+    query_depth = fact_depths[0]
     for fact, fact_depth in zip(facts, fact_depths):
         fact["depth"] = fact_depth
     filler_rng = example_rng(seed, TASK, index, stream="filler")
@@ -147,8 +147,7 @@ def make_record(
             "facts": facts,
         },
     )
-    record.length = len(build_prompt_ids(tokenizer, record)[0])
-    return record
+    return measured(tokenizer, record)
 
 
 def _fact_text(fact: dict[str, Any]) -> str:
@@ -160,11 +159,8 @@ def _question_text(fact: dict[str, Any]) -> str:
     return QUESTION_TEMPLATE.format(question=question)
 
 
-def generate(
-    tokenizer: Any, n_examples: int, target_tokens: int, seed: int, **options: Any
-) -> list[TaskRecord]:
-    """``n_examples`` multi-key QA records (options: ``num_facts``, ``depth``, ``depths``)."""
-    return [make_record(tokenizer, target_tokens, seed, i, **options) for i in range(n_examples)]
+#: ``n_examples`` multi-key QA records (options: ``num_facts``, ``depth``, ``depths``).
+generate = generator(make_record)
 
 
 def questions_for(record: TaskRecord) -> list[QuestionAnswer]:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcert.tasks.lengths import fit_filler
-from kvcert.tasks.prompting import build_prompt_ids
+from kvcert.tasks.prompting import measured
 from kvcert.tasks.records import QuestionAnswer, TaskRecord
-from kvcert.tasks.sampling import balanced_pick, example_rng
+from kvcert.tasks.sampling import balanced_pick, example_rng, generator
 from kvcert.tasks.wordlists import CITIES, CODE_ITEMS, FOODS, PEOPLE, TOPICS, WEEKDAYS
 
 TASK = "multiturn"
@@ -201,19 +201,11 @@ def record_id(task: str, seed: int, target_tokens: int, num_turns: int, index: i
     return f"{task}-s{seed}-t{target_tokens}-n{num_turns}-{index}"
 
 
-def make_record(
-    tokenizer: Any,
-    target_tokens: int,
-    seed: int,
-    index: int,
-    num_turns: int | None = None,
-    num_facts: int | None = None,
-    turn_distance: int | None = None,
-) -> TaskRecord:
+def make_record(tokenizer: Any, target_tokens: int, seed: int, index: int, **options: Any) -> TaskRecord:
     """One multi-turn recall record of about ``target_tokens`` prompt tokens: the
-    conversation (:func:`conversation`) as a transcript after :data:`HEADER`, in the
-    context of one user message."""
-    talk = conversation(target_tokens, seed, index, num_turns, num_facts, turn_distance)
+    conversation (:func:`conversation`, whose ``num_turns``, ``num_facts`` and ``turn_distance`` are the
+    ``options``) as a transcript after :data:`HEADER`, in the context of one user message."""
+    talk = conversation(target_tokens, seed, index, **options)
 
     def make_context(n: int) -> str:
         lines = [HEADER, ""]
@@ -230,15 +222,11 @@ def make_record(
         answers=talk.answers,
         metadata=talk.metadata(target_tokens),
     )
-    record.length = len(build_prompt_ids(tokenizer, record)[0])
-    return record
+    return measured(tokenizer, record)
 
 
-def generate(
-    tokenizer: Any, n_examples: int, target_tokens: int, seed: int, **options: Any
-) -> list[TaskRecord]:
-    """``n_examples`` multi-turn records (options: ``num_turns``, ``num_facts``, ``turn_distance``)."""
-    return [make_record(tokenizer, target_tokens, seed, i, **options) for i in range(n_examples)]
+#: ``n_examples`` multi-turn records (options: ``num_turns``, ``num_facts``, ``turn_distance``).
+generate = generator(make_record)
 
 
 def questions_for(record: TaskRecord) -> list[QuestionAnswer]:

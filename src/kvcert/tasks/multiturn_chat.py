@@ -33,8 +33,9 @@ from typing import Any
 
 from kvcert.tasks.lengths import fit_filler
 from kvcert.tasks.multiturn import FACT_USER, QUESTION, RESPONSE, conversation, record_id
-from kvcert.tasks.prompting import build_prompt_ids, transcript, turns_prompt_length
+from kvcert.tasks.prompting import measured, transcript, turns_prompt_length
 from kvcert.tasks.records import QuestionAnswer, TaskRecord
+from kvcert.tasks.sampling import generator
 
 TASK = "multiturn_chat"
 #: the text after the generation prompt: ``multiturn``'s reference reply up to the value
@@ -49,22 +50,14 @@ def messages_of(turns: list[tuple[str, str]]) -> list[dict[str, str]]:
             for message in ({"role": "user", "content": user}, {"role": "assistant", "content": assistant})]
 
 
-def make_record(
-    tokenizer: Any,
-    target_tokens: int,
-    seed: int,
-    index: int,
-    num_turns: int | None = None,
-    num_facts: int | None = None,
-    turn_distance: int | None = None,
-) -> TaskRecord:
+def make_record(tokenizer: Any, target_tokens: int, seed: int, index: int, **options: Any) -> TaskRecord:
     """One record of about ``target_tokens`` prompt tokens: ``multiturn``'s conversation of the
     same seed and index, its turns as chat messages (options as
     :func:`kvcert.tasks.multiturn.make_record`)."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"task {TASK}: tokenizer {getattr(tokenizer, 'name_or_path', type(tokenizer).__name__)!r} "
                          "has no chat template, and this task's turns are messages of one; use an instruct checkpoint")
-    talk = conversation(target_tokens, seed, index, num_turns, num_facts, turn_distance)
+    talk = conversation(target_tokens, seed, index, **options)
     question = talk.question
     prefix = ANSWER_PREFIX.format(item=talk.facts[0]["item"])
     messages, _, _ = fit_filler(tokenizer, lambda n: messages_of(talk.padded(n)), question, target_tokens,
@@ -78,15 +71,11 @@ def make_record(
         answer_prefix=prefix,
         metadata={**talk.metadata(target_tokens), "messages": messages},
     )
-    record.length = len(build_prompt_ids(tokenizer, record)[0])
-    return record
+    return measured(tokenizer, record)
 
 
-def generate(
-    tokenizer: Any, n_examples: int, target_tokens: int, seed: int, **options: Any
-) -> list[TaskRecord]:
-    """``n_examples`` records (options: ``num_turns``, ``num_facts``, ``turn_distance``)."""
-    return [make_record(tokenizer, target_tokens, seed, i, **options) for i in range(n_examples)]
+#: ``n_examples`` records (options: ``num_turns``, ``num_facts``, ``turn_distance``).
+generate = generator(make_record)
 
 
 def questions_for(record: TaskRecord) -> list[QuestionAnswer]:

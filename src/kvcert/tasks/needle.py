@@ -37,9 +37,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kvcert.tasks.lengths import LengthTooShort, fit_filler
-from kvcert.tasks.prompting import build_prompt_ids
+from kvcert.tasks.prompting import measured
 from kvcert.tasks.records import QuestionAnswer, TaskRecord
-from kvcert.tasks.sampling import balanced_pick, example_rng
+from kvcert.tasks.sampling import example_rng, generator, placement_depths
 from kvcert.tasks.wordlists import NEEDLE_KEYS
 
 TASK = "needle"
@@ -112,8 +112,8 @@ def make_record(
     rng = example_rng(seed, TASK, index)
     keys = rng.sample(NEEDLE_KEYS, num_needles)
     values = draw_values(rng, num_needles, value_digits)
-    query_depth = float(depth) if depth is not None else float(balanced_pick(depths, seed, TASK, index))
-    needle_depths = [query_depth] + [rng.uniform(0.0, 100.0) for _ in range(num_needles - 1)]
+    needle_depths = placement_depths(rng, num_needles, depth, depths, seed, TASK, index)
+    query_depth = needle_depths[0]
     needles = [
         (d, NEEDLE.format(key=k, value=v)) for d, k, v in zip(needle_depths, keys, values)
     ]
@@ -172,15 +172,11 @@ def needle_record(tokenizer: Any, target_tokens: int, needles: Sequence[tuple[fl
     record = TaskRecord(id=id, task=task, context=context, question=question, answers=[value],
                         separator=SEPARATOR, answer_prefix=prefix,
                         metadata={"target_tokens": target_tokens, "answer_tokens": answer_tokens, **metadata})
-    record.length = len(build_prompt_ids(tokenizer, record)[0])
-    return record
+    return measured(tokenizer, record)
 
 
-def generate(
-    tokenizer: Any, n_examples: int, target_tokens: int, seed: int, **options: Any
-) -> list[TaskRecord]:
-    """``n_examples`` needle records (see the module docstring for ``options``)."""
-    return [make_record(tokenizer, target_tokens, seed, i, **options) for i in range(n_examples)]
+#: ``n_examples`` needle records (see the module docstring for ``options``).
+generate = generator(make_record)
 
 
 def questions_for(record: TaskRecord) -> list[QuestionAnswer]:

@@ -140,6 +140,12 @@ def build_prompt_ids(tokenizer: Any, record: Any) -> tuple[list[int], int]:
     return _split_ids(tokenizer, text, split, chat)
 
 
+def measured(tokenizer: Any, record: Any) -> Any:
+    """``record`` with its ``length`` set: its prompt's token count (:func:`build_prompt_ids`)."""
+    record.length = len(build_prompt_ids(tokenizer, record)[0])
+    return record
+
+
 def _build_turns_ids(tokenizer: Any, record: Any, messages: list[dict[str, str]]) -> tuple[list[int], int]:
     """``build_prompt_ids`` of a record whose earlier turns are chat messages (``metadata["messages"]``,
     their form checked by :func:`kvcert.tasks.records.validate_record`)."""

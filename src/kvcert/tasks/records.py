@@ -165,18 +165,21 @@ def write_jsonl(records: Iterable[TaskRecord], path: str | Path) -> int:
 
 def read_jsonl(path: str | Path) -> list[TaskRecord]:
     """Read and validate a JSONL file of records (blank lines are skipped)."""
-    path = Path(path)
-    records = []
+    return [TaskRecord.from_dict(data, where) for where, data in json_lines(path, RecordError)]
+
+
+def json_lines(path: str | Path, error: type[Exception] = ValueError) -> Iterator[tuple[str, Any]]:
+    """``(where, value)`` of each line of a JSONL file but the blank ones, ``where`` its ``path:line``; a line
+    that is not JSON is refused as ``error``, in one line naming it."""
     for number, line in utf8_lines(path):
         if not line.strip():
             continue
         where = f"{path}:{number}"
         try:
-            data = json.loads(line)
+            value = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise RecordError(f"{where}: not valid JSON ({exc.msg})") from exc
-        records.append(TaskRecord.from_dict(data, where))
-    return records
+            raise error(f"{where}: not valid JSON ({exc.msg})") from exc
+        yield where, value
 
 
 #: byte-order marks a file that is not UTF-8 may start with, and what they mean

@@ -7,7 +7,9 @@ HotpotQA and are not here.
 Each task is registered as ``ruler_<name>`` (:data:`RULER_TASKS`: ``niah_single_1`` …
 ``niah_multiquery``, ``vt``, ``cwe``, ``fwe``) with RULER's template, answer prefix and answer
 reserve (``constants.py``'s ``tokens_to_generate``: 128 for the needles, 30 for vt, 120 for
-cwe, 50 for fwe) and its metric, ``string_match_all`` (``scripts/eval/synthetic/constants.py``).
+cwe, 50 for fwe) and its metric, ``string_match_all`` (``scripts/eval/synthetic/constants.py``). The table
+(:data:`RULER_TASKS`, :data:`TOKENS_TO_GENERATE`) is :mod:`kvcert.config.task_table`'s, which derives each task's
+config from it.
 A prompt is RULER's input: the template's text up to ``{context}`` and the generated context
 are the record's context, the template's line after it (``What are all the special magic …``,
 ``Question: …``) its question (separator: RULER's one newline), and RULER's answer prefix follows
@@ -70,14 +72,14 @@ import math
 import random
 import string
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import kvcert.tasks.wordlists as wordlists
+from kvcert.config.task_table import RULER_PREFIX as PREFIX, RULER_TASKS, TOKENS_TO_GENERATE, RulerTask
 from kvcert.tasks.lengths import LengthTooShort, fit_filler
-from kvcert.tasks.prompting import build_prompt_ids
+from kvcert.tasks.prompting import measured
 from kvcert.tasks.records import TaskRecord
-from kvcert.tasks.sampling import example_rng
+from kvcert.tasks.sampling import example_rng, generator as examples_of
 
 #: RULER's templates and answer prefixes (scripts/data/synthetic/constants.py)
 TEMPLATES: dict[str, tuple[str, str]] = {
@@ -105,49 +107,12 @@ TEMPLATES: dict[str, tuple[str, str]] = {
         " Answer: According to the coded text above, the three most frequently appeared words are:",
     ),
 }
-#: constants.py's tokens_to_generate: reserved from the length, and the answer budget
-TOKENS_TO_GENERATE = {"niah": 128, "variable_tracking": 30, "common_words_extraction": 120,
-                      "freq_words_extraction": 50}
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
 SEPARATOR = "\n"
 _CONTEXT = "\x00KVCERT-CONTEXT\x00"
 DEFAULT_LENGTH = 4096  # RULER's shortest standard length (kvpress's RULER)
-PREFIX = "ruler_"
 
-
-@dataclass(frozen=True)
-class RulerTask:
-    """One task of RULER's ``synthetic.yaml``: its script (``task``) and arguments."""
-
-    name: str
-    task: str
-    args: dict = field(default_factory=dict)
-
-    @property
-    def registered(self) -> str:
-        return PREFIX + self.name
-
-
-def _niah(name: str, haystack: str, k: str, v: str, nk: int = 1, nv: int = 1, nq: int = 1) -> RulerTask:
-    return RulerTask(name, "niah", {"type_haystack": haystack, "type_needle_k": k, "type_needle_v": v,
-                                    "num_needle_k": nk, "num_needle_v": nv, "num_needle_q": nq})
-
-
-#: RULER's synthetic.yaml, its order (qa_1 and qa_2 need downloaded data sets and are left out)
-RULER_TASKS: dict[str, RulerTask] = {t.name: t for t in (
-    _niah("niah_single_1", "noise", "words", "numbers"),
-    _niah("niah_single_2", "essay", "words", "numbers"),
-    _niah("niah_single_3", "essay", "words", "uuids"),
-    _niah("niah_multikey_1", "essay", "words", "numbers", nk=4),
-    _niah("niah_multikey_2", "needle", "words", "numbers"),
-    _niah("niah_multikey_3", "needle", "uuids", "uuids"),
-    _niah("niah_multivalue", "essay", "words", "numbers", nv=4),
-    _niah("niah_multiquery", "essay", "words", "numbers", nq=4),
-    RulerTask("vt", "variable_tracking", {"type_haystack": "noise", "num_chains": 1, "num_hops": 4}),
-    RulerTask("cwe", "common_words_extraction", {"freq_cw": 30, "freq_ucw": 3, "num_cw": 10}),
-    RulerTask("fwe", "freq_words_extraction", {"alpha": 2.0}),
-)}
 
 #: RULER's ``words`` keys: adjective-noun pairs, sorted (niah.py sorts its set of them)
 KEY_WORDS: tuple[str, ...] = tuple(sorted({f"{a}-{n}" for a in wordlists.KEY_ADJECTIVES for n in wordlists.NEEDLE_KEYS}))
@@ -242,8 +207,7 @@ def _record(tokenizer: Any, target_tokens: int, spec: RulerTask, seed: int, inde
                         answer_prefix=prefix,
                         metadata={"target_tokens": target_tokens, "answer_tokens": reserve, "max_new_tokens": reserve,
                                   "ruler_task": spec.name, "filler_units": units, **metadata})
-    record.length = len(build_prompt_ids(tokenizer, record)[0])
-    return record
+    return measured(tokenizer, record)
 
 
 def _positions_rng(spec: RulerTask, seed: int, index: int, n: int) -> random.Random:
@@ -539,12 +503,8 @@ def record_maker(name: str) -> Callable[..., TaskRecord]:
 
 
 def generator(name: str) -> Callable[..., list[TaskRecord]]:
-    make_record = record_maker(name)
-
-    def generate(tokenizer: Any, n_examples: int, target_tokens: int, seed: int) -> list[TaskRecord]:
-        return [make_record(tokenizer, target_tokens, seed, i) for i in range(n_examples)]
-
-    return generate
+    """``generate(tokenizer, n_examples, target_tokens, seed)`` of the RULER task ``name``."""
+    return examples_of(record_maker(name))
 
 
 # ------------------------------------------------------------------ the suite: names and the summary table

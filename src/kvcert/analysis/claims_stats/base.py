@@ -96,9 +96,9 @@ def signal_rows(rows: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     return rows[ok], int((~ok).sum())
 
 
-def strata_codes(rows: pd.DataFrame, plan: AnalysisPlan | Mapping) -> np.ndarray:
+def strata_codes(rows: pd.DataFrame, plan: AnalysisPlan) -> np.ndarray:
     """The stratum of every row (``analysis_plan.strata``: the columns a run's stratum is made of)."""
-    cols = list(AnalysisPlan.of(plan).strata)
+    cols = list(plan.strata)
     missing = [c for c in cols if c not in rows.columns]
     if missing:
         raise ValueError(f"analysis_plan.strata: the scores have no column {missing[0]!r}")

@@ -78,7 +78,6 @@ def _details(plan: AnalysisPlan, certificate: str, draws: dict) -> dict:
 
 def prepare(rows: pd.DataFrame, plan: AnalysisPlan, certificate: str) -> Prepared:
     """The secondary analyses of ``certificate``'s radius (``plugin`` or ``robust``) on a replay claim's rows."""
-    plan = AnalysisPlan.of(plan)
     if (e := empty(rows)) is not None:  # no draws: the parameters alone, every statistic undefined
         return replace(e, details=_details(plan, certificate, {}))
     part = plan.secondary

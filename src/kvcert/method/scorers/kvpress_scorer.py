@@ -117,7 +117,3 @@ class KvpressScorer(Scorer):
         least = scores.amin(-1, keepdim=True)
         return torch.where(least < 0, scores - least, scores)
 
-
-def kvpress_scorer(name: str, **options) -> KvpressScorer:
-    """The kvcert scorer of a ``kvpress:<Class>`` name (``options``: the press's fields)."""
-    return KvpressScorer(press_name=name, options=dict(options))
