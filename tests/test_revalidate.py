@@ -27,6 +27,7 @@ def _run(folder: Path, digest: str, score: float = 1.0, commit: str = "a" * 40, 
     (folder / "claims.json").write_text(json.dumps({"claims": [{"id": "C1", "value": score}],
                                                     "provenance": {"analysis_git_commit": commit, "seconds": 3.0}}))
     (folder / "summary.json").write_text(json.dumps({"code_digests": [digest], "claims": {"C1": {"value": score}}}))
+    (folder / "report.md").write_text(f"C1 holds: {score:.3f}\n\nanalysis commit: {commit}\nrecord-code digests: {digest}\n")
     return folder
 
 
@@ -34,8 +35,8 @@ def test_two_runs_of_the_same_code_are_equal_apart_from_when_and_by_which_commit
     before = _run(tmp_path / "before", "0" * 16)
     after = _run(tmp_path / "after", code_digest(), commit="b" * 40)
     result = compare_runs(before, after)
-    # 3 records, 2 replay rows, claims.json, summary.json
-    assert (result.compared, result.equal, result.differences) == (7, 7, [])
+    # 3 records, 2 replay rows, claims.json, summary.json, report.md (its commit and code digest masked)
+    assert (result.compared, result.equal, result.differences) == (8, 8, [])
     assert result.made_by == {code_digest()} and result.made_before_by == {"0" * 16}
 
 
@@ -44,7 +45,8 @@ def test_a_changed_field_a_changed_row_and_a_missing_file_are_each_named(tmp_pat
     after = _run(tmp_path / "after", code_digest(), score=0.5, rows=0.5000001)
     (after / "summary.json").unlink()
     result = compare_runs(before, after)
-    assert result.equal == result.compared - 2 - 1 - 1 - 1
+    assert result.equal == result.compared - 1 - 2 - 1 - 1 - 1
+    assert "report.md: line 1 differs" in result.differences
     assert "generations/m/main/needle/1024/shard000.jsonl:2: score differ" in result.differences
     assert any(d.startswith("replay/m/needle-1024.parquet: rows differ") for d in result.differences)
     assert "claims.json: claims differ" in result.differences
@@ -60,7 +62,7 @@ def test_the_check_is_recorded_only_when_every_item_is_equal(tmp_path):
     assert entry is None and not (reference / CHECKS).exists() and result.equal < result.compared
     result, entry = revalidate(before, _run(tmp_path / "after", code_digest()), reference, "cmd")
     assert entry["code_digest"] == code_digest() and entry["reference_code_digests"] == ["0" * 16]
-    assert entry["compared"] == entry["equal"] == 7
+    assert entry["compared"] == entry["equal"] == 8
     assert json.loads((reference / CHECKS).read_text()) == [entry]
 
 

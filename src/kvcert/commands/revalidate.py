@@ -10,9 +10,10 @@ reference was made from (``before``), reruns the experiment at the new code (``a
 * every replay table (``replay/**/*.parquet``: its rows, exactly, and its provenance) and impossibility table,
 * every manifest (``manifests/**/*.jsonl``, byte for byte),
 * the scores (``scores.parquet``), ``claims.json`` and ``summary.json``,
+* the report (``report.md``, ``report.html``: commits and code digests masked) and its figures, byte for byte,
 
-each with the fields that say *when* and *by which code* something was made left out (:data:`VOLATILE`: the
-git commit, the code digest, times and durations). ``kvcert reference revalidate --before DIR`` prints the
+each with the fields (or a table's columns) that say *when* and *by which code* something was made left out
+(:data:`VOLATILE`: the git commit, the code digest, times and durations). ``kvcert reference revalidate --before DIR`` prints the
 comparison and, when everything is equal, appends the check to ``results/reference/<experiment>/
 revalidations.json`` ({code_digest, reference_code_digests, compared, equal, command, date}), which the
 reference test accepts in place of a new reference.
@@ -92,6 +93,7 @@ def _compare_table(before: Path, after: Path, rel: str, out: Comparison) -> None
         keys = [k for k in dict.fromkeys([*stable(old_prov), *stable(new_prov)])
                 if stable(old_prov).get(k) != stable(new_prov).get(k)]
         out.add(False, 1, f"{rel}: provenance {', '.join(keys)} differ")
+    old, new = (df.drop(columns=[c for c in df.columns if c in VOLATILE]) for df in (old, new))  # the scores' columns
     same = list(old.columns) == list(new.columns) and old.shape == new.shape and old.equals(new)
     out.add(same, max(len(old), len(new)), f"{rel}: rows differ ({old.shape} before, {new.shape} after)")
 
@@ -102,6 +104,26 @@ def _compare_json(before: Path, after: Path, rel: str, out: Comparison) -> None:
     out.add(a == b, 1, f"{rel}: {', '.join(keys) or 'content'} differ")
 
 
+def _compare_bytes(before: Path, after: Path, rel: str, out: Comparison) -> None:
+    out.add(before.read_bytes() == after.read_bytes(), 1, f"{rel}: bytes differ")
+
+
+def _compare_report(before: Path, after: Path, rel: str, out: Comparison) -> None:
+    """A report's text with every git commit (40 hex digits) and the code digests of the two runs' records masked:
+    what it says of the results must be the same to the byte."""
+    import re
+
+    def masked(path: Path) -> list[str]:
+        text = re.sub(r"\b[0-9a-f]{40}\b", "<commit>", path.read_text())
+        for digest in out.made_by | out.made_before_by:
+            text = text.replace(digest, "<code digest>")
+        return text.splitlines()
+
+    a, b = masked(before), masked(after)
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    out.add(a == b, 1, f"{rel}: line {first + 1} differs")
+
+
 def compare_runs(before: str | Path, after: str | Path) -> Comparison:
     """Every output of the run in ``before`` against the same file of the run in ``after`` (the module docstring);
     a file only one of them has is a difference."""
@@ -109,9 +131,10 @@ def compare_runs(before: str | Path, after: str | Path) -> Comparison:
     out = Comparison()
     kinds = (("generations/**/*.jsonl", _compare_records), ("replay/**/*.parquet", _compare_table),
              ("replay/**/*.impossibility.json", _compare_json),
-             ("manifests/**/*.jsonl", lambda a, b, rel, o: o.add(a.read_bytes() == b.read_bytes(), 1,
-                                                               f"{rel}: bytes differ")),
-             ("scores.parquet", _compare_table), ("claims.json", _compare_json), ("summary.json", _compare_json))
+             ("manifests/**/*.jsonl", _compare_bytes),
+             ("scores.parquet", _compare_table), ("claims.json", _compare_json), ("summary.json", _compare_json),
+             ("report.md", _compare_report), ("report.html", _compare_report),
+             ("figures/*.png", _compare_bytes))
     for pattern, compare in kinds:
         names = sorted({p.relative_to(root).as_posix() for root in (before, after) for p in root.glob(pattern)})
         for rel in names:
