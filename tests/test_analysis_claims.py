@@ -477,7 +477,8 @@ def test_c8_unexercised_without_diverged_decodes(env):
 def test_a_placebo_is_seeded_by_each_rows_key_not_its_position(env, name):
     """The random placebos follow the rows' keys: the same rows read in reverse order (shards given to
     ``kvcert score`` in another order) get the same placebo values, row by row."""
-    from kvcert.analysis.claims import _kind, _placebo_rng, placebo_rows
+    from kvcert.analysis.claims import _kind, placebo_rows
+    from kvcert.analysis.placebos import placebo_rng
 
     if name == "random_score":
         rows = score(env, c3_records(env["hash"], 6, 2))
@@ -488,9 +489,9 @@ def test_a_placebo_is_seeded_by_each_rows_key_not_its_position(env, name):
         key = ["model", "example_id", "layer", "head", "budget", "query_kind", "step", "draw"]
         columns = ["radius", "covered", "radius_robust"]
     kind = _kind(env["claims"]["C1"])
-    forward = placebo_rows(rows, name, kind, env["plan"], _placebo_rng(env["plan"], "C1", name))
+    forward = placebo_rows(rows, name, kind, env["plan"], placebo_rng(env["plan"], "C1", name))
     backward = placebo_rows(rows.iloc[::-1].reset_index(drop=True), name, kind, env["plan"],
-                            _placebo_rng(env["plan"], "C1", name))
+                            placebo_rng(env["plan"], "C1", name))
     merged = forward.merge(backward, on=key, suffixes=("", "_reversed"))
     assert len(merged) == len(rows)
     for column in columns:

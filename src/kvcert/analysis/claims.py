@@ -111,12 +111,6 @@ def _bootstrap(prep: Prepared, plan: BootstrapPart, names: list[str] = (), only:
     return out
 
 
-
-def _placebo_rng(analysis_plan: AnalysisPlan, claim: str, name: str) -> np.random.Generator:
-    """:func:`kvcert.analysis.placebos.placebo_rng` (the name the tests know)."""
-    return placebo_rng(analysis_plan, claim, name)
-
-
 # --- verdicts ------------------------------------------------------------------------------------
 @dataclass
 class Decision:
@@ -163,7 +157,6 @@ def decide(spec: Mapping, kind: Kind, prep: Prepared, plan: BootstrapPart, minim
     if decision.verdict() == "inconclusive" and cells_ok and "unclear" in decision.outcomes:
         reasons.append("an interval straddles its threshold" if len(reasons) == 0 else "a test is unclear")
     return decision
-
 
 
 def _placebo_block(spec: Mapping, names: Sequence[str], decisions: Mapping[str, Decision], kind: Kind) -> PlaceboBlock:
