@@ -27,7 +27,9 @@ def _run(folder: Path, digest: str, score: float = 1.0, commit: str = "a" * 40, 
     (folder / "claims.json").write_text(json.dumps({"claims": [{"id": "C1", "value": score}],
                                                     "provenance": {"analysis_git_commit": commit, "seconds": 3.0}}))
     (folder / "summary.json").write_text(json.dumps({"code_digests": [digest], "claims": {"C1": {"value": score}}}))
-    (folder / "report.md").write_text(f"C1 holds: {score:.3f}\n\nanalysis commit: {commit}\nrecord-code digests: {digest}\n")
+    tally = f"1 distinct — {commit} (3)" if commit == "a" * 40 else f"2 distinct — {commit} (2), {'c' * 40} (1)"
+    (folder / "report.md").write_text(f"C1 holds: {score:.3f}\n\nanalysis commit: {commit}\ngeneration commits: {tally}\n"
+                                      f"record-code digests: {digest}\n")
     return folder
 
 

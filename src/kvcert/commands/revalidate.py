@@ -109,12 +109,14 @@ def _compare_bytes(before: Path, after: Path, rel: str, out: Comparison) -> None
 
 
 def _compare_report(before: Path, after: Path, rel: str, out: Comparison) -> None:
-    """A report's text with every git commit (40 hex digits) and the code digests of the two runs' records masked:
-    what it says of the results must be the same to the byte."""
+    """A report's text with every git commit (40 hex digits), the tally of the records' commits and the code digests
+    of the two runs' records masked: what it says of the results must be the same to the byte."""
     import re
 
     def masked(path: Path) -> list[str]:
         text = re.sub(r"\b[0-9a-f]{40}\b", "<commit>", path.read_text())
+        # a tally of the records' commits ("N distinct — <commit> (n), …"): a resumed run spans more commits
+        text = re.sub(r"(commits?): \d+ distinct — <commit> \(\d+\)(?:, <commit> \(\d+\))*", r"\1: <commits>", text)
         for digest in out.made_by | out.made_before_by:
             text = text.replace(digest, "<code digest>")
         return text.splitlines()
