@@ -63,6 +63,18 @@ def run(tmp_path_factory):
             "replay": replay, "frozen": fr.frozen_utc}
 
 
+def test_the_claims_steps_document_round_trips_byte_for_byte(run):
+    """What the claims step wrote (every claim, replay claims with their units beside, placebos, seed stability)
+    read as a :class:`~kvcert.analysis.claims_document.ClaimsDocument` and written back is the same file."""
+    from kvcert.analysis.claims_document import ClaimsDocument
+
+    path = run["tmp"] / "claims.json"
+    doc = ClaimsDocument.read(path)
+    assert list(doc.to_dict()) == list(json.loads(path.read_text()))  # key order too
+    again = write_json(doc.to_dict(), run["tmp"] / "claims-again.json")
+    assert again.read_bytes() == path.read_bytes()
+
+
 def test_claims_json(run):
     doc = json.loads((run["tmp"] / "claims.json").read_text())
     assert [c["id"] for c in doc["claims"]] == [f"C{i}" for i in range(1, 9)]

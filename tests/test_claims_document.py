@@ -15,7 +15,6 @@ from kvcert.tables import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "results" / "reference" / "real" / "claims.json"
-SMOKE = ROOT / "results" / "smoke" / "claims.json"
 
 
 def round_trip_bytes(path: Path, tmp_path: Path) -> None:
@@ -33,11 +32,6 @@ def test_the_reference_claims_round_trip_byte_for_byte(tmp_path):
     assert [c.id for c in doc.claims] == [f"C{i}" for i in range(1, 9)]
     assert doc.plan.delta == doc.analysis_plan["delta"]
     assert all(c.value == c.tests[0].estimate and c.statistic == c.tests[0].statistic for c in doc.claims)
-
-
-@pytest.mark.skipif(not SMOKE.is_file(), reason="no smoke run here (snakemake --cores all makes results/smoke/)")
-def test_the_smoke_claims_round_trip_byte_for_byte(tmp_path):
-    round_trip_bytes(SMOKE, tmp_path)
 
 
 @pytest.fixture(scope="module")
