@@ -46,6 +46,12 @@ def stable(value):
     return value
 
 
+def _differing(a: dict, b: dict) -> list[str]:
+    """The top-level keys whose :func:`stable` values differ between two mappings (one only has counts too)."""
+    a, b = stable(a), stable(b)
+    return [k for k in dict.fromkeys([*a, *b]) if k not in a or k not in b or a[k] != b[k]]
+
+
 @dataclass
 class Comparison:
     """What was compared (items: a record, a table row, a manifest, a document) and the first differences."""
@@ -76,8 +82,7 @@ def _compare_records(before: Path, after: Path, rel: str, out: Comparison) -> No
         out.add(False, max(len(old), len(new)), f"{rel}: {len(old)} records before, {len(new)} after")
         return
     for i, (a, b) in enumerate(zip(old, new)):
-        sa, sb = stable(a), stable(b)
-        keys = [k for k in dict.fromkeys([*sa, *sb]) if sa.get(k) != sb.get(k)]
+        keys = _differing(a, b)
         out.add(not keys, 1, f"{rel}:{i + 1}: {', '.join(keys)} differ")
 
 
@@ -89,9 +94,8 @@ def _compare_table(before: Path, after: Path, rel: str, out: Comparison) -> None
     if "code_digest" in new_prov:
         out.made_by.add(str(new_prov["code_digest"]))
         out.made_before_by.add(str(old_prov.get("code_digest")))
-    if stable(old_prov) != stable(new_prov):
-        keys = [k for k in dict.fromkeys([*stable(old_prov), *stable(new_prov)])
-                if stable(old_prov).get(k) != stable(new_prov).get(k)]
+    keys = _differing(old_prov, new_prov)
+    if keys:
         out.add(False, 1, f"{rel}: provenance {', '.join(keys)} differ")
     old, new = (df.drop(columns=[c for c in df.columns if c in VOLATILE]) for df in (old, new))  # the scores' columns
     same = list(old.columns) == list(new.columns) and old.shape == new.shape and old.equals(new)
@@ -99,9 +103,9 @@ def _compare_table(before: Path, after: Path, rel: str, out: Comparison) -> None
 
 
 def _compare_json(before: Path, after: Path, rel: str, out: Comparison) -> None:
-    a, b = stable(json.loads(before.read_text())), stable(json.loads(after.read_text()))
-    keys = [k for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)] if isinstance(a, dict) else []
-    out.add(a == b, 1, f"{rel}: {', '.join(keys) or 'content'} differ")
+    a, b = json.loads(before.read_text()), json.loads(after.read_text())
+    keys = _differing(a, b) if isinstance(a, dict) and isinstance(b, dict) else ["content"] * (stable(a) != stable(b))
+    out.add(not keys, 1, f"{rel}: {', '.join(keys)} differ")
 
 
 def _compare_bytes(before: Path, after: Path, rel: str, out: Comparison) -> None:
