@@ -36,9 +36,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from .atomic import write_text
+from .config.names import AGGREGATIONS
 from .generation.record import GenerationRecord, certificate_field, evicted_mass_field
 
-AGGREGATIONS = ("max", "mean", "rms")
 GRID_BUDGETS = (0.125, 0.25, 0.5)
 GRID_CONDITIONS = ("aware", "streaming")
 GRID_SAMPLERS = ("topk", "poisson")
@@ -205,7 +205,6 @@ def frozen_copy(source: str | Path, dest: str | Path, resamples: int | None = No
     stays as registered)."""
     import yaml
 
-    from .atomic import write_text
     from .config.prereg import freeze
 
     source, dest = Path(source), Path(dest)

@@ -120,7 +120,7 @@ def generate(engines: list[Engine], record) -> list[dict]:
 
 def _generate(engines: list[Engine], record) -> list[dict]:
     e0 = engines[0]
-    model, device = e0.model, e0.device
+    model = e0.model
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     ids, question_start = build_prompt_ids(e0.tokenizer, record)
     specs = [e.spec for e in engines]

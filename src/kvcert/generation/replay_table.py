@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-#: the query kinds, in the order of ``analysis_plan.replay.query_kinds``
-QUERY_KINDS = ("setting", "later", "sample_dependent")
+from ..config.analysis_plan import QUERY_KINDS  # noqa: F401  (the query kinds, the plan's: replay.query_kinds)
 FLOAT_COLUMNS = ["error", "radius", "anytime_radius", "variance", "range_term", "output_norm",
                  "radius_robust", "anytime_radius_robust", "shadow_sum", "shadow_range"]
 COVERED_COLUMNS = ["covered", "covered_anytime", "covered_robust", "covered_anytime_robust"]
