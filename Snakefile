@@ -89,8 +89,11 @@ TRAINED_FLAG = q(f"embedded={TRAINED}")  # --model-path of the steps that name t
 MINIATURE_FLAG = q(f"miniature={config['results']}/smoke/claims.json")  # --beside of a non-smoke report
 SHARDS = [f"{OUT}/{s.path}" for s in PLAN.shards]
 MANIFESTS = sorted({f"{OUT}/{s.manifest}" for s in PLAN.shards})
-REPLAYS = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.parquet" for r in PLAN.replays]
-IMPOSSIBILITY = [f"{OUT}/replay/{r.model}/{r.task}-{r.length}.impossibility.json" for r in PLAN.replays]
+# the replay tables of the deciding data seed (C1, C2, C8 are decided on them) and of the grid's second data seed
+# (replay.stability: the same statistics reported beside them; none where the grid registers none)
+REPLAYS = [f"{OUT}/{r.replay_table}" for r in PLAN.replays_of("replay")]
+STABILITY_REPLAYS = [f"{OUT}/{r.replay_table}" for r in PLAN.replays_of("stability")]
+IMPOSSIBILITY = [f"{OUT}/{r.impossibility}" for r in PLAN.replays_of("replay")]
 
 
 JOB_CACHE = {}
@@ -110,6 +113,18 @@ def configs_of(wildcards):
 def data_of(wildcards):
     """What a manifest job reads from the configs: the model's (its tokenizer) and the task's."""
     return manifest_config_hash(CONFIGS, wildcards.model, wildcards.task)
+
+
+def replay_manifest_of(wildcards):
+    """The manifest a replay job reads: the deciding data seed's (set ``replay``) for a table in replay/<model>/, the
+    second data seed's (set ``stability``) for one in replay/<model>/stability/."""
+    rset = wildcards.under[:-1] or "replay"  # "stability/" or nothing
+    return f"{OUT}/manifests/{wildcards.model}/{rset}/{wildcards.task}/{wildcards.length}.jsonl"
+
+
+def stability_flag(paths):
+    """``--stability-replay`` and the second data seed's tables, where the grid registers one (else nothing)."""
+    return "--stability-replay " + " ".join(q(p) for p in paths) if paths else ""
 
 
 def replay_of(wildcards):
@@ -201,6 +216,7 @@ wildcard_constraints:
     cell=r"main|multiturn|locomo",
     length=r"\d+",
     index=r"\d{3}",
+    under=r"(stability/)?",  # where a replay table lies: the deciding seed's in replay/<model>/, the second's below
 
 
 rule all:
@@ -209,7 +225,7 @@ rule all:
         f"{OUT}/report.html",
         f"{OUT}/claims.json",
         f"{OUT}/summary.json",
-        vanished(SHARDS + REPLAYS),
+        vanished(SHARDS + REPLAYS + STABILITY_REPLAYS),
 
 
 rule verify_prereg:
@@ -294,16 +310,39 @@ rule replay_manifest:
         "--length {wildcards.length} {params.model_path} --out {output:q} > {log:q} 2>&1"
 
 
+# the replay's second data seed (the grid's replay.stability): its own manifest, beside the deciding seed's; a rule
+# of its own, so that replay_manifest's command, and with it every finished run's replay, stays as it was
+rule stability_manifest:
+    priority: 10
+    input:
+        VERIFIED,
+        model_inputs,
+    output:
+        f"{OUT}/manifests/{{model}}/stability/{{task}}/{{length}}.jsonl",
+    log:
+        f"{OUT}/logs/manifest/{{model}}/stability/{{task}}/{{length}}.log",
+    params:
+        common=COMMON,
+        model_path=model_path_flag,
+        configs=data_of,
+        model=model_of,
+    conda:
+        "environment.yml"
+    shell:
+        "kvcert manifest {params.common} --set stability --model {wildcards.model} --task {wildcards.task} "
+        "--length {wildcards.length} {params.model_path} --out {output:q} > {log:q} 2>&1"
+
+
 rule replay:
     input:
-        manifest=f"{OUT}/manifests/{{model}}/replay/{{task}}/{{length}}.jsonl",
+        manifest=replay_manifest_of,
         verified=VERIFIED,
         model=model_inputs,
     output:
-        draws=f"{OUT}/replay/{{model}}/{{task}}-{{length}}.parquet",
-        impossibility=f"{OUT}/replay/{{model}}/{{task}}-{{length}}.impossibility.json",
+        draws=f"{OUT}/replay/{{model}}/{{under}}{{task}}-{{length}}.parquet",
+        impossibility=f"{OUT}/replay/{{model}}/{{under}}{{task}}-{{length}}.impossibility.json",
     log:
-        f"{OUT}/logs/replay/{{model}}/{{task}}-{{length}}.log",
+        f"{OUT}/logs/replay/{{model}}/{{under}}{{task}}-{{length}}.log",
     params:
         common=COMMON,
         model_path=model_path_flag,
@@ -371,6 +410,7 @@ rule claims:
     input:
         scores=f"{OUT}/scores.parquet",
         replay=REPLAYS,
+        stability=STABILITY_REPLAYS,
         verified=VERIFIED,
     output:
         f"{OUT}/claims.json",
@@ -378,11 +418,12 @@ rule claims:
         f"{OUT}/logs/claims.log",
     params:
         common=COMMON,
+        stability=stability_flag(STABILITY_REPLAYS),
     conda:
         "environment.yml"
     shell:
         "kvcert claims {params.common} --verified {input.verified:q} --scores {input.scores:q} "
-        "--replay {input.replay:q} --out {output:q} 2>&1 | tee {log:q}"
+        "--replay {input.replay:q} {params.stability} --out {output:q} 2>&1 | tee {log:q}"
 
 
 rule report:
@@ -390,6 +431,7 @@ rule report:
         claims=f"{OUT}/claims.json",
         scores=f"{OUT}/scores.parquet",
         replay=REPLAYS,
+        stability=STABILITY_REPLAYS,
         impossibility=IMPOSSIBILITY,
         verified=VERIFIED,
     output:
@@ -406,6 +448,7 @@ rule report:
         # says "not run" while results/smoke/claims.json is absent. Its content hash at DAG-build time is a
         # param, so the report is redone once smoke's claims appear or change, and not otherwise.
         beside="" if EXP == "smoke" else f"--beside {MINIATURE_FLAG}",
+        stability=stability_flag(STABILITY_REPLAYS),
         beside_content="" if EXP == "smoke" else (
             DIGEST_CACHE.sha256(Path(config["results"], "smoke", "claims.json"))
             if Path(config["results"], "smoke", "claims.json").is_file() else "not run"),
@@ -413,5 +456,5 @@ rule report:
         "environment.yml"
     shell:
         "kvcert report --verified {input.verified:q} --claims {input.claims:q} --scores {input.scores:q} "
-        "--replay {input.replay:q} --impossibility {input.impossibility:q} {params.models} {params.beside} "
+        "--replay {input.replay:q} {params.stability} --impossibility {input.impossibility:q} {params.models} {params.beside} "
         "--out-dir {params.out_dir:q} 2>&1 | tee {log:q}"

@@ -1,6 +1,7 @@
 """Scores + replay → claims.json: the seven pre-registered claims with their verdicts.
 
     python analysis/claims.py --scores scores.parquet [--replay replay.parquet ...] \
+        [--stability-replay replay.parquet ...] \
         --prereg preregistration [--verified verified.json] --experiment smoke [--configs configs] \
         --out claims.json
 

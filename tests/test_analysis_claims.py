@@ -555,3 +555,151 @@ def test_secondary_analyses_tell_a_draw_aware_certificate_from_its_cell_constant
         assert lo <= s["estimate"] <= hi, name
     without = _with_secondary(env["plan"], {})
     assert "secondary" not in evaluate_claim(env["claims"]["C1"], without, None, replay, stability=False).details
+
+
+# --- the worst later-query cell, the second data seed, the resamples (ninth amendment's machinery) -------------
+def _with_worst_later(plan, claims):
+    import dataclasses
+
+    return dataclasses.replace(plan, secondary=dataclasses.replace(plan.secondary, worst_later_cell=claims))
+
+
+def _planted(seed=3, factor=0.2):
+    """A covered replay (coverage 1 in every cell) whose plug-in radius at 12.5 %, layer 1, later queries is shrunk
+    to ``factor``: that budget × layer cell misses most of its draws, the pooled coverage stays high."""
+    replay = replay_frame(24, 40, 4, seed=seed, layers=2, heads=2, overshoot=1.0)
+    bad = (replay["layer"] == 1) & (replay["budget"] == 0.125) & (replay["query_kind"] == "later")
+    replay.loc[bad, "radius"] *= factor
+    replay.loc[bad, "covered"] = replay.loc[bad, "error"] <= replay.loc[bad, "radius"]
+    return replay, bad
+
+
+def test_the_worst_later_cell_is_found_where_it_was_planted(env):
+    """C1's secondary ``worst_later_cell``: over the budget × layer cells of the later queries, the lowest plug-in
+    coverage is the planted cell's (its share of covered draws, by hand), named, with its interval over the
+    registered unit (the minimum taken in each resample, as C8's test; and that cell's own), each holding its
+    estimate; the same minimum as C1's ``coverage_later_worst_cell``; it decides nothing (the verdict is the one
+    without it), and a plan without the key (every freeze before the ninth amendment) reports none."""
+    replay, bad = _planted()
+    plan = _with_worst_later(env["plan"], {"C1": "plugin"})
+    with_block = evaluate_claim(env["claims"]["C1"], plan, None, replay, stability=False)
+    block = with_block.details["worst_later_cell"]
+    assert block["cell"] == "0.125/layer 1" and (block["budget"], block["layer"]) == (0.125, 1)
+    assert block["certificate"] == "plugin" and block["unit"] == "example" and block["query_kind"] == "later"
+    want = replay.loc[bad, "covered"].mean()
+    assert want < 0.5 and block["cells"]["0.125/layer 1"] == pytest.approx(want, rel=1e-12)
+    others = [v for k, v in block["cells"].items() if k != "0.125/layer 1"]
+    assert len(others) == 5 and min(others) == 1.0 and block["cells_below_nominal"] == 1
+    st = block["statistics"]
+    for name in ("worst_later_cell_coverage", "worst_later_cell_coverage_fixed"):
+        assert st[name]["estimate"] == pytest.approx(want, rel=1e-12)
+        lo, hi = st[name]["ci"]
+        assert lo <= st[name]["estimate"] <= hi and st[name]["resamples"] == plan.bootstrap.resamples
+    assert with_block.details["statistics"]["coverage_later_worst_cell"]["estimate"] == pytest.approx(want, rel=1e-12)
+    without = evaluate_claim(env["claims"]["C1"], _with_worst_later(env["plan"], ()), None, replay, stability=False)
+    assert "worst_later_cell" not in without.details
+    assert without.verdict == with_block.verdict and [t.to_dict() for t in without.tests] == [
+        t.to_dict() for t in with_block.tests]
+
+
+def test_the_worst_later_cell_by_hand():
+    """Two budget × layer cells of later queries, of two replay cells each: the cell's coverage is its replay cells'
+    covered draws over their draws (pooled, not averaged), the worst the smaller; setting queries do not count."""
+    from kvcert.analysis.claims_stats.secondary import prepare_worst_later
+    from kvcert.config.analysis_plan import AnalysisPlan
+
+    rows = replay_frame(4, 10, 1, layers=2, heads=2, budgets=[0.25], overshoot=1.0)
+    assert sorted(rows.groupby(["layer", "head"]).groups) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    later = rows["query_kind"] == "later"
+    rows.loc[later & (rows["layer"] == 1) & (rows["head"] == 0) & (rows["draw"] < 3), "covered"] = False
+    rows.loc[later & (rows["layer"] == 0) & (rows["head"] == 1) & (rows["draw"] < 1), "covered"] = False
+    rows.loc[~later & (rows["layer"] == 0), "covered"] = False  # setting queries: not a later cell
+    prep = prepare_worst_later(rows, AnalysisPlan.from_dict({"delta": 0.1}), "plugin")
+    assert prep.details["cells"] == {"0.25/layer 0": pytest.approx(19 / 20), "0.25/layer 1": pytest.approx(17 / 20)}
+    assert prep.details["cell"] == "0.25/layer 1" and prep.point["worst_later_cell_coverage"] == pytest.approx(0.85)
+    empty = prepare_worst_later(rows[~later], AnalysisPlan.from_dict({"delta": 0.1}), "plugin")
+    assert empty.n_units == 0 and empty.details["cell"] is None
+
+
+def test_a_second_data_seed_is_reported_beside_the_verdict(env):
+    """``data_seed``: the replay claim is decided on the deciding seed's table alone (tests, verdict, placebos,
+    stability the same as without it); the second seed's table gets the same tests — each test's value and
+    interval those of the claim evaluated on that table alone, over the same unit — and the verdict the same rules
+    give there, with whether it agrees. Here the deciding seed's prompts are covered (holds) and the second's are
+    not (killed): reported, not deciding."""
+    deciding = replay_frame(24, 40, 4, seed=1, layers=2, heads=2, overshoot=1.0, floor=0.9, spread=1.0)
+    second = replay_frame(24, 40, 4, seed=7, layers=2, heads=2, overshoot=2.0, spread=1.0)
+    second["example_id"] = "s9700-" + second["example_id"]
+    spec = env["claims"]["C1"]
+    alone = evaluate_claim(spec, env["plan"], None, deciding, stability=False)
+    r = evaluate_claim(spec, env["plan"], None, deciding, stability=False, data_seed=(9700, second))
+    assert r.verdict == alone.verdict == "holds" and [t.to_dict() for t in r.tests] == [t.to_dict() for t in alone.tests]
+    assert r.placebo == alone.placebo and r.details == alone.details and alone.data_seed_stability is None
+    block = r.data_seed_stability
+    other = evaluate_claim(spec, env["plan"], None, second, stability=False)
+    assert (block.seed, block.prompts, block.verdict, block.agree) == (9700, 2, other.verdict, False)
+    assert other.verdict == "killed" and block.reasons == other.reasons
+    assert [{**t.to_dict(), "beside": {}} for t in other.tests] == [t.to_dict() for t in block.tests]  # no beside
+    assert block.tests[0].unit == "example" and block.tests[0].estimate == pytest.approx(second["covered"].mean())
+    same = evaluate_claim(spec, env["plan"], None, deciding, stability=False, data_seed=(9700, deciding))
+    assert same.data_seed_stability.agree and same.data_seed_stability.verdict == "holds"
+    c2 = evaluate_claim(env["claims"]["C2"], env["plan"], None, deciding, stability=False, data_seed=(9700, second))
+    assert c2.data_seed_stability.tests[0].statistic == "spearman_within_cell"
+    c3 = run(env, "C3", records=c3_records(env["hash"], 40, 10))
+    assert c3.data_seed_stability is None  # a generation claim has no replay data seed
+
+
+def test_every_interval_takes_its_resamples_from_the_plan(env):
+    """A plan with 50 resamples gives intervals of 50 resamples everywhere: the tests, the statistics reported
+    beside them (C2's pooled Spearman), the secondary analyses, the worst later cell and the second data seed's
+    tests; no interval is capped or raised by a constant of the code."""
+    import dataclasses
+
+    plan = _with_worst_later(_with_secondary(env["plan"], {"C1": "plugin", "C2": "plugin"}), {"C1": "plugin"})
+    plan = dataclasses.replace(plan, bootstrap=dataclasses.replace(plan.bootstrap, resamples=50))
+    replay, _ = _planted()
+    second = replay.assign(example_id="s" + replay["example_id"])
+    seen = []
+    for cid in ("C1", "C2"):
+        r = evaluate_claim(env["claims"][cid], plan, None, replay, stability=False, data_seed=(9700, second))
+        seen += [t.resamples for t in r.tests] + [t.resamples for t in r.data_seed_stability.tests]
+        seen += [s["resamples"] for s in r.details["statistics"].values()]
+        for block in ("secondary", "worst_later_cell"):
+            seen += [s["resamples"] for s in r.details.get(block, {}).get("statistics", {}).values()]
+        if cid == "C2":
+            assert "spearman" in r.details["statistics"]  # the pooled Spearman, reported beside the test
+    assert len(seen) > 30 and set(seen) == {50}
+
+
+def test_the_accuracy_table_takes_its_resamples_from_the_plan(env):
+    """The leaderboard's intervals: the plan's resamples (no cap), the same as a bootstrap made with them."""
+    import dataclasses
+
+    from kvcert.analysis.leaderboard import accuracy_table, pooled_interval
+
+    df = score(env, c3_records(env["hash"], 40, 10))
+    for resamples in (50, 1500):
+        plan = dataclasses.replace(env["plan"], bootstrap=dataclasses.replace(env["plan"].bootstrap,
+                                                                              resamples=resamples))
+        table = accuracy_table(df, analysis_plan=plan)
+        row = table[(table["condition"] == "aware") & (table["budget"] == 0.25) & (table["method"] == table["method"])]
+        part = df[(df["condition"] == "aware") & (df["budget"] == 0.25) & (df["method"] == row["method"].iloc[0])]
+        want = pooled_interval(part.assign(correct=part["correct"].astype(float)), plan.bootstrap)
+        assert (row["pooled_low"].iloc[0], row["pooled_high"].iloc[0]) == pytest.approx(want)
+
+
+def test_the_step_cells_quantiles_are_numpys_per_cell():
+    """The secondary analyses' step-cell quantiles, computed for every cell at once (cells of equal size: one
+    ``numpy.quantile`` over the rows; unequal: one call per cell), are exactly numpy's quantile of each cell, ties
+    and all."""
+    from kvcert.analysis.claims_stats.secondary import group_quantile
+
+    rng = np.random.default_rng(0)
+    for trial in range(40):
+        k, m = int(rng.integers(1, 30)), int(rng.integers(1, 50))
+        groups = rng.permutation(np.repeat(np.arange(k), m) if trial % 2 == 0 else rng.integers(0, k, k * m))
+        values = rng.lognormal(0.0, 2.0, groups.size)
+        values = np.round(values, 1) if trial % 4 == 0 else values  # ties
+        for q in (0.1, 0.25, 0.5, 0.9):
+            want = pd.Series(values).groupby(groups).transform(lambda v: np.quantile(v, q)).to_numpy()
+            assert np.array_equal(group_quantile(values, groups, q), want), (trial, q)

@@ -185,3 +185,27 @@ def test_the_plans_key_lists_are_the_model_stages():
     assert set(schema["robust_certificate"]["properties"]) == set(ROBUST_KEYS)
     assert set(schema) == {f for f in AnalysisPlan.__dataclass_fields__ if not f.startswith("_")}
 
+
+
+def test_the_worst_later_cell_key_is_typed_and_checked():
+    """``secondary.worst_later_cell`` (ninth amendment: C1's worst later-query cell, beside its tests): claim →
+    certificate, typed; absent (every freeze before it), none is reported; a certificate that is not one is refused
+    in one line by the types and by the schema, a claim name that is not one by the schema."""
+    data = registered()
+    data["secondary"] = {**data.get("secondary", {"claims": {}}), "worst_later_cell": {"C1": "plugin"}}
+    check_schema(data)
+    plan = AnalysisPlan.from_dict(data)
+    assert plan.secondary.worst_later("C1") == "plugin" and plan.secondary.worst_later("C8") is None
+    assert plan.to_dict()["secondary"]["worst_later_cell"] == {"C1": "plugin"}
+    without = registered()
+    without.get("secondary", {}).pop("worst_later_cell", None)
+    assert AnalysisPlan.from_dict(without).secondary.worst_later("C1") is None
+    data["secondary"]["worst_later_cell"] = {"C1": "oracle"}
+    with pytest.raises(AnalysisPlanError) as err:
+        AnalysisPlan.from_dict(data)
+    assert "analysis_plan.secondary.worst_later_cell.C1: 'oracle' is not a certificate" in str(err.value)
+    with pytest.raises(AnalysisPlanError, match=r"analysis_plan.secondary.worst_later_cell.C1: 'oracle' is not one of"):
+        check_schema(data)
+    data["secondary"]["worst_later_cell"] = {"first": "plugin"}
+    with pytest.raises(AnalysisPlanError, match=r"analysis_plan.secondary.worst_later_cell: 'first' does not match"):
+        check_schema(data)

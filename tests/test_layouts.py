@@ -176,3 +176,111 @@ def test_lm_eval_output_is_named_and_keyed_as_its_tracker_writes_it(run):
             assert doc["task_hashes"][task] == hash_string(
                 "".join(s["doc_hash"] + s["prompt_hash"] + s["target_hash"] for s in samples))
             assert metrics["score,none"] == pytest.approx(sum(s["score"] for s in samples) / 2)
+
+
+# --- round 6 (issue 62, item 2): a run's folders written whole ----------------------------------------------
+class Killed(BaseException):
+    """A kill (SIGKILL) at this point: nothing after it runs, no handler catches it."""
+
+
+def _run(out: Path, *more: str) -> None:
+    from argparse import Namespace
+
+    from kvcert.commands.oneoff import run_command
+    from kvcert.embedded import embedded_model_path
+
+    run_command(Namespace(overrides=[f"model.path={embedded_model_path()}", "task=needle", "method=snapkv-topk",
+                                     "budget=0.5", "length=512", "threads=1", f"out={out}", *more],
+                          configs=None, prereg=None, quiet=True))
+
+
+def _killed_while_writing_layouts(monkeypatch):
+    """The lm-eval files are built after every kvpress folder is written: a kill there is one mid-way."""
+    from kvcert.commands import layouts
+
+    def killed(*_, **__):
+        raise Killed()
+
+    monkeypatch.setattr(layouts, "lm_eval_runs", killed)
+
+
+def test_a_rerun_killed_while_it_writes_its_layouts_leaves_the_earlier_run_whole_and_a_rerun_replaces_it(
+        tmp_path, monkeypatch):
+    """The probe: a run (limit=2), its shard deleted as kvcert's refusal advises, a rerun (limit=3) killed while it
+    wrote its layouts: results.json was run A's while a kvpress folder held B's predictions.csv (3 rows) beside A's
+    metrics.json and config.yaml, and read_kvpress_runs listed it. Now the rerun's files are put in place only when
+    all are written; the killed one leaves A whole, and the rerun replaces it whole (one dated lm-eval pair)."""
+    import yaml
+
+    from kvcert.commands.layouts import read_kvpress_runs
+
+    out = tmp_path / "run"
+    _run(out, "limit=2")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and "generations" not in p.parts}
+    for shard in (out / "generations").glob("needle.jsonl*"):
+        shard.unlink()
+    with monkeypatch.context() as m:
+        _killed_while_writing_layouts(m)
+        with pytest.raises(Killed):
+            _run(out, "limit=3")
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and "generations" not in p.parts
+             and not any(part.startswith(".") for part in p.relative_to(out).parts)}
+    assert after == before  # results.json and every layout file: run A's, byte for byte
+    runs = read_kvpress_runs(out / "kvpress")
+    assert len(runs) == 2
+    for folder in (out / "kvpress").iterdir():
+        assert yaml.safe_load((folder / "config.yaml").read_text())["kvcert"]["limit"] == 2
+    _run(out, "limit=3")  # the rerun, whole: its files replace the earlier run's
+    assert json.loads((out / "results.json").read_text())["tasks"]["needle"]["records"] == 3
+    assert not [p for p in out.iterdir() if p.name.startswith(".kvcert-")]  # no staging folder left
+    for folder in (out / "kvpress").iterdir():
+        config = yaml.safe_load((folder / "config.yaml").read_text())
+        assert config["kvcert"]["limit"] == 3 and config["kvcert"]["records"] == 3
+    for model_folder in (out / "lm-eval").glob("*/*"):
+        names = sorted(p.name for p in model_folder.iterdir())
+        assert len(names) == 2 and names[0].startswith("results_") and names[1].startswith("samples_needle_"), names
+    assert len(read_kvpress_runs(out / "kvpress")) == 2
+
+
+def test_a_run_killed_while_it_writes_its_layouts_into_a_fresh_out_leaves_no_folder_a_reader_takes(
+        tmp_path, monkeypatch):
+    from kvcert.commands.layouts import read_kvpress_runs
+
+    out = tmp_path / "fresh"
+    _killed_while_writing_layouts(monkeypatch)
+    with pytest.raises(Killed):
+        _run(out, "limit=1")
+    assert not (out / "results.json").exists() and not (out / "kvpress").exists() and not (out / "lm-eval").exists()
+    assert read_kvpress_runs(out) == []  # the staging folder's kvpress files are not read
+
+
+def test_a_kvpress_folder_whose_files_disagree_or_whose_run_was_killed_while_publishing_is_refused(run, tmp_path):
+    import os
+
+    import yaml
+
+    from kvcert.commands.layouts import LayoutRefused, read_kvpress_runs
+
+    out, _ = run
+    mixed = tmp_path / "copy" / "kvpress"
+    shutil.copytree(out / "kvpress" / "needle__model__no_press__0.00", mixed / "needle__model__no_press__0.00")
+    folder = mixed / "needle__model__no_press__0.00"
+    assert len(read_kvpress_runs(mixed)) == 1
+    lines = (folder / "predictions.csv").read_text().splitlines(keepends=True)
+    (folder / "predictions.csv").write_text("".join(lines + lines[1:]))  # another run's, with more rows
+    with pytest.raises(LayoutRefused, match=r"needle__model__no_press__0\.00: its predictions\.csv is not the one its "
+                                            r"config\.yaml was written with \(the files are of two runs") as info:
+        read_kvpress_runs(mixed)
+    assert "\n" not in str(info.value)
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    del config["kvcert"]["files"]  # as an earlier kvcert wrote it: the rows against its records
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(LayoutRefused, match=r"predictions\.csv holds 4 rows, its config\.yaml says 2 records "
+                                            r"\(limit: 2\): the files are of two runs"):
+        read_kvpress_runs(mixed)
+    (folder / "predictions.csv").write_text("".join(lines))
+    assert len(read_kvpress_runs(mixed)) == 1
+    marker = mixed.parent / f".kvcert-publishing.{os.getpid()}"
+    marker.mkdir()  # a run killed while it put its files in place
+    with pytest.raises(LayoutRefused, match=r"a kvcert run was killed while it put its layouts in place"):
+        read_kvpress_runs(mixed)

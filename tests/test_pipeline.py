@@ -82,18 +82,120 @@ def test_plan_of_a_cpu_experiment_needs_no_gpu_hours(experiment, capsys):
     assert fields["gpu_hours"] == "0" and float(fields["cpu_job_hours"]) > 0
 
 
-@pytest.mark.parametrize("experiment,examples,seed", [("smoke", 3, 4000), ("paper", 8, 0), ("real", 12, 9500)])
+@pytest.mark.parametrize("experiment,examples,seed", [("smoke", 3, 4000), ("paper", 8, 0), ("real", 48, 9600)])
 def test_the_replay_has_its_own_manifest(experiment, examples, seed):
     """The replay runs the examples and seed its grid entry registers, from a manifest of its own — never the
     larger manifest a generation cell keeps for the same model, task and length."""
     grid = load_grid(REPO / "preregistration", f"grids/{experiment}.yaml")
     plan = build_plan(experiment, grid)
-    assert plan.replays and all((r.examples, r.seed, r.set) == (examples, seed, "replay") for r in plan.replays)
+    deciding = plan.replays_of("replay")
+    assert deciding and all((r.examples, r.seed, r.set) == (examples, seed, "replay") for r in deciding)
     grid_paths = {m.path for m in plan.manifests}
-    for r in plan.replays:
+    for r in deciding:
         assert r.path == f"manifests/{r.model}/replay/{r.task}/{r.length}.jsonl" and r.path not in grid_paths
+        assert r.replay_table == f"replay/{r.model}/{r.task}-{r.length}.parquet"
         assert plan.manifest(r.model, r.task, r.length, "replay") == r
-    assert plan.jobs_per_rule()["replay_manifest"] == len(plan.replays)
+    assert plan.jobs_per_rule()["replay_manifest"] == len(deciding)
+    assert set(plan.replays) - set(deciding) == set(plan.replays_of("stability"))
+    second = {"real": (48, 9700)}.get(experiment)  # the grids with a second replay data seed (ninth amendment: real)
+    assert [(r.examples, r.seed) for r in plan.replays_of("stability")] == ([second] * len(deciding) if second else [])
+
+
+def _with_stability(grid: dict, **stability) -> dict:
+    import copy
+
+    grid = copy.deepcopy(grid)
+    grid["replay"]["stability"] = stability
+    return grid
+
+
+def test_a_second_replay_data_seed_is_a_second_replay_job():
+    """``replay.stability`` (a second data seed of the replay, its prompts reported beside the deciding seed's):
+    accepted, planned as a manifest and a replay job of its own per model and length (set ``stability``, its table
+    under replay/<model>/stability/), the deciding seed's paths unchanged; without it the plan is as before."""
+    from kvcert.config.experiment import check_grid, replay_stability
+
+    smoke = load_grid(REPO / "preregistration", "grids/smoke.yaml")
+    before = build_plan("smoke", smoke)
+    assert replay_stability(smoke) is None and not before.replays_of("stability")
+    grid = _with_stability(smoke, seed=4100, examples=5)
+    assert check_grid(grid) is grid and replay_stability(grid) == {"seed": 4100, "examples": 5}
+    plan = build_plan("smoke", grid)
+    assert plan.replays_of("replay") == before.replays and plan.manifests == before.manifests
+    assert plan.shards == before.shards
+    [second] = plan.replays_of("stability")
+    first = before.replays[0]
+    assert (second.model, second.task, second.length, second.examples, second.seed) == (
+        first.model, first.task, first.length, 5, 4100)
+    assert second.path == f"manifests/{first.model}/stability/{first.task}/{first.length}.jsonl"
+    assert second.replay_table == f"replay/{first.model}/stability/{first.task}-{first.length}.parquet"
+    assert second.impossibility == f"replay/{first.model}/stability/{first.task}-{first.length}.impossibility.json"
+    assert plan.manifest(first.model, first.task, first.length, "stability") == second
+    jobs = plan.jobs_per_rule()
+    assert (jobs["replay"], jobs["replay_manifest"], jobs["stability_manifest"]) == (2, 1, 1)
+    assert plan.job_count == before.job_count + 2 and "stability_manifest" not in before.jobs_per_rule()
+    assert replay_stability(_with_stability(smoke, seed=4100)) == {"seed": 4100, "examples": 3}  # the replay's
+
+
+@pytest.mark.parametrize("stability,match", [
+    ({"seed": 4000, "examples": 3}, r"replay.stability.seed: 4000 is the replay's own data seed; give another seed"),
+    ({"seed": -1}, r"replay.stability.seed: must be an integer >= 0"),
+    ({"examples": 3}, r"replay.stability.seed: must be an integer >= 0 \(the second data seed\), got None"),
+    ({"seed": 4100, "examples": 0}, r"replay.stability.examples: must be a positive integer"),
+    ({"seed": 4100, "lengths": [512]}, r"replay.stability.lengths: unknown; a stability entry has seed, examples"),
+    (4100, r"replay.stability: must be a mapping"),
+])
+def test_a_second_replay_data_seed_is_refused_in_one_line(stability, match, tmp_path):
+    """The second data seed repeating the deciding one (its prompts would be the same), a missing or negative seed,
+    no prompts, an unknown key: one line naming the key, where the grid is read and where it is planned."""
+    from kvcert.config.experiment import check_grid
+
+    smoke = load_grid(REPO / "preregistration", "grids/smoke.yaml")
+    grid = _with_stability(smoke)
+    grid["replay"]["stability"] = stability
+    with pytest.raises(ValueError, match=f"^grid of experiment smoke: {match}"):
+        build_plan("smoke", grid)
+    with pytest.raises(ValueError, match=match):
+        check_grid(grid)
+    import yaml
+
+    (tmp_path / "grids").mkdir()
+    (tmp_path / "grids" / "smoke.yaml").write_text(yaml.safe_dump(grid))
+    with pytest.raises(ValueError, match=f"grids/smoke.yaml: {match}"):
+        load_grid(tmp_path, "grids/smoke.yaml")
+
+
+@pytest.mark.pipeline
+def test_a_second_replay_data_seed_runs_in_the_dag(tmp_path):
+    """A grid with a second replay data seed: the dry run's jobs are the plan's, rule by rule (two manifests and two
+    replay jobs), and the claims and report jobs read both seeds' tables."""
+    import os
+
+    import yaml
+
+    from kvcert.config.experiment import experiment_grid
+
+    prereg = tmp_path / "preregistration"
+    shutil.copytree(REPO / "preregistration", prereg)
+    path = prereg / "grids" / "smoke.yaml"
+    grid = _with_stability(yaml.safe_load(path.read_text()), seed=4100, examples=3)
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+    amend = subprocess.run([sys.executable, "-m", "kvcert.cli", "prereg", "freeze", "--folder", str(prereg),
+                            "--reason", "a second replay data seed"], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "KVCERT_GIT_COMMIT": "test"})
+    assert amend.returncode == 0, amend.stderr
+    plan = build_plan("smoke", experiment_grid("smoke", REPO / "configs", prereg)[1], REPO / "configs")
+    out = snakemake("-n", "-p", "--config", f"prereg={prereg}", f"results={tmp_path / 'results'}", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    stats = job_stats(out.stdout)
+    assert stats.pop("total") == plan.job_count and stats == plan.jobs_per_rule()
+    second = plan.replays_of("stability")[0]
+    commands = [line.split("Shell command: ", 1)[1] for line in out.stdout.splitlines() if "Shell command: " in line]
+    assert any(c.startswith("kvcert manifest") and "--set stability" in c for c in commands)
+    table = str(tmp_path / "results" / "smoke" / second.replay_table)
+    for step in ("claims", "report"):
+        [command] = [c for c in commands if c.startswith(f"kvcert {step} ")]
+        assert f"--stability-replay {table}" in command
 
 
 def test_a_grid_spends_its_replay_draws_over_prompts():

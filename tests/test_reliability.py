@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from kvcert.analysis.load import RecordRefused, score_shards
-from kvcert.config.prereg import PreregError, freeze, freezes, verify
+from kvcert.config.prereg import PreregError, freeze, freezes, parse_utc, verify
 from kvcert.testing import frozen_copy, make_record, write_shard
 
 REPO = Path(__file__).resolve().parents[1]
@@ -402,20 +402,47 @@ def test_a_legacy_record_becomes_part_of_the_first_chained_hash(tmp_path):
         verify(folder)
 
 
-def test_a_freeze_in_the_future_is_refused_and_amending_it_follows_the_chain(tmp_path):
+def test_a_freeze_in_the_future_is_refused_and_no_amendment_may_predate_it(tmp_path):
+    """Round 6 (issue 62, item 8): the slow-clock refusal's own command (a reason saying "wrong clock"), pasted on
+    a slow machine, wrote a backdated amendment that verified. No reason lets an amendment predate what it amends
+    now, and no message offers a command that would write one; a record made ahead verifies once its time has
+    passed, or is taken out of the chain by hand."""
     folder = fresh(tmp_path)
     now = datetime.now(timezone.utc)
     freeze(folder)
     fast = amend(folder, "made on a clock six months fast", now=now + timedelta(days=182))
-    with pytest.raises(PreregError, match=r"182\.0 days ahead of this machine's clock.*amend it") as info:
+    with pytest.raises(PreregError, match=r"182\.0 days ahead of this machine's clock.*it verifies once "
+                                          r".* has passed") as info:
         verify(folder)
-    assert "\n" not in str(info.value)
-    fixed = freeze(folder, reason="the previous freeze was made on a wrong clock")  # same files: allowed here
-    assert fixed.amends == fast.path.name and fixed.path.name < fast.path.name  # sorts first, comes last
-    assert freezes(folder)[-1].path == fixed.path
-    assert verify(folder).prereg_hash == fixed.prereg_hash != fast.prereg_hash
-    with pytest.raises(PreregError, match="nothing to amend"):
-        freeze(folder, reason="again")
+    assert "\n" not in str(info.value) and "wrong clock" not in str(info.value)
+    assert "kvcert prereg freeze" not in str(info.value)
+    for reason in ("the previous freeze was made on a wrong clock", f"the freeze {fast.path.name} was made on a "
+                   "wrong clock"):
+        with pytest.raises(PreregError, match=r"182\.0 days before the newest freeze record .*whatever its reason") \
+                as info:
+            freeze(folder, reason=reason)
+        assert "wrong clock" not in str(info.value) and "kvcert prereg" not in str(info.value)  # nothing to paste
+    assert freezes(folder)[-1].path == fast.path  # nothing written
+    assert verify(folder, now=now + timedelta(days=182, minutes=1)).path == fast.path  # its time has passed
+    fast.path.unlink()  # taken out of the chain by hand
+    later = amend(folder, "after the record made ahead was taken out")
+    assert verify(folder).path == later.path and later.amends != fast.path.name
+
+
+def test_a_declared_clock_correction_an_earlier_release_wrote_still_verifies(tmp_path, monkeypatch):
+    """Existing chains keep verifying: a backdated record whose reason declares the clock correction (what
+    `kvcert prereg freeze` wrote before it refused them) is accepted by verify, a plain backdated one is not."""
+    import kvcert.config.prereg as prereg
+
+    folder = fresh(tmp_path)
+    now = datetime.now(timezone.utc)
+    freeze(folder, now=now - timedelta(hours=2))
+    fast = amend(folder, "made on a clock six months fast", now=now + timedelta(days=182))
+    monkeypatch.setattr(prereg, "check_forward", lambda previous, now: None)  # the earlier release's freeze
+    fixed = amend(folder, f"the freeze {fast.path.name} was made on a wrong clock")
+    monkeypatch.undo()
+    assert fixed.amends == fast.path.name and parse_utc(fixed.frozen_utc) < parse_utc(fast.frozen_utc)
+    assert verify(folder).path == fixed.path
 
 
 def test_a_forked_chain_is_refused(tmp_path):
@@ -912,6 +939,83 @@ def test_records_of_one_model_from_two_folders_are_refused_and_old_records_witho
     del old["model_digest"]  # a record written before the digest was stamped (results/real's)
     df, _ = score_shards([one, write_shard([old], tmp_path / "two.jsonl")], folder)
     assert len(df) == 2 and set(df["model_digest"].dropna()) == {"f1c7ed16e57d16e5"}
+
+
+def test_a_partial_shard_begun_at_another_record_code_is_refused_naming_both_digests(tiny_dir, tmp_path):
+    """Round 6 (issue 62, item 4): a shard killed at 91 of 312 records and resumed after a record-code change held
+    records of two code digests, scored together. Resuming at another code is refused (before the model loads),
+    naming both digests; the partial file is left as it was."""
+    from kvcert.generation.manifest import load_tokenizer
+    from kvcert.generation.runner import run_specs
+    from kvcert.generation.shards import ShardCodeError, read_records
+    from kvcert.generation.spec import GenerationSpec
+    from kvcert.provenance import code_digest
+    from kvcert.tasks import TASKS
+
+    spec = GenerationSpec.from_dict({"model": {"name": "tiny", "path": str(tiny_dir)}, "method": {"name": "full"},
+                                     "condition": "full", "max_new_tokens": 2})
+    examples = TASKS["needle"].generate(load_tokenizer({"path": str(tiny_dir)}), n_examples=2, target_tokens=256,
+                                        seed=3)
+    records = read_records(run_specs([spec], examples, tmp_path / "s.jsonl", progress=False))
+    assert {r["code_digest"] for r in records} == {code_digest()}
+    partial = tmp_path / "t.jsonl.partial"
+    partial.write_text(json.dumps(dict(records[0], code_digest="0123456789abcdef"), sort_keys=True) + "\n")
+    before = partial.read_bytes()
+    with pytest.raises(ShardCodeError, match=rf"t\.jsonl\.partial: 1 of its 1 records were made at record code "
+                                             rf"0123456789abcdef .*this code is {code_digest()}: a shard holds one "
+                                             r"code's records; delete t\.jsonl\.partial") as e:
+        run_specs([spec], examples, tmp_path / "t.jsonl", progress=False,
+                  model_and_tokenizer=(None, None))  # nothing is generated: the model is never touched
+    assert "\n" not in str(e.value)
+    assert partial.read_bytes() == before and not (tmp_path / "t.jsonl").exists()
+    assert not (tmp_path / "t.jsonl.lock").exists()
+
+
+def test_a_shard_holding_records_of_two_record_codes_is_refused_by_scoring(prereg, tmp_path):
+    """Round 6 (issue 62, item 4): the loader refuses a shard whose records carry two code digests, in one line."""
+    folder, fr = prereg
+    shard = write_shard([make_record("a", prereg_hash=fr.prereg_hash, code_digest="aaaaaaaaaaaaaaaa"),
+                         make_record("b", prereg_hash=fr.prereg_hash, code_digest="bbbbbbbbbbbbbbbb")],
+                        tmp_path / "mixed.jsonl")
+    with pytest.raises(RecordRefused, match=r"mixed\.jsonl:1 and :2: records made at two record codes "
+                                            r"\(aaaaaaaaaaaaaaaa and bbbbbbbbbbbbbbbb\)") as e:
+        score_shards([shard], folder)
+    assert "\n" not in str(e.value)
+    one = write_shard([make_record("a", prereg_hash=fr.prereg_hash, code_digest="aaaaaaaaaaaaaaaa")],
+                      tmp_path / "one.jsonl")
+    other = write_shard([make_record("b", prereg_hash=fr.prereg_hash, code_digest="bbbbbbbbbbbbbbbb")],
+                        tmp_path / "other.jsonl")
+    df, _ = score_shards([one, other], folder)  # two shards, each of one code: read (a re-validation's case)
+    assert len(df) == 2
+
+
+def test_kvcert_decode_graph_is_0_or_1_and_ignored_once_said_without_cuda(tiny_dir, tmp_path, monkeypatch, capsys):
+    """Round 6 (issue 62, item 8): KVCERT_DECODE_GRAPH=1 on a CPU, and =yes anywhere, were silently off. Another
+    value than 0 or 1 is refused in one line (by the shard writer before the model loads); 1 without a CUDA device
+    is said once per process and ignored."""
+    from kvcert.generation import decode_step
+    from kvcert.generation.runner import run_specs
+    from kvcert.generation.spec import GenerationSpec
+
+    monkeypatch.setattr(decode_step, "_said_no_cuda", False)
+    for value in ("yes", "true", "2", "on"):
+        monkeypatch.setenv("KVCERT_DECODE_GRAPH", value)
+        with pytest.raises(ValueError, match=rf"^KVCERT_DECODE_GRAPH={value}: must be 1 \(decode steps replayed from "
+                                             r"a CUDA graph on a GPU\) or 0 \(every step eager, the default\); give "
+                                             r"KVCERT_DECODE_GRAPH=1 or unset it$"):
+            decode_step.decode_graph("cpu")
+    spec = GenerationSpec.from_dict({"model": {"name": "tiny", "path": str(tiny_dir)}, "method": {"name": "full"},
+                                     "condition": "full", "max_new_tokens": 2})
+    with pytest.raises(ValueError, match=r"^KVCERT_DECODE_GRAPH=on: must be 1"):
+        run_specs([spec], [], tmp_path / "s.jsonl", progress=False, model_and_tokenizer=(None, None))
+    for value in ("0", ""):
+        monkeypatch.setenv("KVCERT_DECODE_GRAPH", value)
+        assert decode_step.decode_graph("cpu") is False
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("KVCERT_DECODE_GRAPH", "1")
+    assert decode_step.decode_graph("cpu") is False and decode_step.decode_graph("cpu") is False
+    assert capsys.readouterr().err == ("KVCERT_DECODE_GRAPH=1 ignored: no CUDA device (the decode steps run eagerly "
+                                       "on cpu)\n")
 
 
 def test_every_probe_of_every_round_is_a_test_that_exists():

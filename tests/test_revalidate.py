@@ -9,12 +9,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvcert.commands.revalidate import CHECKS, compare_runs, revalidate
+from kvcert.commands.revalidate import CHECKS, RUN, compare_runs, revalidate, run_manifest
 from kvcert.provenance import code_digest
 from kvcert.tables import write_table
 
 
-def _run(folder: Path, digest: str, score: float = 1.0, commit: str = "a" * 40, rows: float = 0.5) -> Path:
+def _run(folder: Path, digest: str, score: float = 1.0, commit: str = "a" * 40, rows: float = 0.5,
+         experiment: str = "real") -> Path:
     shard = folder / "generations" / "m" / "main" / "needle" / "1024"
     shard.mkdir(parents=True)
     records = [{"example_id": f"e{i}", "score": score if i == 1 else 0.0, "code_digest": digest, "git_commit": commit,
@@ -24,7 +25,7 @@ def _run(folder: Path, digest: str, score: float = 1.0, commit: str = "a" * 40, 
     (folder / "replay" / "m").mkdir(parents=True)
     write_table(pd.DataFrame({"draw": [0, 1], "error": [rows, 0.25]}), folder / "replay" / "m" / "needle-1024.parquet",
                 {"code_digest": digest, "git_commit": commit, "seconds": len(commit), "draws": 2})
-    (folder / "claims.json").write_text(json.dumps({"claims": [{"id": "C1", "value": score}],
+    (folder / "claims.json").write_text(json.dumps({"experiment": experiment, "claims": [{"id": "C1", "value": score}],
                                                     "provenance": {"analysis_git_commit": commit, "seconds": 3.0}}))
     (folder / "summary.json").write_text(json.dumps({"code_digests": [digest], "claims": {"C1": {"value": score}}}))
     tally = f"1 distinct — {commit} (3)" if commit == "a" * 40 else f"2 distinct — {commit} (2), {'c' * 40} (1)"
@@ -55,25 +56,69 @@ def test_a_changed_field_a_changed_row_and_a_missing_file_are_each_named(tmp_pat
     assert "summary.json: only in the run before" in result.differences
 
 
-def test_the_check_is_recorded_only_when_every_item_is_equal(tmp_path):
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    (reference / "summary.json").write_text(json.dumps({"code_digests": ["0" * 16]}))
+def _reference(folder: Path, run: Path, experiment: str = "real") -> Path:
+    """A reference made from ``run`` as `kvcert reference update` lists it (its summary and run.json)."""
+    folder.mkdir()
+    (folder / "summary.json").write_text((run / "summary.json").read_text())
+    (folder / RUN).write_text(json.dumps({"experiment": experiment, **run_manifest(run)}))
+    return folder
+
+
+def test_the_check_is_recorded_only_when_every_item_is_equal_and_once(tmp_path):
     before = _run(tmp_path / "before", "0" * 16)
-    result, entry = revalidate(before, _run(tmp_path / "differs", code_digest(), score=0.0), reference, "cmd")
-    assert entry is None and not (reference / CHECKS).exists() and result.equal < result.compared
-    result, entry = revalidate(before, _run(tmp_path / "after", code_digest()), reference, "cmd")
-    assert entry["code_digest"] == code_digest() and entry["reference_code_digests"] == ["0" * 16]
-    assert entry["compared"] == entry["equal"] == 8
+    reference = _reference(tmp_path / "reference", before)
+    result, entry, appended = revalidate(before, _run(tmp_path / "differs", code_digest(), score=0.0), reference, "cmd",
+                                         "real")
+    assert entry is None and not appended and not (reference / CHECKS).exists() and result.equal < result.compared
+    result, entry, appended = revalidate(before, _run(tmp_path / "after", code_digest()), reference, "cmd", "real")
+    assert appended and entry["code_digest"] == code_digest() and entry["reference_code_digests"] == ["0" * 16]
+    assert entry["compared"] == entry["equal"] == 8 and entry["run_sha256"] == run_manifest(before)["sha256"]
     assert json.loads((reference / CHECKS).read_text()) == [entry]
+    # the same check again: nothing appended, the entry there returned
+    _, again, appended = revalidate(before, tmp_path / "after", reference, "cmd", "real")
+    assert not appended and again == entry and json.loads((reference / CHECKS).read_text()) == [entry]
 
 
 def test_runs_made_by_other_code_than_the_two_it_stands_between_are_refused(tmp_path):
-    reference = tmp_path / "reference"
-    reference.mkdir()
+    stale_before = _run(tmp_path / "before", "1" * 16)
+    reference = _reference(tmp_path / "reference", stale_before)
     (reference / "summary.json").write_text(json.dumps({"code_digests": ["0" * 16]}))
     with pytest.raises(ValueError, match=r"before: made by code \['1111111111111111'\], not the reference's"):
-        revalidate(_run(tmp_path / "before", "1" * 16), _run(tmp_path / "after", code_digest()), reference, "cmd")
+        revalidate(stale_before, _run(tmp_path / "after", code_digest()), reference, "cmd", "real")
+    before = _run(tmp_path / "b2", "0" * 16)
+    reference = _reference(tmp_path / "reference2", before)
     with pytest.raises(ValueError, match=r"stale: made by code \['0000000000000000'\], not today's"):
-        revalidate(_run(tmp_path / "b2", "0" * 16), _run(tmp_path / "stale", "0" * 16),
-                   reference, "cmd")
+        revalidate(before, _run(tmp_path / "stale", "0" * 16), reference, "cmd", "real")
+
+
+def test_a_before_that_is_not_the_references_own_run_is_refused(tmp_path):
+    """Issue 62 item 3: two one-line fake runs, a run of another experiment, a copy with one record changed or one
+    file more or less than the reference lists: each refused in one line, nothing appended."""
+    before = _run(tmp_path / "before", "0" * 16)
+    reference = _reference(tmp_path / "reference", before)
+    after = _run(tmp_path / "after", code_digest())
+    fake_before, fake_after = tmp_path / "fake_before", tmp_path / "fake_after"
+    for fake, digest in ((fake_before, "0" * 16), (fake_after, code_digest())):
+        (fake / "generations").mkdir(parents=True)
+        (fake / "generations" / "s.jsonl").write_text(json.dumps({"x": 1, "code_digest": digest}) + "\n")
+        (fake / "claims.json").write_text(json.dumps({"experiment": "real"}))
+    with pytest.raises(ValueError, match=r"fake_before: claims.json: holds another .*give a copy of the run"):
+        revalidate(fake_before, fake_after, reference, "cmd", "real")
+    edited = _run(tmp_path / "edited", "0" * 16)
+    shard = next((edited / "generations").rglob("*.jsonl"))
+    shard.write_text(shard.read_text().replace('"score": 1.0', '"score": 0.0'))
+    with pytest.raises(ValueError, match=r"edited: generations/.*shard000.jsonl: holds another"):
+        revalidate(edited, after, reference, "cmd", "real")
+    fewer = _run(tmp_path / "fewer", "0" * 16)
+    (fewer / "report.md").unlink()
+    with pytest.raises(ValueError, match=r"fewer: report.md: lacks it"):
+        revalidate(fewer, after, reference, "cmd", "real")
+    with pytest.raises(ValueError, match=r"the reference of experiment 'real', not 'smoke'; give --experiment real"):
+        revalidate(before, after, reference, "cmd", "smoke")
+    smoke_after = _run(tmp_path / "smoke_after", code_digest(), experiment="smoke")
+    with pytest.raises(ValueError, match=r"smoke_after: a run of experiment 'smoke', not 'real'"):
+        revalidate(before, smoke_after, reference, "cmd", "real")
+    (reference / RUN).unlink()
+    with pytest.raises(ValueError, match=r"lists no run \(run.json"):
+        revalidate(before, after, reference, "cmd", "real")
+    assert not (reference / CHECKS).exists()

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from kvcert.tasks import RULER_TASKS, TASKS, build_prompt_ids, score
-from kvcert.tasks import metrics, ruler
+from kvcert.tasks import metrics, prose, ruler
 from kvcert.tasks.longbench_metrics import bucket_scores, length_bucket, score_task_e
 from kvcert.tasks.prompting import prompt_length
 from kvcert.tasks.records import read_jsonl, write_jsonl
@@ -91,14 +91,18 @@ def test_niah_prompts_are_rulers(records, name):
                    for n in meta["needles"] for value in n["values"]]
         assert len(meta["needles"]) == nk and all(len(n["values"]) == nv for n in meta["needles"])
         random.Random(SEED).shuffle(needles)
-        # the haystack: noise lines (RULER's essay replaced) or random needles, one per line
-        haystack_kind = "noise" if args["type_haystack"] in ("noise", "essay") else "needle"
+        # the haystack: noise lines, Python's prose (RULER's essay replaced) or random needles, one per line
+        haystack_kind = {"noise": "noise", "essay": "prose"}.get(args["type_haystack"], "needle")
         assert meta["haystack"] == haystack_kind and meta["ruler_haystack"] == args["type_haystack"]
         placed = [i for i, line in enumerate(lines) if line in needles]
         assert len(placed) == len(needles)
         haystack = [line for i, line in enumerate(lines) if i not in set(placed)]
         if haystack_kind == "noise":
             assert set(haystack) == {official.RULER_NOISE}
+        elif haystack_kind == "prose":  # a passage: consecutive sentences of the stream, wrapping around
+            stream = prose.sentences()
+            assert any(haystack == [stream[(start + i) % len(stream)] for i in range(len(haystack))]
+                       for start, sentence in enumerate(stream) if sentence == haystack[0])
         else:
             assert all(line.startswith(f"One of the special magic {type_v} for ") for line in haystack)
             assert not any(f" for {n['key']} is:" in line for n in meta["needles"] for line in haystack)

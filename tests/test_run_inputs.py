@@ -304,3 +304,57 @@ def test_an_unknown_option_is_named_not_the_value_after_it(capsys):
     with pytest.raises(SystemExit):
         main(["run", "--lst"])
     assert "unrecognized arguments: --lst (did you mean --list?)" in capsys.readouterr().err
+
+
+# --- round 6 (issue 62, item 8): a condition without a method, a mistyped kvpress press ----------------------
+@pytest.mark.parametrize("condition", ["streaming", "aware", "streaming,aware"])
+def test_a_condition_without_a_method_is_refused(no_tokenizer, condition):
+    """`kvcert run condition=streaming` with no method ran the full cache alone, rc 0: the condition was dropped."""
+    refused(rf"^condition={condition}: no method to compress with, and the full cache alone has no condition "
+            r"\(it would run unchanged\); give a method with it \(e\.g\. method=snapkv-poisson budget=0\.25\), or "
+            "leave condition out$", "task=needle", "limit=1", f"condition={condition}")
+
+
+def test_a_condition_with_a_method_in_the_sweep_is_kept():
+    from kvcert.commands.oneoff import compose_run
+
+    per_task, _ = compose_run(["task=needle", "method=full,snapkv-poisson", "condition=streaming", "budget=0.25"],
+                              configs_dir(), prereg_dir())
+    assert [c["condition"] for c in per_task[0][1]] == ["full", "streaming"]
+
+
+@pytest.fixture
+def fake_kvpress(monkeypatch):
+    """A stand-in kvpress module with one ScorerPress (kvpress is an optional package)."""
+    import dataclasses
+    import sys
+    import types
+
+    module = types.ModuleType("kvpress")
+
+    @dataclasses.dataclass
+    class ScorerPress:
+        compression_ratio: float = 0.0
+
+    @dataclasses.dataclass
+    class SnapKVPress(ScorerPress):
+        window_size: int = 64
+
+    module.ScorerPress, module.SnapKVPress = ScorerPress, SnapKVPress
+    monkeypatch.setitem(sys.modules, "kvpress", module)
+    return module
+
+
+def test_a_mistyped_kvpress_press_is_refused_before_the_model_loads(no_tokenizer, fake_kvpress):
+    """`method=kvpress:SnapKVPres-poisson` was caught only once the model had loaded (where the scorer is built),
+    though `run --help` says every input is checked first."""
+    refused(r"^scorer: 'kvpress:SnapKVPres' names no kvpress ScorerPress; choose one of kvpress:ScorerPress, "
+            r"kvpress:SnapKVPress$", "task=needle", "limit=1", "method=kvpress:SnapKVPres-poisson", "budget=0.25")
+
+
+def test_kvpress_missing_is_refused_before_the_model_loads(no_tokenizer, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kvpress", None)  # import kvpress raises ImportError
+    refused(r"^scorer: kvpress scorers need the kvpress package", "task=needle", "limit=1",
+            "method=kvpress:SnapKVPress-poisson", "budget=0.25")

@@ -63,6 +63,38 @@ def test_a_given_count_wins_and_a_bad_one_is_refused_in_one_line():
         choose_threads(0, "--threads")
 
 
+def test_a_given_count_is_capped_at_four_times_the_machines_cpus(monkeypatch):
+    """Round 6 (issue 62, item 8): threads= had no upper bound (10⁹: "libgomp: Out of memory"; 10⁵: a 41-line
+    MemoryError). At most four times the machine's CPUs (kvcert.threads.most_threads), refused in one line."""
+    from kvcert import threads as threads_module
+
+    monkeypatch.setattr(threads_module.os, "cpu_count", lambda: 2)
+    assert threads_module.most_threads() == 8
+    assert choose_threads(8).threads == 8  # a deliberate oversubscription is allowed
+    for big in (9, 10**5, 10**9):
+        with pytest.raises(ValueError) as caught:
+            choose_threads(big)
+        message = str(caught.value)
+        assert "\n" not in message
+        assert message == (f"threads={big}: more than 8, 4 times this machine's 2 CPUs (a thread beyond the CPUs only "
+                           "waits); give threads=2 or fewer, or leave it out to use the free CPUs")
+    with pytest.raises(ValueError, match=r"^--threads 100000: more than 8, .* give --threads 2 or fewer"):
+        choose_threads(10**5, "--threads")
+
+
+def test_kvcert_run_refuses_too_many_threads_before_anything_loads(monkeypatch):
+    import kvcert.generation.manifest
+    import kvcert.method.models
+    from kvcert.commands.oneoff import run_command
+
+    for module, name in ((kvcert.method.models, "load_model"), (kvcert.generation.manifest, "load_tokenizer")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("loaded before threads= was checked"))
+    with pytest.raises(ValueError, match=r"^threads=1000000000: more than \d+, 4 times this machine's") as caught:
+        run_command(Namespace(overrides=["task=needle", "limit=1", "threads=1000000000"], configs=None, prereg=None,
+                              quiet=True))
+    assert "\n" not in str(caught.value)
+
+
 def test_set_threads_applies_the_choice_to_torch(torch_threads):
     assert set_threads(1).threads == 1 and torch.get_num_threads() == 1
     choice = set_threads(None)  # torch's default is now 1: it caps the choice

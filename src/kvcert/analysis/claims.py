@@ -24,9 +24,18 @@ tests all pass too (:func:`kvcert.analysis.stats.claim_verdict`).
 ``bootstrap.stability_seeds`` other bootstrap seeds; ``seed_stability`` reports the share
 that agrees with the registered seed's verdict.
 
+**Data-seed stability**: where the grid registers a second replay data seed (``replay.stability``), a replay claim
+is decided on the deciding seed's prompts alone, and its tests, placebos and verdict rules are run again, by this
+very code, on the second seed's prompts (``data_seed_stability``: each test's value and interval, the verdict
+they give and whether it agrees), beside the verdict, changing nothing.
+
 **Secondary analyses** (``analysis_plan.secondary``, :mod:`kvcert.analysis.claims_stats.secondary`): a replay
 claim's certificate against its step cell's constant on the draws of largest error, on those of smallest radius,
-and at matched coverage; in ``details["secondary"]``, beside the tests, deciding nothing.
+and at matched coverage (``details["secondary"]``); and its certificate's worst later-query budget × layer cell
+(``secondary.worst_later_cell``, ``details["worst_later_cell"]``); beside the tests, deciding nothing.
+
+**Resamples**: every interval, the tests' and those reported beside them, is made of ``bootstrap.resamples``
+resamples.
 
 Generation claims use the scored grid rows (:func:`kvcert.analysis.load.scored`) of the
 experiment's main tasks (the grid's ``tasks``; the multi-turn and LoCoMo cells are
@@ -54,9 +63,11 @@ from .claims_stats import STATISTICS, Kind, Prepared
 from .claims_stats.attribution import prepare as prepare_attribution
 from .claims_stats.prediction import prepare as prepare_prediction
 from .claims_stats.secondary import NAMES as SECONDARY_NAMES, prepare as prepare_secondary
+from .claims_stats.secondary import WORST_NAMES, prepare_worst_later
 from .claims_stats.base import strata_codes
 from .claims_stats.cells import method_mask, select_generations, select_replay
-from .claims_document import ClaimResult, ClaimTest, PaperOutcome, PlaceboBlock, PlaceboRun, SeedStability
+from .claims_document import (ClaimResult, ClaimTest, DataSeedStability, PaperOutcome, PlaceboBlock, PlaceboRun,
+                              SeedStability)
 from .placebos import PLACEBOS, keyed_uniforms, placebo_names, placebo_rng, placebo_rows
 from .stats import Estimate, bootstrap, claim_verdict, test_outcome
 
@@ -64,9 +75,6 @@ from .stats import Estimate, bootstrap, claim_verdict, test_outcome
 __all__ = ["ClaimResult", "Kind", "PLACEBOS", "Prepared", "STATISTICS", "TestResult", "evaluate_claim",
            "evaluate_claims", "keyed_uniforms", "main_tasks", "method_mask", "placebo_rows", "select_generations",
            "select_replay", "stability_seeds", "strata_codes"]
-
-#: resamples of the statistics reported beside the tests (at most; the tests use ``bootstrap.resamples``)
-BESIDE_RESAMPLES = 1000
 
 
 @dataclass
@@ -129,18 +137,25 @@ class Decision:
         return claim_verdict(self.outcomes, self.cells_ok, placebo_holds)
 
 
+def cell_reasons(source: str, counts: Mapping, need: Mapping[str, int], missing: Sequence[str] = ()) -> list[str]:
+    """The minimum-cell rule (``analysis_plan.minimum_cell``): one reason per registered cell without data and per
+    count below its minimum (``need``: {count: minimum}, as claims.json's ``cell["minimum"]`` records it); a claim
+    with any is inconclusive, whatever its intervals say (:func:`kvcert.analysis.stats.claim_verdict`)."""
+    reasons = [f"no data for cell {m}" for m in missing]
+    for key, minimum in need.items():
+        have = int(counts.get(key, 0))
+        if have < minimum:
+            what = "replay cells" if source == "replay" and key == "generations" else key
+            reasons.append(f"{what}: {have} < the pre-registered minimum {minimum}")
+    return reasons
+
+
 def decide(spec: Mapping, kind: Kind, prep: Prepared, plan: BootstrapPart, minimum: MinimumCell,
            missing: Sequence[str] = (), tests_only: bool = False) -> Decision:
     """Bootstrap a prepared claim's tests at ``plan``'s seed and apply the verdict rules (without placebos);
     ``tests_only``: compute the tests' statistics alone (the placebos, the stability seeds)."""
-    reasons = [f"no data for cell {m}" for m in missing]
+    reasons = cell_reasons(kind.source, prep.counts, {key: minimum.count(key) for key in kind.minimum}, missing)
     estimates = _bootstrap(prep, plan, [t["statistic"] for t in spec["tests"]], only=tests_only)
-    for key in kind.minimum:
-        need = minimum.count(key)
-        have = int(prep.counts.get(key, 0))
-        if have < need:
-            what = "replay cells" if kind.source == "replay" and key == "generations" else key
-            reasons.append(f"{what}: {have} < the pre-registered minimum {need}")
     cells_ok = not reasons
     tests = []
     for t in spec["tests"]:
@@ -171,26 +186,39 @@ def _placebo_block(spec: Mapping, names: Sequence[str], decisions: Mapping[str, 
     return PlaceboBlock(True, lead.statistic, lead.verdict, bool(held), blocks, kind=lead.kind)
 
 
-def evaluate_claim(
-    spec: Mapping, analysis_plan: AnalysisPlan, scores: pd.DataFrame | None, replay: pd.DataFrame | None,
-    tasks: list[str] | None = None, stability: bool = True,
-) -> ClaimResult:
-    """One claim of ``claims.yaml``: select its cells, bootstrap its tests, score its placebos with the same
-    tests, apply the verdict rules, and (``stability``) redo all of it under the registered other seeds."""
+@dataclass
+class Evaluated:
+    """A claim's tests decided on one data set, placebos included: its rows, preparation (over the deciding unit),
+    decision, placebos and verdict (with its reasons)."""
+
+    kind: Kind
+    rows: pd.DataFrame
+    missing: list
+    unit: str | None
+    full: Prepared
+    prep: Prepared
+    main: Decision
+    placebo_preps: dict
+    placebo: PlaceboBlock
+    verdict: str
+    reasons: list
+
+
+def _evaluated(spec: Mapping, analysis_plan: AnalysisPlan, scores: pd.DataFrame | None, replay: pd.DataFrame | None,
+               tasks: list[str] | None, tests_only: bool = False) -> Evaluated:
+    """Select a claim's cells, bootstrap its tests at the registered seed, score its placebos with the same tests
+    and apply the verdict rules; ``tests_only``: the tests' statistics alone (not those reported beside them)."""
     kind = _kind(spec)
-    plan = analysis_plan.bootstrap
-    minimum = analysis_plan.minimum_cell
+    plan, minimum = analysis_plan.bootstrap, analysis_plan.minimum_cell
     cells = spec.get("cells") or {}
     if kind.source == "replay":
         rows, missing = select_replay(replay, cells)
     else:
         rows, missing = select_generations(scores if scores is not None else pd.DataFrame(), cells, tasks)
-    unit = analysis_plan.bootstrap.replay_unit if kind.source == "replay" else None
+    unit = plan.replay_unit if kind.source == "replay" else None
     full = kind.prepare(rows, analysis_plan)
     prep = full.over(unit) if unit else full
-    main = decide(spec, kind, prep, plan, minimum, missing)
-    if unit:
-        _beside_units(spec, kind, full, plan, minimum, missing, main, analysis_plan.bootstrap.replay_beside, unit)
+    main = decide(spec, kind, prep, plan, minimum, missing, tests_only)
     names = placebo_names(kind, analysis_plan)
     placebo_preps = {n: kind.prepare(placebo_rows(rows, n, kind, analysis_plan, placebo_rng(analysis_plan, spec["id"], n)),
                                      analysis_plan) for n in names}
@@ -202,16 +230,36 @@ def evaluate_claim(
     reasons = list(main.reasons)
     if verdict == "uninformative":
         reasons.append(f"a placebo ({placebo.kind}: {PLACEBOS[placebo.kind]}) passes the same tests")
-    seed_stability = _seed_stability(spec, kind, prep, placebo_preps, plan, minimum, missing, verdict,
+    return Evaluated(kind, rows, list(missing), unit, full, prep, main, placebo_preps, placebo, verdict, reasons)
+
+
+def evaluate_claim(
+    spec: Mapping, analysis_plan: AnalysisPlan, scores: pd.DataFrame | None, replay: pd.DataFrame | None,
+    tasks: list[str] | None = None, stability: bool = True, data_seed: tuple[int, pd.DataFrame] | None = None,
+) -> ClaimResult:
+    """One claim of ``claims.yaml``: select its cells, bootstrap its tests, score its placebos with the same
+    tests, apply the verdict rules, and (``stability``) redo all of it under the registered other seeds.
+    ``data_seed``: (seed, replay table) of the grid's second replay data seed; a replay claim's tests are computed
+    on it too (:func:`data_seed_stability`), beside its verdict."""
+    ev = _evaluated(spec, analysis_plan, scores, replay, tasks)
+    kind, rows, missing, unit, full, prep, main = ev.kind, ev.rows, ev.missing, ev.unit, ev.full, ev.prep, ev.main
+    plan = analysis_plan.bootstrap
+    minimum = analysis_plan.minimum_cell
+    if unit:
+        _beside_units(spec, kind, full, plan, minimum, missing, main, plan.replay_beside, unit)
+    seed_stability = _seed_stability(spec, kind, prep, ev.placebo_preps, plan, minimum, missing, ev.verdict,
                                      analysis_plan) if stability else None
     estimates = dict(main.estimates)
-    if prep.beside is not None:  # reported, not tested: a coarser interval is enough
-        estimates.update(_bootstrap(prep.beside, replace(plan, resamples=min(plan.resamples, BESIDE_RESAMPLES))))
+    if prep.beside is not None:  # reported, not tested: over the same unit, with the registered resamples
+        estimates.update(_bootstrap(prep.beside, plan))
     details = dict(prep.details)
     details["statistics"] = {name: e.to_dict() for name, e in estimates.items()}
     certificate = analysis_plan.secondary.certificate(spec["id"]) if kind.source == "replay" else None
     if certificate:
         details["secondary"] = secondary_block(rows, analysis_plan, certificate, plan, unit)
+    worst = analysis_plan.secondary.worst_later(spec["id"]) if kind.source == "replay" else None
+    if worst:
+        details["worst_later_cell"] = worst_later_block(rows, analysis_plan, worst, plan, unit)
     if kind.source == "generations" and prep.n_units:
         details["by_model_length"] = _breakdown(rows, kind.prepare, analysis_plan)
         if kind.prepare in (prepare_prediction, prepare_attribution):
@@ -221,27 +269,58 @@ def evaluate_claim(
                                                                     names_).items()}
                 for length, part in rows.groupby("target_tokens")
             }
+    other = (data_seed_stability(spec, analysis_plan, data_seed[0], data_seed[1], ev.verdict)
+             if data_seed is not None and kind.source == "replay" else None)
+    cells = spec.get("cells") or {}
     return ClaimResult(
         id=str(spec["id"]), statement=str(spec["statement"]), source=kind.source, metric=str(spec.get("metric", "")),
-        kill=str(spec.get("kill", "")), tests=[t.record() for t in main.tests], verdict=verdict, reasons=reasons,
-        cell={**prep.counts, "minimum": {k: minimum.count(k) for k in kind.minimum}},
+        kill=str(spec.get("kill", "")), tests=[t.record() for t in main.tests], verdict=ev.verdict,
+        reasons=ev.reasons, cell={**prep.counts, "minimum": {k: minimum.count(k) for k in kind.minimum}},
         paper=PaperOutcome.from_dict({"value": None, "verdict": None, **(spec.get("paper") or {})},
                                      f"claim {spec['id']}'s paper", "claims.yaml"),
         details=details, beyond_paper=bool(spec.get("beyond_paper", False)),
-        placebo=placebo, seed_stability=seed_stability, cells=dict(cells),
+        placebo=ev.placebo, seed_stability=seed_stability, cells=dict(cells), data_seed_stability=other,
     )
+
+
+def data_seed_stability(spec: Mapping, analysis_plan: AnalysisPlan, seed: int, replay: pd.DataFrame,
+                        verdict: str) -> DataSeedStability:
+    """A replay claim's tests on the second data seed's replay table: its cells selected as on the deciding seed's,
+    each test bootstrapped over the registered unit at the registered seed and resamples, the placebos scored by
+    the same tests, and the verdict the same rules give (:func:`_evaluated`); ``agree``: whether it is ``verdict``
+    (the deciding seed's), which it does not change."""
+    ev = _evaluated(spec, analysis_plan, None, replay, None, tests_only=True)
+    prompts = int(ev.rows.groupby(["model", "example_id"], observed=True).ngroups) if len(ev.rows) else 0
+    tests = []
+    for t in ev.main.tests:
+        t.unit = ev.unit
+        tests.append(t.record())
+    return DataSeedStability(int(seed), prompts, tests, ev.verdict, ev.reasons, ev.verdict == verdict)
 
 
 def secondary_block(rows: pd.DataFrame, analysis_plan: AnalysisPlan, certificate: str, plan: BootstrapPart,
                     unit: str | None) -> dict:
     """A replay claim's secondary analyses (:mod:`kvcert.analysis.claims_stats.secondary`: its certificate against
     its step cell's constant), reported beside its tests: each statistic's interval over the deciding unit, at the
-    registered seed, with the beside resamples."""
+    registered seed and resamples."""
     prep = prepare_secondary(rows, analysis_plan, certificate)
     prep = prep.over(unit) if unit else prep
-    est = _bootstrap(prep, replace(plan, resamples=min(plan.resamples, BESIDE_RESAMPLES)), list(SECONDARY_NAMES))
+    est = _bootstrap(prep, plan, list(SECONDARY_NAMES))
     return {**prep.details, "unit": unit or "cell",
             "statistics": {n: est[n].to_dict() for n in SECONDARY_NAMES if n in est}}
+
+
+def worst_later_block(rows: pd.DataFrame, analysis_plan: AnalysisPlan, certificate: str, plan: BootstrapPart,
+                      unit: str | None) -> dict:
+    """A replay claim's certificate in its worst later-query cell (:func:`kvcert.analysis.claims_stats.secondary.
+    prepare_worst_later`: the budget × layer cell of lowest coverage), reported beside its tests: the cell, its
+    coverage, and the intervals over the deciding unit at the registered seed and resamples — of the smallest
+    cell's coverage (the minimum taken in each resample) and of that cell's own."""
+    prep = prepare_worst_later(rows, analysis_plan, certificate)
+    prep = prep.over(unit) if unit else prep
+    est = _bootstrap(prep, plan, list(WORST_NAMES))
+    return {**prep.details, "unit": unit or "cell",
+            "statistics": {n: est[n].to_dict() for n in WORST_NAMES if n in est}}
 
 
 def _beside_units(spec, kind, prep: Prepared, plan, minimum, missing, main: Decision, beside: Sequence[str],
@@ -295,17 +374,19 @@ def _breakdown(rows: pd.DataFrame, prepare: Callable, analysis_plan: AnalysisPla
 
 
 def evaluate_claims(
-    claims_doc: Mapping, scores: pd.DataFrame | None, replay: pd.DataFrame | None, tasks: list[str] | None = None
+    claims_doc: Mapping, scores: pd.DataFrame | None, replay: pd.DataFrame | None, tasks: list[str] | None = None,
+    data_seed: tuple[int, pd.DataFrame] | None = None,
 ) -> list[ClaimResult]:
     """Every claim of a parsed ``claims.yaml``, in order (progress on stderr: each claim's tests, placebos and
-    stability seeds are most of the step's time)."""
+    stability seeds are most of the step's time); ``data_seed``: (seed, replay table) of the grid's second replay
+    data seed, on which the replay claims' tests are computed too (:func:`data_seed_stability`)."""
     from ..progress import progress
 
     plan = AnalysisPlan.of_document(claims_doc)
     bar = progress(len(claims_doc["claims"]), "claims (tests, placebos, stability seeds)", unit="claims")
     results = []
     for spec in claims_doc["claims"]:
-        results.append(evaluate_claim(spec, plan, scores, replay, tasks))
+        results.append(evaluate_claim(spec, plan, scores, replay, tasks, data_seed=data_seed))
         bar.update(1)
     bar.close()
     return results

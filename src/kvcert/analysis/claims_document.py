@@ -7,10 +7,12 @@ present, no unknown key, the analysis plan it was computed under). Its parts:
 * :class:`ClaimResult` — one claim: its statement, its tests (:class:`ClaimTest`, the first the primary, whose
   statistic, value, interval, operator and threshold the claim repeats at its top level), its verdict and the
   reasons, its placebo block (:class:`PlaceboBlock` of :class:`PlaceboRun`), the verdict's stability over other
-  bootstrap seeds (:class:`SeedStability`), its cell counts, registered cells, the paper's outcome
+  bootstrap seeds (:class:`SeedStability`), a replay claim's tests and verdict on the grid's second data seed
+  (:class:`DataSeedStability`, where the grid registers one), its cell counts, registered cells, the paper's outcome
   (:class:`PaperOutcome`) and its details (the statistics beside the tests, breakdowns: each statistic's own keys,
   kept as a mapping);
-* :class:`Provenance` — the freeze, the analysis commit, the bootstrap and the input tables' provenance;
+* :class:`Provenance` — the freeze, the analysis commit, the bootstrap and the input tables' provenance (the second
+  data seed's replay tables too, where the grid registers one);
 * the registered ``analysis_plan`` (as frozen; :attr:`ClaimsDocument.plan` types it), the experiment's grid, the
   replay summary and the comparison signals' block (:mod:`kvcert.analysis.signals`), kept as mappings.
 
@@ -159,6 +161,33 @@ class SeedStability:
 
 
 @dataclass(frozen=True)
+class DataSeedStability:
+    """A replay claim's tests on the prompts of the grid's second data seed (``replay.stability``): the same
+    statistics, intervals by the same bootstrap (the registered unit and seed) and the verdict the same rules give
+    (placebos and minimum cell included), beside the deciding seed's verdict, which they do not change: the seed,
+    its prompts, each test (:class:`ClaimTest`), the verdict, its reasons and whether it agrees with the claim's."""
+
+    seed: int
+    prompts: int
+    tests: list[ClaimTest]
+    verdict: str
+    reasons: list
+    agree: bool
+
+    KEYS = ("seed", "prompts", "tests", "verdict", "reasons", "agree")
+
+    @classmethod
+    def from_dict(cls, data: Mapping, what: str, where: str) -> "DataSeedStability":
+        _keys(data, cls.KEYS, (), what, where)
+        tests = [ClaimTest.from_dict(t, f"{what}, test {i + 1}", where) for i, t in enumerate(data["tests"])]
+        return cls(data["seed"], data["prompts"], tests, data["verdict"], data["reasons"], data["agree"])
+
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "prompts": self.prompts, "tests": [t.to_dict() for t in self.tests],
+                "verdict": self.verdict, "reasons": self.reasons, "agree": self.agree}
+
+
+@dataclass(frozen=True)
 class PaperOutcome:
     """The paper's outcome of a claim as ``claims.yaml`` states it: its value in words and its verdict (None for a
     claim beyond the paper)."""
@@ -194,12 +223,15 @@ class ClaimResult:
     cells: dict = field(default_factory=dict)  # the registered cells (claims.yaml) the claim's rows come from
     details: dict = field(default_factory=dict)
     beyond_paper: bool = False
+    data_seed_stability: DataSeedStability | None = None  # None: no second data seed (absent from claims.json)
 
     #: the primary test's fields repeated at the claim's top level, as claims.json names them
     PRIMARY = {"statistic": "statistic", "value": "estimate", "ci": "ci", "ci_level": "level", "op": "op",
                "threshold": "threshold"}
     KEYS = ("id", "statement", "source", "metric", "kill", *PRIMARY, "verdict", "reasons", "tests", "placebo",
             "seed_stability", "cell", "cells", "paper", "details", "beyond_paper")
+    #: written only where computed (a grid with a second replay data seed), after ``seed_stability``
+    OPTIONAL = ("data_seed_stability",)
 
     @property
     def primary(self) -> ClaimTest:
@@ -216,7 +248,7 @@ class ClaimResult:
     @classmethod
     def from_dict(cls, data: Mapping, where: str) -> "ClaimResult":
         what = f"claim {data.get('id') if isinstance(data, Mapping) else '?'}"
-        _keys(data, cls.KEYS, (), what, where)
+        _keys(data, cls.KEYS, cls.OPTIONAL, what, where)
         tests = [ClaimTest.from_dict(t, f"{what}, test {i + 1}", where) for i, t in enumerate(data["tests"])]
         if not tests:
             raise ClaimsDocumentError(f"{where}: {what} has no tests; rerun the claims step")
@@ -228,7 +260,9 @@ class ClaimResult:
                    data["reasons"], data["cell"], PaperOutcome.from_dict(data["paper"], f"{what}'s paper", where),
                    PlaceboBlock.from_dict(data["placebo"], f"{what}'s placebo", where),
                    SeedStability.from_dict(data["seed_stability"], f"{what}'s seed_stability", where),
-                   data["cells"], data["details"], data["beyond_paper"])
+                   data["cells"], data["details"], data["beyond_paper"],
+                   DataSeedStability.from_dict(data["data_seed_stability"], f"{what}'s data_seed_stability", where)
+                   if "data_seed_stability" in data else None)
 
     def to_dict(self) -> dict:
         p = self.primary
@@ -238,6 +272,7 @@ class ClaimResult:
             "verdict": self.verdict, "reasons": self.reasons, "tests": [t.to_dict() for t in self.tests],
             "placebo": self.placebo.to_dict(),
             "seed_stability": {} if self.seed_stability is None else self.seed_stability.to_dict(),
+            **({} if self.data_seed_stability is None else {"data_seed_stability": self.data_seed_stability.to_dict()}),
             "cell": self.cell, "cells": self.cells, "paper": self.paper.to_dict(), "details": self.details,
             "beyond_paper": self.beyond_paper,
         }
@@ -246,7 +281,8 @@ class ClaimResult:
 @dataclass(frozen=True)
 class Provenance:
     """What the claims were computed from: the freeze, the analysis commit, the bootstrap, the scores' and the
-    replay tables' provenance, and the seconds the claims took."""
+    replay tables' provenance, and the seconds the claims took; ``stability_replay``: the second data seed's
+    replay tables' provenance (written only where there are some)."""
 
     prereg_hash: str
     frozen_utc: str
@@ -256,17 +292,21 @@ class Provenance:
     scores: dict
     replay: list
     seconds: float
+    stability_replay: list = field(default_factory=list)
 
     KEYS = ("prereg_hash", "frozen_utc", "freeze_record", "analysis_git_commit", "bootstrap", "scores", "replay",
             "seconds")
 
     @classmethod
     def from_dict(cls, data: Mapping, where: str) -> "Provenance":
-        _keys(data, cls.KEYS, (), "provenance", where)
-        return cls(**{k: data[k] for k in cls.KEYS})
+        _keys(data, cls.KEYS, ("stability_replay",), "provenance", where)
+        return cls(**{k: data[k] for k in cls.KEYS}, stability_replay=list(data.get("stability_replay") or []))
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.KEYS}
+        out = {k: getattr(self, k) for k in self.KEYS}
+        if self.stability_replay:
+            out["stability_replay"] = self.stability_replay
+        return out
 
 
 @dataclass(frozen=True)

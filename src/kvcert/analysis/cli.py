@@ -38,7 +38,7 @@ def _claims(a) -> int:
     from .steps import claims_step
 
     content = claims_step(a.scores, a.replay, a.prereg, a.experiment, a.out, a.verified, a.configs,
-                          a.accept_excluded)
+                          a.accept_excluded, a.stability_replay)
     print(claims_line(content["claims"], a.out))
     return 0
 
@@ -59,7 +59,7 @@ def _report(a) -> int:
     from .steps import report_step
 
     paths = report_step(a.claims, a.scores, a.replay, a.impossibility, a.out_dir, a.verified, a.beside, a.configs,
-                        dict(a.model_path))
+                        dict(a.model_path), a.stability_replay)
     for key in ("markdown", "html", "summary"):
         print(paths[key])
     return 0
@@ -109,6 +109,9 @@ def register(subparsers) -> None:
                               "(configs/experiment/<name>.yaml, its `grid` inside the pre-registration folder).")
     p.add_argument("--scores", required=True, help="scores table from kvcert score")
     p.add_argument("--replay", nargs="*", default=[], help="replay tables from kvcert replay (one per model)")
+    p.add_argument("--stability-replay", nargs="*", default=[],
+                   help="replay tables of the grid's second data seed (replay.stability; one per model): the replay "
+                   "claims' tests computed on them too, reported beside the verdict (data-seed stability)")
     p.add_argument("--prereg", default=None, help="pre-registration folder (frozen; default: $KVCERT_PREREG, else ./preregistration)")
     p.add_argument("--verified", default=None, help=verified_help)
     p.add_argument("--experiment", required=True, help="experiment name (its design grid)")
@@ -125,6 +128,8 @@ def register(subparsers) -> None:
     p.add_argument("--claims", required=True, help="claims JSON from kvcert claims")
     p.add_argument("--scores", default=None, help="scores table from kvcert score")
     p.add_argument("--replay", nargs="*", default=[], help="replay tables (one per model)")
+    p.add_argument("--stability-replay", nargs="*", default=[],
+                   help="replay tables of the second data seed (checked against the claims' pre-registration)")
     p.add_argument("--impossibility", nargs="*", default=[], help="impossibility JSON files (one per model)")
     p.add_argument("--verified", default=None, help="`kvcert prereg verify --out` JSON; must match the claims")
     p.add_argument("--out-dir", required=True, help="report folder")

@@ -10,6 +10,7 @@ the analysis naming path:line) and refuses, in one line each:
   this one (docs/design.md §3);
 * two records with the same generation key (``model, task, target_tokens,
   example_id, condition, method, budget, seed``), which would be counted twice;
+* a shard whose records were made at two record-code digests (``code_digest``), :func:`check_one_code`;
 * records of one model made from two different model folders (two ``model_digest`` values:
   weights replaced between shards), :func:`check_model_digests`;
 * with the plan's content of each shard (:class:`PlannedShard`, ``kvcert score
@@ -294,6 +295,22 @@ class _Answer:
     metadata: dict
 
 
+def check_one_code(shard: Path, records: list[dict]) -> None:
+    """Refuse a shard whose records were made at two record-code digests (``code_digest``,
+    :func:`kvcert.provenance.code_digest`; a record without one counts as its own, "none"): one shard is one run
+    of one code, and a shard resumed after the code changed would score two codes' records as one. One line
+    naming a record of each."""
+    first: dict = {}
+    for number, record in enumerate(records, start=1):
+        first.setdefault(record.get("code_digest") or "none", number)
+        if len(first) > 1:
+            (a, line_a), (b, line_b) = first.items()
+            raise RecordRefused(
+                f"{shard}:{line_a} and :{line_b}: records made at two record codes ({a} and {b}): the shard was "
+                f"resumed after the code changed; delete {shard} and {seal_path(shard).name} and rerun to "
+                "regenerate it at one code")
+
+
 def derived_score(record: Mapping) -> float | None:
     """The score of the record's ``answer`` under its task's metric, as the engine computes it
     (None where the record has no reference answers)."""
@@ -330,6 +347,7 @@ def _load_one(args: tuple[str, ScoringPlan, str, "int | PlannedShard | None"]) -
         raise RecordRefused(str(exc)) from None
     for number, record in enumerate(records, start=1):
         check_record(record, f"{shard}:{number}", prereg_hash)
+    check_one_code(shard, records)
     if planned is not None:
         planned.check(shard, records)
     for number, record in enumerate(records, start=1):

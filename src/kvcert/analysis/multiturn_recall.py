@@ -10,13 +10,14 @@ run's correctness — when the gate of ``analysis_plan.multiturn_gate`` fires
 width 5 (1–5, 6–10, …) and overall, for full, top-k, Poisson ungated and gated, with
 the fraction of runs the gate recomputed — beside it random gating and confidence gating at the
 same rate (:func:`multiturn_table`), so that a gate is compared with what recomputing as many
-runs without it gives. The paper: 0.97 gated vs 0.09 top-k overall, 97 % vs 2 % for facts
+runs without it gives; :func:`gate_versus_random` tests that comparison, paired by conversation. The paper: 0.97 gated vs 0.09 top-k overall, 97 % vs 2 % for facts
 26–30 turns back (arXiv 2607.21475, abstract).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 from typing import Mapping
 
 import numpy as np
@@ -141,3 +142,108 @@ def _row(name: str, part: pd.DataFrame) -> dict:
     if part.empty:
         return {"bin": name, "n": 0, **{c: float("nan") for c in COLUMNS[2:]}}
     return {"bin": name, "n": int(len(part)), **{c: float(part[c].mean()) for c in COLUMNS[2:]}}
+
+
+@dataclass(frozen=True)
+class GateVersusRandom:
+    """The certificate gate against random gating at its rate, paired by conversation (:func:`gate_versus_random`)."""
+
+    conversations: int
+    runs: int
+    rate: float
+    gated: float
+    random: float
+    difference: float
+    ci_low: float
+    ci_high: float
+    level: float
+    resamples: int
+    permutation_p: float
+    sd: float
+
+    @property
+    def beats_random(self) -> bool:
+        """The registered reading: the interval's lower end lies above 0 (a one-sided test at (1 − level) / 2)."""
+        return bool(self.ci_low > 0)
+
+    def sentence(self) -> str:
+        """The plain reading of the comparison."""
+        if self.beats_random:
+            return "the gate beats random"
+        worse = " (worse: its interval lies below 0)" if self.ci_high < 0 else ""
+        return f"the gate is no better than random gating at the same rate{worse}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "beats_random": self.beats_random}
+
+
+def permutation_p(fired: np.ndarray, benefit: np.ndarray) -> float:
+    """Exact one-sided permutation P of the gate against random gating at its rate: the probability that K = Σ fired
+    firings placed on a uniformly random K of the runs recompute at least the benefit the gate's did,
+    P(Σ_random benefit ≥ Σ_fired benefit). ``benefit`` = full − correct ∈ {−1, 0, 1} per run, so the total of a
+    random K-set is k₊ − k₋ with (k₊, k₋, k₀) multivariate hypergeometric:
+
+        P = Σ_{k₊ − k₋ ≥ s} C(n₊, k₊) C(n₋, k₋) C(n₀, K − k₊ − k₋) / C(n, K).
+    """
+    fired = np.asarray(fired, dtype=bool)
+    benefit = np.asarray(benefit, dtype=np.float64)
+    if fired.shape != benefit.shape:
+        raise ValueError("permutation_p: fired and benefit need one value per run")
+    if not np.isin(benefit, (-1.0, 0.0, 1.0)).all():
+        raise ValueError("permutation_p: benefit must be full − correct of binary recalls (−1, 0 or 1)")
+    n, k = benefit.size, int(fired.sum())
+    n_plus, n_minus = int((benefit == 1).sum()), int((benefit == -1).sum())
+    n_zero = n - n_plus - n_minus
+    observed = int(round(float(benefit[fired].sum())))
+    hits = 0
+    for k_plus in range(min(k, n_plus) + 1):
+        for k_minus in range(min(k - k_plus, n_minus) + 1):
+            if k_plus - k_minus >= observed and k - k_plus - k_minus <= n_zero:
+                hits += math.comb(n_plus, k_plus) * math.comb(n_minus, k_minus) * math.comb(n_zero, k - k_plus - k_minus)
+    return hits / math.comb(n, k)
+
+
+def gate_versus_random(scores: pd.DataFrame, cell: Mapping, threshold: float, bootstrap_plan) -> GateVersusRandom | None:
+    """Gated minus random recall at the gate's rate r, paired by conversation; None when the cell has no runs.
+
+    Per run, gated − random = (f − r)·(full − correct), f the gate's firing (the gated run takes the full cache's
+    correctness where it fires; random gating's expected recall is correct + r·(full − correct)); a conversation's
+    difference d_u is the mean over its runs, and the difference is mean(gated) − mean(random) over runs. Its interval:
+    the ``bootstrap_plan``'s (``analysis_plan.bootstrap``: level, resamples, seed) over conversations (the unit; r
+    re-measured in each resample, as :func:`multiturn_table`'s intervals); P: :func:`permutation_p`.
+
+    ``sd`` (what :func:`kvcert.analysis.power.detectable_difference` takes): the sd over conversations of the
+    difference's influence, e_u = (U/N) Σ_{i∈u} (f_i − r)(b_i − b̄) (b = full − correct, b̄ its mean, N runs in U
+    conversations; one run each: e_u = (f_u − r)(b_u − b̄)). mean(e) is the difference itself (Σ (f_i − r) = 0), and
+    sd(e)/√U is its standard error with r and b̄ re-measured, as the bootstrap re-measures them (the delta method;
+    the uncentred (f_u − r)·b_u has the same mean but ignores that r is measured, and its sd is about twice as large).
+    """
+    from .power import paired_sd
+    from .stats import bootstrap, encode_units
+
+    both = _runs(scores, cell)
+    if both.empty:
+        return None
+    fired = both["gate_signal"].fillna(0.0).to_numpy() > threshold
+    correct, full = both["correct"].to_numpy(float), both["full_correct"].to_numpy(float)
+    benefit = full - correct
+    f = fired.astype(float)
+    units = both["unit"] if "unit" in both else both["example_id"]
+    codes, n_units = encode_units(units)
+
+    def statistic(w):
+        total = w.sum(axis=1)
+        ok = total > 0
+        safe = np.where(ok, total, 1.0)
+        rate = (w @ f) / safe
+        return {"difference": (((w @ (f * benefit)) - rate * (w @ benefit)) / safe, ok)}
+
+    est = bootstrap(statistic, codes, n_units, bootstrap_plan)["difference"]
+    rate = float(f.mean())
+    influence = (f - rate) * (benefit - benefit.mean()) * n_units / len(both)
+    per_unit = pd.Series(influence).groupby(codes).sum().to_numpy()
+    return GateVersusRandom(
+        conversations=n_units, runs=int(len(both)), rate=rate, gated=float(np.where(fired, full, correct).mean()),
+        random=float((correct + rate * benefit).mean()), difference=est.estimate, ci_low=est.ci_low,
+        ci_high=est.ci_high, level=est.level, resamples=est.resamples, permutation_p=permutation_p(fired, benefit),
+        sd=paired_sd(per_unit) if n_units > 1 else float("nan"))

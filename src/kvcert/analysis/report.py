@@ -3,7 +3,8 @@
 Order: a banner on runs that are not the paper's models (the embedded miniature; a real
 pretrained model kvcert fetches, ``path: fetch:NAME``; the rehearsal's random-weight
 stand-ins), the "Model" table (what each model is, its parameters, layers, heads and head
-size: :mod:`kvcert.analysis.model_info`), the contents, the claims — our verdict beside the
+size: :mod:`kvcert.analysis.model_info`), what the verdicts speak for (the weights that ran; per claim the
+tasks, haystacks, prompts and data seeds its rows hold: :mod:`kvcert.analysis.scope`), the contents, the claims — our verdict beside the
 paper's and other runs' under it (``kvcert report --beside LABEL=claims.json``: a line each
 in the paper's column, so the table keeps seven columns at 800 px; "not run" while that file
 is absent; their pre-registration hashes in the provenance), each claim's placebo and the
@@ -13,7 +14,8 @@ method × budget, with intervals) and the paired accuracy gap of top-k and the P
 (:mod:`kvcert.analysis.paired_gap`), then the figures (accuracy by budget, induced failures by
 budget × condition, prediction vs attribution AUC, replay coverage and tightness of the
 plug-in and the robust certificate, recompute-gain curves, multi-turn recall), the replay,
-impossibility, multi-turn and failure-label tables, the comparison signals
+impossibility, multi-turn (with the gate against random gating at its rate, paired by conversation:
+:func:`kvcert.analysis.multiturn_recall.gate_versus_random`) and failure-label tables, the comparison signals
 (:mod:`kvcert.analysis.report_signals`), the per-claim details (an embedded run's C1: why its
 plug-in certificate under-covers; the secondary analyses beside C1 and C8), and the provenance block (pre-registration hash and
 freeze time, git commits, config hashes, the models' config.json, the beside runs'
@@ -48,6 +50,9 @@ from .report_claims import claims_section
 from .report_data import ReportData
 from .report_details import details_section
 from .report_signals import signals_section
+from .report_vattention import vattention_section
+from .scope import scope_section
+from .verdict_check import check_verdicts
 
 
 def replay_rows(summary: Mapping) -> list[list[str]]:
@@ -215,7 +220,9 @@ def build_report(
 ) -> dict[str, Path]:
     """Write report.md, report.html, failure_labels.csv and figures/*.png under ``out_dir``. ``models``: what
     each model of the run is (:func:`kvcert.analysis.model_info.run_models`); ``beside``: other runs' verdicts
-    shown beside this run's (:func:`kvcert.analysis.steps.beside_run`). One section function each, in order."""
+    shown beside this run's (:func:`kvcert.analysis.steps.beside_run`). One section function each, in order; a verdict
+    its own tests do not give is refused first (:func:`kvcert.analysis.verdict_check.check_verdicts`)."""
+    check_verdicts(claims_doc, f"claims.json (experiment {claims_doc.experiment})")
     out = Path(out_dir)
     fig_dir = out / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -228,10 +235,12 @@ def build_report(
     doc.heading(title, 1)
     banner(doc, claims_doc.experiment, grid, models)
     model_section(doc, models)
+    scope_section(doc, run.claims, run.scores_ok, run.replay, run.tasks, run.multiturn_cell, models)
     claims_section(doc, run, beside)
     accuracy_section(doc, run)
     multiturn = figures_section(doc, run)
     replay_section(doc, run)
+    vattention_section(doc, run)
     impossibility_section(doc, impossibility)
     multiturn_section(doc, run, multiturn)
     failure_labels_section(doc, run)
@@ -394,6 +403,19 @@ def multiturn_section(doc: Document, run: ReportData, table: pd.DataFrame) -> No
                "confidence, same rate", "recomputed"],
               [[r["bin"], r["n"], fmt(r["full"]), fmt(r["topk"]), fmt(r["poisson"]), with_ci(r, "gated"),
                 with_ci(r, "random"), with_ci(r, "confidence"), fmt(r["recomputed"])] for _, r in table.iterrows()])
+    versus = run.gate_versus_random
+    if versus is not None:
+        doc.paragraph(gate_versus_random_text(versus, run.pct))
+
+
+def gate_versus_random_text(v, pct: str) -> str:
+    """The gate against random gating at its rate, paired by conversation, and what it means in plain words
+    (:class:`kvcert.analysis.multiturn_recall.GateVersusRandom`)."""
+    return (f"**Gate versus random, paired by conversation:** gated minus random recall at the gate's rate "
+            f"({100 * v.rate:.0f} % recomputed) = {v.difference:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}] ({pct} "
+            f"bootstrap interval over {v.conversations} conversations, {v.resamples} resamples, the rate re-measured "
+            f"in each), exact permutation P = {v.permutation_p:.2g} (one-sided: the gate's firings placed on random "
+            f"runs recompute at least its gain). On these {v.conversations} conversations, {v.sentence()}.")
 
 
 def failure_labels_section(doc: Document, run: ReportData) -> None:

@@ -1,5 +1,6 @@
 """The report's claims: the claims table (our verdict beside the paper's and other runs', each claim's placebo
-and the verdict's stability over bootstrap seeds) and the tests table (the registered statistics, with the paper's
+and the verdict's stability over bootstrap seeds and, where the grid registers a second replay data seed, the
+verdict the same tests give on its prompts) and the tests table (the registered statistics, with the paper's
 pooled statistic reported beside them), read from the typed claims document
 (:class:`kvcert.analysis.claims_document.ClaimsDocument`)."""
 
@@ -34,10 +35,18 @@ def placebo_text(c: ClaimResult) -> str:
 
 
 def stability_text(c: ClaimResult) -> str:
+    """The verdict's stability: the share of other bootstrap seeds that agree and, under it, the verdict on the
+    second data seed's prompts (:func:`data_seed_text`)."""
     st = c.seed_stability
-    if st is None or not st.seeds:
-        return "–"
-    return f"{100 * st.agree:.0f} % of {st.seeds} seeds"
+    text = "–" if st is None or not st.seeds else f"{100 * st.agree:.0f} % of {st.seeds} seeds"
+    return text + (BR + data_seed_text(c) if c.data_seed_stability is not None else "")
+
+
+def data_seed_text(c: ClaimResult) -> str:
+    """A replay claim's verdict on the second data seed's prompts, in a few words: "data seed 9700 (48 prompts):
+    holds (agrees)"."""
+    d = c.data_seed_stability
+    return f"data seed {d.seed} ({d.prompts} prompts): {d.verdict} ({'agrees' if d.agree else 'differs'})"
 
 
 def beside_line(run: Mapping, claim_id: str) -> str:
@@ -140,6 +149,18 @@ def beside_paragraph(beside: Sequence[Mapping], prereg_hash: str | None) -> str:
     return "Under the paper's verdict, each claim's verdict: value in another run — " + "; ".join(parts) + "."
 
 
+def data_seed_sentence(claims: Sequence[ClaimResult]) -> str:
+    """Where the grid registers a second replay data seed: what the line under the seeds' share is (empty
+    otherwise)."""
+    blocks = [c.data_seed_stability for c in claims if c.data_seed_stability is not None]
+    if not blocks:
+        return ""
+    return (f" The replay claims are decided on the prompts of one data seed; the same tests, placebos included, "
+            f"are run on {blocks[0].prompts} prompts of a second, disjoint data seed ({blocks[0].seed}), and the "
+            "verdict they give there is shown under the seeds' share (data-seed stability; reported, deciding "
+            "nothing; its tests are in the claim details).")
+
+
 def claims_section(doc: Document, run: ReportData, beside: Sequence[Mapping]) -> None:
     """The run in one paragraph, the contents, the claims table (our verdict beside the paper's and the beside
     runs') and the tests table."""
@@ -164,7 +185,7 @@ def claims_section(doc: Document, run: ReportData, beside: Sequence[Mapping]) ->
         "stratum's base rate, a random score; a step cell's median radius, radii permuted among a cell's draws): "
         "a claim whose tests pass while a placebo's pass too is **uninformative**, not held. Every verdict, "
         f"placebos included, is redone under {seeds or 'no'} "
-        "other bootstrap seeds; the share that agrees is shown.")
+        "other bootstrap seeds; the share that agrees is shown." + data_seed_sentence(claims))
     if beside:
         doc.paragraph(beside_paragraph(beside, claims_doc.provenance.prereg_hash))
     doc.table(claim_header(beside), claim_rows(claims, stand_ins=claims_doc.experiment == "rehearsal", beside=beside),

@@ -54,6 +54,16 @@ class ReportData:
     def multiturn_cell(self) -> Mapping:
         return self.grid.get("multiturn") or {}
 
+    @cached_property
+    def gate_versus_random(self):
+        """The multi-turn gate against random gating at its rate, paired by conversation
+        (:class:`kvcert.analysis.multiturn_recall.GateVersusRandom`); None without multi-turn runs."""
+        from .multiturn_recall import gate_versus_random
+
+        if self.scores_ok is None or not self.multiturn_cell:
+            return None
+        return gate_versus_random(self.scores_ok, self.multiturn_cell, self.gate_threshold, self.plan.bootstrap)
+
     @property
     def gate_threshold(self) -> float:
         """The multi-turn gate's threshold: the grid's cell may register its own (a model's radii have their own

@@ -1,14 +1,15 @@
 """The report's claim details: per claim, its verdict's reasons, its cell counts against the pre-registered
 minimum, what its statistic's details hold (Spearman within cells, later-query coverage, strata), each placebo's
-tests, the statistics beside the tests, the secondary analyses (:func:`secondary_table`) and the per model × length
-breakdown (:func:`breakdown_tables`); an embedded run's C1 says why its plug-in certificate under-covers."""
+tests, the statistics beside the tests, the secondary analyses (:func:`secondary_table`, :func:`worst_later_text`),
+the tests on a second replay data seed (:func:`data_seed_table`) and the per model × length breakdown
+(:func:`breakdown_tables`); an embedded run's C1 says why its plug-in certificate under-covers."""
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
 from .document import Document, fmt, fmt_ci
-from .report_claims import MARK, UNIT_WORDS
+from .report_claims import MARK, OP_TEXT, UNIT_WORDS
 from .report_data import ReportData
 
 #: why the embedded miniature's plug-in certificate under-covers (claim C1); the numbers come from an
@@ -79,6 +80,10 @@ def details_section(doc: Document, run: ReportData) -> None:
                       [[n, fmt_ci(s, 4), s["resamples"], s["skipped"]] for n, s in stats.items()])
         if det.get("secondary"):
             secondary_table(doc, det["secondary"], run.pct)
+        if det.get("worst_later_cell"):
+            doc.paragraph(worst_later_text(det["worst_later_cell"], run.pct))
+        if c.data_seed_stability is not None:
+            data_seed_table(doc, c, run.pct)
         breakdown_tables(doc, det.get("by_model_length") or [])
 
 
@@ -136,3 +141,36 @@ def secondary_table(doc: Document, sec: Mapping, pct: str = "90 %") -> None:
                   f"same draws; {pct} intervals over {UNIT_WORDS.get(sec.get('unit'), sec.get('unit'))}.")
     doc.table(["analysis", *(f"{h} [{pct} CI]" for h in ("certificate", "constant", "comparison")), "draws"], rows)
 
+
+
+def worst_later_text(block: Mapping, pct: str = "90 %") -> str:
+    """A replay claim's worst later-query cell (``analysis_plan.secondary.worst_later_cell``) in one paragraph: the
+    budget × layer cell of lowest coverage, its coverage with the interval of the minimum over the cells (taken in
+    each resample) and of that cell's own; reported, deciding nothing."""
+    name = CERTIFICATE_WORDS.get(block["certificate"], block["certificate"])
+    head = (f"Worst later-query cell (registered secondary analysis; reported, deciding nothing): the {name} "
+            "certificate's lowest coverage over the budget × layer cells of the later queries")
+    if block.get("cell") is None:
+        return head + " — no later queries in this claim's cells."
+    st = block.get("statistics") or {}
+    lowest, fixed = st.get("worst_later_cell_coverage"), st.get("worst_later_cell_coverage_fixed")
+    unit = UNIT_WORDS.get(block.get("unit"), block.get("unit"))
+    return (head + f" is budget {block['cell'].replace('/', ', ')}: {fmt_ci(lowest, 4) if lowest else '–'} ({pct} "
+            f"interval over {unit} of the lowest cell's coverage, the minimum taken in each resample; that cell's own "
+            f"{fmt_ci(fixed, 4) if fixed else '–'}); {block.get('cells_below_nominal', 0)} of "
+            f"{len(block.get('cells') or {})} cells below the nominal {fmt(block.get('nominal'))}.")
+
+
+def data_seed_table(doc: Document, c, pct: str = "90 %") -> None:
+    """A replay claim's tests on the second data seed's prompts (``data_seed_stability``): what they are, the verdict
+    the same rules give there beside the claim's, and one row per test; reported, deciding nothing."""
+    d = c.data_seed_stability
+    unit = UNIT_WORDS.get(d.tests[0].unit, d.tests[0].unit) if d.tests else "prompts"
+    doc.paragraph(f"Data-seed stability (reported, deciding nothing): the same tests on {d.prompts} prompts of the "
+                  f"second data seed {d.seed}, disjoint from the deciding seed's, {pct} intervals over {unit}, placebos "
+                  f"included: **{d.verdict}** ({'agrees with' if d.agree else 'differs from'} the deciding seed's "
+                  f"{c.verdict})" + (f"; {'; '.join(d.reasons)}" if d.reasons else "") + ".")
+    doc.table(["test (passes when)", f"data seed {d.seed} [{pct} CI]", "outcome", f"deciding seed [{pct} CI]"],
+              [[f"`{t.statistic}` {OP_TEXT.get(t.op, t.op)} {t.threshold:g}", fmt_ci(t, 4),
+                f"{MARK.get(t.outcome, '')} {t.outcome}", fmt_ci(mine, 4)]
+               for t, mine in zip(d.tests, c.tests)])

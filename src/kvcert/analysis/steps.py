@@ -27,7 +27,7 @@ import pandas as pd
 
 from ..config.analysis_plan import AnalysisPlan
 from ..config.paths import resolve_configs
-from ..config.experiment import experiment_grid
+from ..config.experiment import experiment_grid, replay_stability
 from ..config.prereg import load_claims, read_verified
 from ..provenance import check_prereg_hash, git_commit
 from ..tables import jsonable, write_json  # noqa: F401  (claims.json and summary.json are plain JSON)
@@ -172,11 +172,33 @@ def check_exclusions(df: pd.DataFrame, scores: str | Path, frozen_utc: str) -> N
             "--accept-excluded to evaluate the claims without them")
 
 
+def stability_tables(stability: Mapping | None, deciding: pd.DataFrame, tables: pd.DataFrame | None,
+                     paths: Sequence[str | Path]) -> None:
+    """Refuse, in one line, second-data-seed replay tables (``kvcert claims --stability-replay``) that do not fit the
+    grid's ``replay.stability`` (``stability``; None: it registers none): given without one, missing where it
+    registers one, or sharing a prompt with the deciding seed's tables (a task drawn from files can repeat an item
+    under another seed; a generated task cannot, :func:`kvcert.config.experiment.check_grid`)."""
+    if stability is None:
+        if paths:
+            raise RecordRefused(f"{paths[0]}: --stability-replay given, but the experiment's grid registers no second "
+                                "replay data seed (replay.stability); leave it out")
+        return
+    if not paths:
+        raise RecordRefused(f"the grid registers a second replay data seed (replay.stability: seed "
+                            f"{stability['seed']}); give its replay tables with --stability-replay")
+    shared = sorted(set(deciding["example_id"]) & set(tables["example_id"])) if len(deciding) and len(tables) else []
+    if shared:
+        raise RecordRefused(f"{paths[0]}: the stability seed's prompts share {len(shared)} with the deciding seed's "
+                            f"(e.g. {shared[0]}); register a stability seed whose prompts are disjoint")
+
+
 def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | Path, experiment: str,
                 out: str | Path, verified_json: str | Path | None = None, configs: str | Path | None = None,
-                accept_excluded: bool = False) -> dict:
+                accept_excluded: bool = False, stability_replay: Sequence[str | Path] = ()) -> dict:
     """Evaluate every claim and write ``claims.json``; returns its content. Records excluded as
-    pre-freeze stop it (:func:`check_exclusions`) unless ``accept_excluded``."""
+    pre-freeze stop it (:func:`check_exclusions`) unless ``accept_excluded``. ``stability_replay``: the replay tables
+    of the grid's second data seed (``replay.stability``): the replay claims are decided on ``replay``'s, and their
+    tests computed on these too, beside them (``data_seed_stability``)."""
     remove_stale(Path(out).parent, DOWNSTREAM[1:], "stale until the report step rebuilds it from these claims")
     freeze = verified_freeze(prereg, verified_json)
     doc = load_claims(prereg)
@@ -184,10 +206,15 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
     df, scores_prov = _read_scores(scores, freeze.prereg_hash)
     rp, replay_prov = _read_replays(replay, freeze.prereg_hash, resolve_configs(configs),
                                     (grid.get("replay") or {}).get("method"))
+    stability = replay_stability(grid)
+    srp, stability_prov = (_read_replays(stability_replay, freeze.prereg_hash, resolve_configs(configs),
+                                         (grid.get("replay") or {}).get("method")) if stability_replay else (None, []))
+    stability_tables(stability, rp, srp, list(stability_replay))
     if not accept_excluded:
         check_exclusions(df, scores, freeze.frozen_utc)
     t0 = time.perf_counter()
-    results = evaluate_claims(doc, df, rp, main_tasks(grid))
+    results = evaluate_claims(doc, df, rp, main_tasks(grid),
+                              (stability["seed"], srp) if stability is not None else None)
     signals = evaluate_signals(doc, df, grid)
     plan = AnalysisPlan.of_document(doc)  # typed by kvcert.config.prereg.load_claims; claims.json records it as registered
     content = ClaimsDocument(
@@ -196,7 +223,7 @@ def claims_step(scores: str | Path, replay: Sequence[str | Path], prereg: str | 
         provenance=Provenance(
             prereg_hash=freeze.prereg_hash, frozen_utc=freeze.frozen_utc, freeze_record=freeze.path.name,
             analysis_git_commit=git_commit(), bootstrap=plan.bootstrap.to_dict(), scores=scores_prov,
-            replay=replay_prov, seconds=round(time.perf_counter() - t0, 2)),
+            replay=replay_prov, seconds=round(time.perf_counter() - t0, 2), stability_replay=stability_prov),
         replay_summary=summarize_replay(rp, plan.delta) if len(rp) else None, claims=results,
         comparison_signals=signals,
     ).to_dict()
@@ -240,11 +267,13 @@ def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[
                 impossibility: Sequence[str | Path], out_dir: str | Path,
                 verified_json: str | Path | None = None, beside: Sequence[tuple[str, str | Path]] = (),
                 configs: str | Path | None = None, model_paths: Mapping[str, str] | None = None,
-                ) -> dict[str, Path]:
+                stability_replay: Sequence[str | Path] = ()) -> dict[str, Path]:
     """Write the report; ``summary.json`` beside it holds the verdicts in a few lines. ``beside``: (label,
     claims.json) of other runs whose verdicts the claims table shows beside this run's; ``configs``: the
     configs folder whose model configs say what each model is (default: as every command finds it; none
-    found: the models are named only); ``model_paths`` {model: path} as the generate jobs were given them."""
+    found: the models are named only); ``model_paths`` {model: path} as the generate jobs were given them;
+    ``stability_replay``: the second data seed's replay tables, checked against the claims' pre-registration (their
+    statistics are in the claims' ``data_seed_stability``)."""
     from ..config.paths import configs_dir
     from .model_info import run_models
     from .report import build_report
@@ -261,6 +290,7 @@ def report_step(claims: str | Path, scores: str | Path | None, replay: Sequence[
                           "rerun the claims step", RecordRefused)
     df, scores_prov = _read_scores(scores, prereg_hash) if scores else (None, {})
     rp, replay_prov = _read_replays(replay, prereg_hash)
+    _read_replays(stability_replay, prereg_hash)  # made under the claims' pre-registration, or refused
     rows = []
     for p in impossibility:
         data = json.loads(Path(p).read_text())

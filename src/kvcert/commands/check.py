@@ -319,7 +319,8 @@ def table_provenance(path: Path) -> dict | None:
 
 
 def check_finished_replays(experiment: str, plan, configs: Path, results: str | Path) -> list[str]:
-    """Finished replay tables (``<results>/<experiment>/replay/<model>/<task>-<length>.parquet``) made under other
+    """Finished replay tables (``<results>/<experiment>/replay/<model>/<task>-<length>.parquet``; a second data
+    seed's under ``replay/<model>/stability/``) made under other
     configs than the replay job composes now (:func:`kvcert.generation.jobs.replay_config_hash`: the model's dtype
     and device, the task, the replay method), or carrying no config hash, where Snakemake has no record of them
     to rerun them by: named beside the stale shards (:func:`check_finished_shards`), so that the replay is
@@ -329,7 +330,7 @@ def check_finished_replays(experiment: str, plan, configs: Path, results: str | 
     problems = []
     method = (plan.grid.get("replay") or {}).get("method")
     for item in plan.replays:
-        rel = f"replay/{item.model}/{item.task}-{item.length}.parquet"
+        rel = item.replay_table
         path = Path(results) / experiment / rel
         if not path.is_file() or snakemake_knows(f"{results}/{experiment}/{rel}"):
             continue

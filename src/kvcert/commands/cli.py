@@ -266,8 +266,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--task", required=True)
     p.add_argument("--length", type=int, required=True)
-    p.add_argument("--set", choices=["grid", "replay"], default="grid",
-                   help="grid: the generation cells' manifest; replay: the replay's own (its registered examples, seed)")
+    p.add_argument("--set", choices=["grid", "replay", "stability"], default="grid",
+                   help="grid: the generation cells' manifest; replay: the replay's own (its registered examples, seed); "
+                   "stability: the replay's second data seed (the grid's replay.stability)")
     p.add_argument("--model-path", default=None, help="override the model config's path (a retrained model)")
     p.add_argument("--out", required=True)
     p.set_defaults(func=manifest_command)

@@ -28,8 +28,13 @@ answer (no new scoring: every number is the records' own score):
   (``datetime.isoformat()`` with ``:`` as ``-``). A setting is what lm-eval would run as one model (its
   ``model_args`` name the method, condition and budget).
 
-:func:`read_kvpress_runs` reads such folders back, kvpress's own and kvcert's alike, and :func:`kvpress_table`
-sets them side by side (docs/kvpress.md).
+A run's layouts and its ``results.json`` are written whole: into a hidden staging folder of ``out``
+(:func:`staging_folder`), then put in place together (:func:`publish`), replacing the earlier run's of the
+same ``out``; a run killed on the way leaves nothing a reader takes for a run. Each kvpress folder's
+``config.yaml`` carries the SHA-256 of its ``predictions.csv`` and ``metrics.json`` (``kvcert.files``).
+
+:func:`read_kvpress_runs` reads such folders back, kvpress's own and kvcert's alike (a kvcert folder whose files
+disagree refused, :func:`check_kvpress_folder`), and :func:`kvpress_table` sets them side by side (docs/kvpress.md).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
 from datetime import datetime
 from pathlib import Path
@@ -187,8 +193,10 @@ def kvpress_runs(records: list[dict], tasks: dict[str, dict], model: str, pass_m
                        "length": {t: tasks[t]["length"] for t in sorted({r["task"] for r in group})},
                        **{k: v for k, v in run.items() if k not in ("device", "output_dir")}},
         }
-        out[name] = {"predictions.csv": _csv(rows, KVPRESS_COLUMNS + KVCERT_COLUMNS),
-                     "metrics.json": json.dumps(metrics, indent=4) + "\n", "config.yaml": _yaml(config)}
+        files = {"predictions.csv": _csv(rows, KVPRESS_COLUMNS + KVCERT_COLUMNS),
+                 "metrics.json": json.dumps(metrics, indent=4) + "\n"}
+        config["kvcert"]["files"] = {f: _sha256(text) for f, text in files.items()}  # the folder is one run's
+        out[name] = {**files, "config.yaml": _yaml(config)}
     return out
 
 
@@ -292,26 +300,118 @@ def lm_eval_runs(records: list[dict], tasks: dict[str, dict], model: str, model_
 
 
 def write_layouts(out: Path, records: list[dict], tasks: dict[str, dict], model: str, model_path: str,
-                  pass_mark, run: dict, when: datetime) -> dict[str, list[str]]:
-    """Write both layouts under ``out`` (``out/kvpress/``, ``out/lm-eval/``); the paths written, by layout."""
+                  pass_mark, run: dict, when: datetime, into: Path | None = None) -> dict[str, list[str]]:
+    """Write both layouts (``kvpress/``, ``lm-eval/``) under ``into`` (a :func:`staging_folder`, which
+    :func:`publish` puts in place; default ``out`` itself); the paths they have under ``out``, by layout."""
     from ..atomic import write_text
 
+    into = out if into is None else into
     written: dict[str, list[str]] = {"kvpress": [], "lm_eval": []}
     for name, files in kvpress_runs(records, tasks, model, pass_mark, run).items():
         for filename, text in files.items():
-            write_text(out / "kvpress" / name / filename, text)
+            write_text(into / "kvpress" / name / filename, text)
         written["kvpress"].append(str(out / "kvpress" / name))
     for relative, text in lm_eval_runs(records, tasks, model, model_path, pass_mark, run, when).items():
-        write_text(out / "lm-eval" / relative, text)
+        write_text(into / "lm-eval" / relative, text)
         written["lm_eval"].append(str(out / "lm-eval" / relative))
     return written
+
+
+#: what a run puts in its ``out`` folder at the end, all at once (:func:`publish`)
+PUBLISHED = ("kvpress", "lm-eval", "results.json")
+#: the hidden folder a run writes them in (``.kvcert-writing.<pid>``), and its name while they are put in place
+WRITING, PUBLISHING = ".kvcert-writing", ".kvcert-publishing"
+
+
+def _pid_of(path: Path) -> int | None:
+    head, _, pid = path.name.rpartition(".")
+    return int(pid) if head in (WRITING, PUBLISHING) and pid.isdigit() else None
+
+
+def staging_folder(out: Path) -> Path:
+    """A new hidden folder in ``out`` (``.kvcert-writing.<pid>``) to write a run's layouts and ``results.json`` in
+    (:func:`write_layouts`), none of which a reader takes for a run until :func:`publish` puts them in place.
+    The staging folders of runs no longer alive (killed while they wrote or published) are removed first."""
+    import shutil
+
+    from ..atomic import _alive
+
+    for path in sorted(out.glob(".kvcert-*")):
+        pid = _pid_of(path)
+        if pid is not None and path.is_dir() and (pid == os.getpid() or not _alive(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+    staging = out / f"{WRITING}.{os.getpid()}"
+    staging.mkdir(parents=True)
+    return staging
+
+
+def publish(out: Path, staging: Path) -> None:
+    """Put the run written in ``staging`` in place of what ``out`` holds (:data:`PUBLISHED`): the folder is renamed
+    ``.kvcert-publishing.<pid>`` (from then on :func:`read_kvpress_runs` refuses this ``out``'s folders until the
+    end), the earlier ``results.json`` is moved into it first, then each earlier layout folder and the new one
+    renamed in its place, the new ``results.json`` last, and the folder with the earlier run removed. A rerun into
+    the same ``out`` so replaces the whole of the earlier run's layouts (no second dated lm-eval pair beside
+    them); a run killed before this leaves the earlier run as it was, one killed during it a marker that
+    refuses the half-published folders and that the next run into ``out`` removes."""
+    import shutil
+
+    publishing = out / f"{PUBLISHING}.{os.getpid()}"
+    os.rename(staging, publishing)
+    replaced = publishing / ".replaced"
+    replaced.mkdir()
+    if (out / "results.json").exists():
+        os.replace(out / "results.json", replaced / "results.json")
+    for name in PUBLISHED[:-1]:
+        if (out / name).exists():
+            os.rename(out / name, replaced / name)
+        if (publishing / name).exists():
+            os.rename(publishing / name, out / name)
+    os.replace(publishing / "results.json", out / "results.json")
+    shutil.rmtree(publishing, ignore_errors=True)
+
+
+class LayoutRefused(ValueError):
+    """A kvpress run folder whose files are not of one run; the message names it and says what to do."""
+
+
+def check_kvpress_folder(folder: Path, config: dict) -> None:
+    """Refuse, in one line, a kvpress run folder that kvcert wrote (``config.yaml`` with a ``kvcert`` block) whose
+    files are not of one run: ``predictions.csv`` or ``metrics.json`` other than the ones its ``config.yaml`` was
+    written with (``kvcert.files``: their SHA-256), ``predictions.csv`` rows other than its ``kvcert.records``,
+    or a folder of an ``out`` whose run was killed while it put its layouts in place (a ``.kvcert-publishing.*``
+    beside ``kvpress/``). kvpress's own folders are read as they are."""
+    block = config.get("kvcert")
+    if not isinstance(block, dict):
+        return
+    redo = f"rerun the kvcert run into that out= (its finished generations are kept), or delete {folder}"
+    if folder.parent.name == "kvpress":
+        marker = next((p for p in sorted(folder.parent.parent.glob(f"{PUBLISHING}.*")) if p.is_dir()), None)
+        if marker is not None:
+            raise LayoutRefused(f"{folder}: a kvcert run was killed while it put its layouts in place ({marker}): "
+                                f"the folders beside it may be of two runs; {redo}")
+    for name, digest in dict(block.get("files") or {}).items():
+        path = folder / name
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            raise LayoutRefused(f"{folder}: its {name} is {'missing' if not path.is_file() else 'not'} the one its "
+                                f"config.yaml was written with (the files are of two runs: a run killed while it "
+                                f"wrote them, or files copied over); {redo}")
+    predictions = folder / "predictions.csv"
+    if isinstance(block.get("records"), int) and predictions.is_file():
+        with open(predictions, newline="", encoding="utf-8") as fh:
+            rows = sum(1 for _ in csv.DictReader(fh))
+        if rows != block["records"]:
+            raise LayoutRefused(f"{folder}: predictions.csv holds {rows} rows, its config.yaml says "
+                                f"{block['records']} records (limit: {block.get('limit')}): the files are of two "
+                                f"runs; {redo}")
 
 
 def read_kvpress_runs(*roots: Path | str) -> list[dict]:
     """Every kvpress run folder below ``roots`` — a folder holding ``config.yaml`` and ``metrics.json``, as
     kvpress's ``evaluate.py`` writes it and as :func:`write_layouts` does — as one row: its source (the root it
     was found under), ``config.yaml``'s ``dataset``, ``data_dir``, ``model``, ``press_name``,
-    ``compression_ratio`` and ``query_aware``, and ``metrics`` {task: its first metric's value}."""
+    ``compression_ratio`` and ``query_aware``, and ``metrics`` {task: its first metric's value}. Hidden folders
+    (a run's staging folder) are not searched; a kvcert folder whose files disagree is refused
+    (:func:`check_kvpress_folder`)."""
     import yaml
 
     rows = []
@@ -321,9 +421,10 @@ def read_kvpress_runs(*roots: Path | str) -> list[dict]:
                                     "<out>/kvpress)")
         for metrics_file in sorted(root.rglob("metrics.json")):
             config_file = metrics_file.with_name("config.yaml")
-            if not config_file.is_file():
+            if not config_file.is_file() or any(p.startswith(".") for p in metrics_file.relative_to(root).parts):
                 continue
             config = yaml.safe_load(config_file.read_text()) or {}
+            check_kvpress_folder(metrics_file.parent, config if isinstance(config, dict) else {})
             metrics = json.loads(metrics_file.read_text())
             rows.append({"source": str(root), **{k: config.get(k) for k in (
                 "dataset", "data_dir", "model", "press_name", "compression_ratio", "query_aware")},

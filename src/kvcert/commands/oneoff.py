@@ -33,7 +33,10 @@ free now — those the process may use less the load average, :mod:`kvcert.threa
 its inputs have passed their checks, before the model loads). Beside ``results.json`` it writes the same records as kvpress's evaluation writes a run
 (``<out>/kvpress/<run>/``: ``predictions.csv``, ``metrics.json``, ``config.yaml``) and as lm-eval's
 ``--output_path … --log_samples`` does (``<out>/lm-eval/<setting>/<model>/``: ``results_<date>.json``,
-``samples_<task>_<date>.jsonl``): :mod:`kvcert.commands.layouts`.
+``samples_<task>_<date>.jsonl``): :mod:`kvcert.commands.layouts`. ``results.json`` and the layouts are written
+in a hidden folder of ``out`` and put in place together once all are complete, replacing an earlier run's into
+the same ``out`` (:func:`kvcert.commands.layouts.publish`): a run killed before leaves nothing a reader takes
+for a run.
 
 The retention design and δ come from the pre-registration's analysis plan, as in the
 pipeline. The records carry ``prereg_hash: null``: claim scoring refuses them — a
@@ -48,7 +51,8 @@ model's positions (``max_position_embeddings`` of the folder's ``config.json``; 
 where it has none), each ``budget`` against the retention design's certainty set at that length
 (:func:`check_budget`), the ``out`` folder (:func:`check_out`), and the tasks' data (built with
 the tokenizer alone, a progress bar on stderr: UTF-8 files, text fields that are text, no lone
-surrogate, prompts that fit).
+surrogate, prompts that fit); also ``threads`` (at most four times the machine's CPUs), a ``condition``
+without a method, and a ``kvpress:<Press>`` scorer's press.
 """
 
 from __future__ import annotations
@@ -332,7 +336,33 @@ def compose_run(items: list[str], configs: Path, prereg: Path) -> tuple[list[tup
         setting = generation_config(composed, plan, None)
         if setting not in runs:
             runs.append(setting)
+    check_condition_has_a_method(items, [c for _, runs in tasks.values() for c in runs])
     return list(tasks.values()), own_keys
+
+
+def check_condition_has_a_method(items: list[str], settings: list[dict]) -> None:
+    """Refuse, in one line, a ``condition`` other than ``full`` given where no setting has a method: the full cache
+    alone has no condition, and ``condition=streaming`` would run it unchanged (it used to, rc 0)."""
+    given = [v.strip() for item in items if item.lstrip("+~").startswith("condition=")
+             for v in item.partition("=")[2].split(",")]
+    asked = [c for c in given if c != "full"]
+    if asked and all(c["method"]["name"] == "full" for c in settings):
+        raise ValueError(f"condition={','.join(asked)}: no method to compress with, and the full cache alone has "
+                         "no condition (it would run unchanged); give a method with it (e.g. method=snapkv-poisson "
+                         "budget=0.25), or leave condition out")
+
+
+def check_presses(specs) -> None:
+    """Refuse, in one line, a ``kvpress:<Press>`` scorer that names no kvpress ScorerPress (a mistyped press), or
+    kvpress missing, before the model loads (the scorer is otherwise built only with the model)."""
+    from ..config.names import KVPRESS_PREFIX
+
+    for spec in specs:
+        scorer = spec.method.scorer
+        if isinstance(scorer, str) and scorer.startswith(KVPRESS_PREFIX):
+            from ..method.scorers.kvpress_scorer import press_class
+
+            press_class(scorer)
 
 
 def listing(configs: Path) -> str:
@@ -379,7 +409,7 @@ def run_command(args) -> int:
     from ..tasks.lengths import LengthError
     from .. import __version__
     from ..provenance import git_commit
-    from .layouts import write_layouts
+    from .layouts import publish, staging_folder, write_layouts
 
     configs = resolve_configs(args.configs)
     if getattr(args, "list", False):
@@ -391,10 +421,15 @@ def run_command(args) -> int:
     limit = integer(own, "limit", 10, 1)
     data_seed = integer(own, "data_seed", 0, 0)
     threads = integer(own, "threads", None, 1)
+    if threads is not None:
+        from ..threads import choose_threads
+
+        choose_threads(threads)  # at most four times the machine's CPUs (kvcert.threads.most_threads), refused here
     plan = []  # (task config, its specs, its length), every config error before anything loads
     limits = {}  # the records each task runs: the limit, bounded by what the task offers
     for task_cfg, gen_configs in per_task:
         specs = [GenerationSpec.from_dict(c) for c in gen_configs]
+        check_presses(specs)
         plan.append((task_cfg, gen_configs, specs))
         limits[task_cfg["name"]] = check_limit(limit, task_cfg, given="limit" in own)
     first = plan[0][1][-1]
@@ -475,6 +510,7 @@ def run_command(args) -> int:
         **({"longbench_e": by_length} if (by_length := longbench_e_buckets(records_out)) else {}),
         "configs": [c for _, cs, _ in plan for c in cs],
     }
+    staging = staging_folder(out)  # results.json and the layouts, put in place together once all are written
     layouts = write_layouts(
         out, records_out,
         {name: {"records": {r.id: r for r in built[name]}, "length": lengths[name][0], "max_new_tokens": lengths[name][1],
@@ -484,10 +520,11 @@ def run_command(args) -> int:
          "limit": limit, "data_seed": data_seed, "threads": choice.threads, "created_utc": results["created_utc"],
          "model_digest": digest, "kvcert_version": __version__, "git_commit": git_commit(),
          "outside_preregistration": True, "results": str(out / "results.json")},
-        started)
+        started, into=staging)
     results["threads"] = {"count": choice.threads, "why": choice.line}
     results["layouts"] = layouts
-    write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
+    write_text(staging / "results.json", json.dumps(results, indent=2, sort_keys=False, default=str) + "\n")
+    publish(out, staging)
     print(f"model {first['model']['name']}; " + "; ".join(
         f"{name}: {len(built[name])} records at {lengths[name][0] or 'native'} tokens" for name in names)
         + f"; {choice.threads} thread{'s' if choice.threads != 1 else ''}"

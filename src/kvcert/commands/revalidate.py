@@ -1,7 +1,7 @@
 """A run made before a change to the code that makes records, compared with a rerun after it, item by item.
 
-A change to :data:`kvcert.provenance.RECORD_CODE` that cannot alter a record (a move, a rename, dead code
-removed) still changes the code digest every record carries, so the committed reference stops matching
+A change to the code that makes records (:func:`kvcert.provenance.code_digest`) that cannot alter one (a move, a
+rename, dead code removed) still changes the code digest every record carries, so the committed reference stops matching
 (tests/test_reference_results.py). Instead of replacing the reference, a maintainer keeps a copy of the run the
 reference was made from (``before``), reruns the experiment at the new code (``after``, the pipeline's
 ``results/<experiment>/``) and lets :func:`compare_runs` check that every output is the same:
@@ -13,10 +13,14 @@ reference was made from (``before``), reruns the experiment at the new code (``a
 * the report (``report.md``, ``report.html``: commits and code digests masked) and its figures, byte for byte,
 
 each with the fields (or a table's columns) that say *when* and *by which code* something was made left out
-(:data:`VOLATILE`: the git commit, the code digest, times and durations). ``kvcert reference revalidate --before DIR`` prints the
-comparison and, when everything is equal, appends the check to ``results/reference/<experiment>/
-revalidations.json`` ({code_digest, reference_code_digests, compared, equal, command, date}), which the
-reference test accepts in place of a new reference.
+(:data:`VOLATILE`: the git commit, the code digest, times and durations). ``kvcert reference revalidate --before DIR``
+first checks that ``before`` is the reference's own run (:func:`check_before`): the reference lists its run's outputs
+(:data:`RUN`, written by ``kvcert reference update``: each file's SHA-256 and items, :func:`run_manifest`), and
+``before`` must hold exactly those files with those digests, of the same experiment; ``after`` must be of that
+experiment too, and the comparison must cover every item the listing holds. It prints the comparison and, when
+everything is equal, appends the check to ``results/reference/<experiment>/revalidations.json`` once
+({code_digest, reference_code_digests, run_sha256, experiment, compared, equal, command, date}; the same check again
+appends nothing), which the reference test accepts in place of a new reference.
 """
 
 from __future__ import annotations
@@ -130,20 +134,54 @@ def _compare_report(before: Path, after: Path, rel: str, out: Comparison) -> Non
     out.add(a == b, 1, f"{rel}: line {first + 1} differs")
 
 
+#: a run's outputs, each pattern with how its files are compared (the module docstring)
+KINDS = (("generations/**/*.jsonl", _compare_records), ("replay/**/*.parquet", _compare_table),
+         ("replay/**/*.impossibility.json", _compare_json),
+         ("manifests/**/*.jsonl", _compare_bytes),
+         ("scores.parquet", _compare_table), ("claims.json", _compare_json), ("summary.json", _compare_json),
+         ("report.md", _compare_report), ("report.html", _compare_report),
+         ("figures/*.png", _compare_bytes))
+#: the file in a reference folder that lists its run's outputs (:func:`run_manifest`)
+RUN = "run.json"
+
+
+def _names(pattern: str, *roots: Path) -> list[str]:
+    return sorted({p.relative_to(root).as_posix() for root in roots for p in root.glob(pattern) if p.is_file()})
+
+
+def items(path: Path, compare) -> int:
+    """The items :func:`compare_runs` counts in one file: its records (lines), its table's rows, else 1."""
+    if compare is _compare_records:
+        return sum(1 for line in path.read_text().splitlines() if line.strip())
+    if compare is _compare_table:
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(path).metadata.num_rows)
+    return 1
+
+
+def run_manifest(folder: str | Path) -> dict:
+    """Every output of the run in ``folder`` that :func:`compare_runs` compares: {path: {sha256, items}}, the items
+    in all, and the SHA-256 of the listing (``sha256``: what names this run)."""
+    import hashlib
+
+    from ..config.hashing import file_sha256
+
+    folder = Path(folder)
+    files = {rel: {"sha256": file_sha256(folder / rel), "items": items(folder / rel, compare)}
+             for pattern, compare in KINDS for rel in _names(pattern, folder)}
+    listing = json.dumps(files, sort_keys=True).encode()
+    return {"files": files, "items": sum(f["items"] for f in files.values()),
+            "sha256": hashlib.sha256(listing).hexdigest()}
+
+
 def compare_runs(before: str | Path, after: str | Path) -> Comparison:
     """Every output of the run in ``before`` against the same file of the run in ``after`` (the module docstring);
     a file only one of them has is a difference."""
     before, after = Path(before), Path(after)
     out = Comparison()
-    kinds = (("generations/**/*.jsonl", _compare_records), ("replay/**/*.parquet", _compare_table),
-             ("replay/**/*.impossibility.json", _compare_json),
-             ("manifests/**/*.jsonl", _compare_bytes),
-             ("scores.parquet", _compare_table), ("claims.json", _compare_json), ("summary.json", _compare_json),
-             ("report.md", _compare_report), ("report.html", _compare_report),
-             ("figures/*.png", _compare_bytes))
-    for pattern, compare in kinds:
-        names = sorted({p.relative_to(root).as_posix() for root in (before, after) for p in root.glob(pattern)})
-        for rel in names:
+    for pattern, compare in KINDS:
+        for rel in _names(pattern, before, after):
             a, b = before / rel, after / rel
             if not (a.is_file() and b.is_file()):
                 out.add(False, 1, f"{rel}: only in {'the run before' if a.is_file() else 'the run after'}")
@@ -152,20 +190,61 @@ def compare_runs(before: str | Path, after: str | Path) -> Comparison:
     return out
 
 
-def revalidate(before: str | Path, after: str | Path, reference_dir: str | Path, command: str) -> tuple[Comparison, dict | None]:
-    """Compare ``before`` (made by the reference's code) with ``after`` (made by today's) and, when every item is
-    equal, append the check to ``reference_dir``/:data:`CHECKS`; returns the comparison and the entry written
-    (None: nothing written). Refused in one line: a ``before`` not made by the reference's code, or an ``after``
-    not made by today's."""
+def _experiment(folder: Path) -> str | None:
+    path = folder / "claims.json"
+    return json.loads(path.read_text()).get("experiment") if path.is_file() else None
+
+
+def check_before(before: Path, reference_dir: Path, experiment: str) -> dict:
+    """Refuse, in one line, a ``before`` that is not the reference's own run: the reference must list its run
+    (:data:`RUN`, written by ``kvcert reference update``), of ``experiment``, and ``before`` must hold exactly the
+    outputs it lists, each with the SHA-256 listed. Returns the listing."""
+    path = reference_dir / RUN
+    if not path.is_file():
+        raise ValueError(f"{reference_dir}: lists no run ({RUN}: its records' and tables' digests), so no copy can be "
+                         "shown to be its run; regenerate the reference (`kvcert reference update`)")
+    listed = json.loads(path.read_text())
+    if listed.get("experiment") != experiment:
+        raise ValueError(f"{reference_dir}: the reference of experiment {listed.get('experiment')!r}, not "
+                         f"{experiment!r}; give --experiment {listed.get('experiment')} or another --reference")
+    found = _experiment(before)
+    if found != experiment:
+        raise ValueError(f"{before}: a run of experiment {found!r}, not {experiment!r}; give a copy of the run the "
+                         "reference was made from")
+    files = listed.get("files") or {}
+    here = {rel for pattern, _ in KINDS for rel in _names(pattern, before)}
+    from ..config.hashing import file_sha256
+
+    for rel in sorted(set(files) | here):
+        if rel not in here or rel not in files or file_sha256(before / rel) != files[rel].get("sha256"):
+            why = ("lacks it" if rel not in here else "holds it, the reference's run did not" if rel not in files
+                   else "holds another (its SHA-256 is not the one the reference lists)")
+            raise ValueError(f"{before}: {rel}: {why}; give a copy of the run the reference was made from "
+                             f"({reference_dir / RUN} lists its {len(files)} files)")
+    return listed
+
+
+def revalidate(before: str | Path, after: str | Path, reference_dir: str | Path, command: str,
+               experiment: str) -> tuple[Comparison, dict | None, bool]:
+    """Compare ``before`` — the reference's own run (:func:`check_before`) — with ``after`` (made by today's code, of
+    the same experiment), every item; when every item is equal, append the check to ``reference_dir``/:data:`CHECKS`
+    once. Returns the comparison, the entry (None: the runs differ) and whether it was appended now (False: the same
+    check is there already). Refused in one line: a ``before`` that is not the reference's run, of another
+    experiment, or compared on fewer items than the reference's run holds; an ``after`` not made by today's code."""
     from ..atomic import write_text
     from ..provenance import code_digest
 
-    reference_dir = Path(reference_dir)
+    before, after, reference_dir = Path(before), Path(after), Path(reference_dir)
+    listed = check_before(before, reference_dir, experiment)
+    if _experiment(after) != experiment:
+        raise ValueError(f"{after}: a run of experiment {_experiment(after)!r}, not {experiment!r}; rerun "
+                         f"`snakemake --cores all --config experiment={experiment}` first")
     made = json.loads((reference_dir / "summary.json").read_text()).get("code_digests") or []
     result = compare_runs(before, after)
     current = code_digest()
-    if not result.compared:
-        raise ValueError(f"{before} and {after}: no records to compare; give the folders of two runs of the experiment")
+    if result.compared < int(listed.get("items") or 0) or not result.compared:
+        raise ValueError(f"{before} and {after}: {result.compared:,} items compared, the reference's run holds "
+                         f"{int(listed.get('items') or 0):,}; give the folders of two whole runs of the experiment")
     if not result.made_before_by <= set(made):
         raise ValueError(f"{before}: made by code {sorted(result.made_before_by)}, not the reference's {made}; give a "
                          "copy of the run the reference was made from")
@@ -173,11 +252,14 @@ def revalidate(before: str | Path, after: str | Path, reference_dir: str | Path,
         raise ValueError(f"{after}: made by code {sorted(result.made_by)}, not today's {current}; rerun the "
                          "experiment at this code first")
     if result.equal != result.compared:
-        return result, None
-    entry = {"code_digest": current, "reference_code_digests": sorted(made), "compared": result.compared,
-             "equal": result.equal, "command": command,
-             "date": datetime.now(timezone.utc).replace(microsecond=0).isoformat()}
+        return result, None, False
     path = reference_dir / CHECKS
     checks = json.loads(path.read_text()) if path.exists() else []
+    for entry in checks:
+        if entry.get("code_digest") == current and entry.get("run_sha256") == listed["sha256"]:
+            return result, entry, False
+    entry = {"code_digest": current, "reference_code_digests": sorted(made), "run_sha256": listed["sha256"],
+             "experiment": experiment, "compared": result.compared, "equal": result.equal, "command": command,
+             "date": datetime.now(timezone.utc).replace(microsecond=0).isoformat()}
     write_text(path, json.dumps([*checks, entry], indent=2) + "\n")
-    return result, entry
+    return result, entry, True

@@ -25,7 +25,7 @@ key, so every committed freeze loads as it was analysed):
   ``correctness`` (pass marks), ``comparison_signals``;
 * ``strata``, ``minimum_cell``, ``recompute``, ``escalation`` — what the claims' statistics read;
 * ``secondary`` — the analyses reported beside replay claims' tests (each certificate against its step cell's
-  constant), deciding nothing.
+  constant; a certificate's worst later-query cell), deciding nothing.
 
 :meth:`AnalysisPlan.to_dict` is the registered mapping itself (what ``claims.json`` records).
 """
@@ -258,26 +258,35 @@ class SecondaryPart:
     ``claims``: replay claim → the certificate it compares (``plugin`` or ``robust``); none (the default, what
     every freeze before the eighth amendment had): no secondary analysis. ``top_error``: the share of a step cell's
     draws of largest error (0.1: the top decile); ``bottom_radius``: the share of smallest radius (0.25: the bottom
-    quartile). The matched coverage of the tightness comparison is the nominal 1 − δ."""
+    quartile). The matched coverage of the tightness comparison is the nominal 1 − δ. ``worst_later_cell``: replay
+    claim → the certificate whose worst later-query budget × layer cell is reported beside its tests (its lowest
+    coverage, the cell, its interval; :func:`kvcert.analysis.claims_stats.secondary.prepare_worst_later`); none (the
+    default, every freeze before the ninth amendment): not reported."""
 
     claims: tuple[tuple[str, str], ...] = ()
     top_error: float = 0.1
     bottom_radius: float = 0.25
+    worst_later_cell: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        given = self.claims
-        pairs = tuple(given.items()) if isinstance(given, Mapping) else tuple(tuple(p) for p in given)
-        for claim, cert in pairs:
-            if cert not in SECONDARY_CERTIFICATES:
-                raise AnalysisPlanError(f"analysis_plan.secondary.claims.{claim}: {cert!r} is not a certificate; "
-                                        f"one of {', '.join(SECONDARY_CERTIFICATES)}")
-        object.__setattr__(self, "claims", tuple((str(c), str(v)) for c, v in pairs))
+        for name in ("claims", "worst_later_cell"):
+            given = getattr(self, name)
+            pairs = tuple(given.items()) if isinstance(given, Mapping) else tuple(tuple(p) for p in given)
+            for claim, cert in pairs:
+                if cert not in SECONDARY_CERTIFICATES:
+                    raise AnalysisPlanError(f"analysis_plan.secondary.{name}.{claim}: {cert!r} is not a certificate; "
+                                            f"one of {', '.join(SECONDARY_CERTIFICATES)}")
+            object.__setattr__(self, name, tuple((str(c), str(v)) for c, v in pairs))
         object.__setattr__(self, "top_error", _fraction("secondary.top_error", self.top_error))
         object.__setattr__(self, "bottom_radius", _fraction("secondary.bottom_radius", self.bottom_radius))
 
     def certificate(self, claim: str) -> str | None:
         """The certificate claim ``claim``'s secondary analyses compare (None: it has none)."""
         return dict(self.claims).get(str(claim))
+
+    def worst_later(self, claim: str) -> str | None:
+        """The certificate whose worst later-query cell claim ``claim`` reports (None: none)."""
+        return dict(self.worst_later_cell).get(str(claim))
 
 
 @dataclass(frozen=True)

@@ -89,23 +89,55 @@ def model_digest(path: str, cache: DigestCache | None = None) -> str:
     return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()[:16]
 
 
+def folder_content(folder: Path, cache: DigestCache | None = None) -> str:
+    """The content digest (16 hex digits) of a model folder, from its bytes alone (never from the name it is
+    given by): every file a loader may read — hidden files and a fetch's receipt (``kvcert-fetch.json``, what
+    the fetch says of itself) aside — as ``name:pin``, a pin being ``json:`` + :func:`canonical_json_sha256` of a
+    ``*.json`` file (its settings, whichever library release wrote them) and ``sha256:`` + the SHA-256 of any
+    other file's bytes (or of a ``*.json`` file that does not parse), and :func:`kvcert.config.model_store.pins_digest`
+    of them. A fetched folder's files are exactly its pins (:func:`kvcert.config.model_store.folder_problem`), so its
+    digest is its pins' whether it is named ``fetch:NAME`` or a copy of it is named by its path."""
+    from .model_store import RECEIPT, pins_digest
+
+    cache = cache or DigestCache()
+    pins = {}
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            file = Path(root) / name
+            rel = file.relative_to(folder).as_posix()
+            if name.startswith(".") or rel == RECEIPT:
+                continue
+            pin = None
+            if name.endswith(".json"):
+                try:
+                    pin = "json:" + cache.json_sha256(file)
+                except ValueError:  # not JSON after all: its bytes
+                    pin = None
+            pins[rel] = pin or "sha256:" + cache.sha256(file)
+    cache.save()
+    return pins_digest(pins)
+
+
 def content_digest(path: str) -> str | None:
     """The content digest (16 hex digits) of the model a config's ``path`` names, as a command loads it (what
-    its records, results and tables carry): a fetched model's pins (:func:`kvcert.config.model_store.pins_digest`;
-    the folder is checked against them where it is resolved, :func:`kvcert.config.sources.resolve_model_path`), a
-    local folder's or the embedded model's :func:`model_digest` (every file's name, size and SHA-256, through the
-    digest cache); None for a Hub id (its files are the Hub's)."""
+    its records, results and tables carry): :func:`folder_content` of the folder it resolves to — a fetched
+    model's once the folder is checked against its pins (:func:`kvcert.config.sources.resolve_model_path`), a
+    local folder's, the embedded model's — through the digest cache, so the same bytes give the same digest
+    however the model is named (``model=NAME`` or ``model.path=`` a copy); None for a Hub id (its files are
+    the Hub's)."""
     from .sources import HUB_PREFIX, fetched_name, resolve_model_path
 
     name = fetched_name(path)
     if name is not None:
-        from .model_store import pinned_files, pins_digest
+        from .model_store import fetched_folder
 
-        resolve_model_path(path)  # refused unless every file matches its pin
-        return pins_digest(pinned_files(name))
+        resolve_model_path(path)  # refused unless the folder's files are its pins, each matching
+        return folder_content(fetched_folder(name), digest_cache())
     if str(path).startswith(HUB_PREFIX):
         return None
-    if model_folder(str(path)) is None:
+    folder = model_folder(str(path))
+    if folder is None:
         resolve_model_path(str(path))  # a missing folder: its one-line error
         return None
-    return model_digest(str(path), digest_cache())
+    return folder_content(folder, digest_cache())

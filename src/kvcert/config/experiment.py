@@ -5,7 +5,8 @@ defaults and validates against ``configs/pipeline.schema.yaml``, in one line tha
 is wrong, what it might have meant, and which keys exist. :func:`load_experiment` reads
 ``configs/experiment/<name>.yaml`` against ``configs/experiment.schema.yaml`` (defaults
 in the schema), for the Snakefile, the CLI and the analysis alike; :func:`experiment_grid`
-adds the pre-registered grid it names.
+adds the pre-registered grid it names, read by :func:`load_grid` (its optional keys checked there:
+:func:`check_grid`).
 """
 
 from __future__ import annotations
@@ -49,10 +50,59 @@ def load_experiment(name: str, configs: str | Path) -> dict:
 
 
 def load_grid(prereg: str | Path, grid_file: str) -> dict:
+    """The design grid ``grid_file`` of the pre-registration folder ``prereg``, checked (:func:`check_grid`)."""
     path = Path(prereg) / grid_file
     if not path.exists():
         raise FileNotFoundError(f"grid: {path} does not exist")
-    return yaml.safe_load(path.read_text())
+    return check_grid(yaml.safe_load(path.read_text()), path)
+
+
+#: the keys of a grid's ``replay.stability``: the second data seed's prompts, read beside the deciding seed's
+STABILITY_KEYS = ("seed", "examples")
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_grid(grid, where: str | Path = "grid") -> dict:
+    """``grid`` as given, its replay's optional second data seed checked (``replay.stability: {seed, examples}``:
+    the claims C1, C2 and C8 are decided on the prompts of ``replay.seed``; the same statistics are reported on
+    ``examples`` prompts of ``stability.seed`` beside them, the data-seed stability). The stability seed must differ
+    from ``replay.seed``: a generated task draws example ``i`` of seed ``s`` from its own stream (keyed by task,
+    ``s`` and ``i``, :func:`kvcert.tasks.sampling.example_rng`) and names it by both, so two seeds give disjoint
+    prompts; a task drawn from files could repeat an item, which the claims step refuses (two tables sharing a
+    prompt). ``examples`` defaults to the replay's. A wrong entry is one line naming the key and the fix."""
+    replay = grid.get("replay") if isinstance(grid, dict) else None
+    if not isinstance(replay, dict) or "stability" not in replay:
+        return grid
+    stab, key = replay["stability"], f"{where}: replay.stability"
+    if not isinstance(stab, dict):
+        raise ValueError(f"{key}: must be a mapping {{seed: S, examples: N}} (the second data seed's prompts), "
+                         f"got {stab!r}")
+    unknown = sorted(set(stab) - set(STABILITY_KEYS))
+    if unknown:
+        raise ValueError(f"{key}.{unknown[0]}: unknown; a stability entry has {', '.join(STABILITY_KEYS)}")
+    seed, examples = stab.get("seed"), stab.get("examples", replay.get("examples"))
+    if not _count(seed) or seed < 0:
+        raise ValueError(f"{key}.seed: must be an integer >= 0 (the second data seed), got {seed!r}")
+    if seed == replay.get("seed", 0):
+        raise ValueError(f"{key}.seed: {seed} is the replay's own data seed; give another seed (its prompts must "
+                         "be disjoint from the deciding seed's)")
+    if not _count(examples) or examples < 1:
+        raise ValueError(f"{key}.examples: must be a positive integer (prompts of the stability seed), "
+                         f"got {examples!r}")
+    return grid
+
+
+def replay_stability(grid) -> dict | None:
+    """The grid's second replay data seed, ``{seed, examples}`` (examples defaulting to the replay's), or None where
+    the grid registers none (:func:`check_grid`)."""
+    replay = (grid or {}).get("replay") or {}
+    stab = replay.get("stability")
+    if not stab:
+        return None
+    return {"seed": int(stab["seed"]), "examples": int(stab.get("examples", replay.get("examples")))}
 
 
 def experiment_grid(name: str, configs: str | Path, prereg: str | Path) -> tuple[dict, dict]:

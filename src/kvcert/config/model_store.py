@@ -14,10 +14,10 @@ versions that converted it, and every file's size and SHA-256. A model config na
 
 The receipt is written by the fetch itself, so it cannot vouch for the folder alone: the converted
 files' digests are pinned in the repository, in the model's config (``files:`` of
-``configs/model/<name>.yaml``, :func:`pinned_files`). ``fetch`` checks a conversion against them before
-it publishes the folder, and every use of the folder (:func:`folder_problem`, through
-:func:`kvcert.config.sources.resolve_model_path`: ``kvcert run``, ``shard``, ``replay``, ``check``, the
-benchmarks) compares every file with its pin, through the digest cache
+``configs/model/<name>.yaml``, :func:`pinned_files`): the folder's file set and each file's content.
+``fetch`` checks a conversion against them before it publishes the folder, and every use of the folder
+(:func:`folder_problem`, through :func:`kvcert.config.sources.resolve_model_path`: ``kvcert run``, ``shard``,
+``replay``, ``check``, the benchmarks) compares every file with its pin, through the digest cache
 (:func:`kvcert.config.hashing.digest_cache`): a file is read again only once it changed. A pin is
 ``sha256:<hex>`` (the file's bytes: the weights and the chat template, which the conversion writes
 byte for byte the same) or ``json:<hex>`` (a JSON file's content without the version of the library
@@ -187,9 +187,10 @@ def pins_digest(pins: dict[str, str]) -> str:
 def folder_problem(name: str, folder: Path | None = None, *, full: bool = True, sha256=None, pinned=None,
                    cache=None) -> str | None:
     """Why the fetched folder of ``name`` cannot be used (None when it can): missing, no receipt, made from
-    another source, a file missing, a file that is neither pinned nor in the receipt, or a file that differs
-    from its pin in the repository's model config (``pinned``: {file: pin}, default :func:`pinned_files`) or,
-    unpinned, from the receipt. ``full`` (the default): compare every file's digest, through ``cache`` (a
+    another source, a pinned file missing, a file the pins do not name (the pins are the folder's file set: an
+    added ``special_tokens_map.json`` changes the end token, whatever the receipt lists), or a file that differs
+    from its pin in the repository's model config (``pinned``: {file: pin}, default :func:`pinned_files`).
+    ``full`` (the default): compare every file's digest, through ``cache`` (a
     :class:`~kvcert.config.digest.DigestCache`, default :func:`~kvcert.config.digest.digest_cache`: a file is
     read only once it changed) or ``sha256`` (a function of a path); else the sizes only (``kvcert model
     list``). No pins at all is a problem too: the receipt cannot vouch for itself."""
@@ -210,9 +211,9 @@ def folder_problem(name: str, folder: Path | None = None, *, full: bool = True, 
                 f"configs/model/{name}.yaml")
     listed = dict(receipt.get("files", {}))
     present = {rel for rel in folder_files(folder, hashes=False)}
-    for rel in sorted(present - set(listed) - set(pins)):
-        return (f"{folder / rel} is not a file `kvcert model fetch` wrote (an added file is loaded too): remove it, "
-                f"or {again}")
+    for rel in sorted(present - set(pins)):  # the pins are the folder's file set: the receipt cannot add to it
+        return (f"{folder / rel} is not a file `kvcert model fetch` wrote, nor one configs/model/{name}.yaml pins (an "
+                f"added file is loaded too, whatever the receipt lists): remove it, or {again}")
     if full and cache is None and sha256 is None:
         from .hashing import digest_cache
 
@@ -220,19 +221,14 @@ def folder_problem(name: str, folder: Path | None = None, *, full: bool = True, 
     hasher = sha256 or (cache.sha256 if cache is not None else None)
     json_hasher = cache.json_sha256 if cache is not None else None
     try:
-        for rel in sorted(set(listed) | set(pins)):
+        for rel in sorted(pins):
             path = folder / rel
             if not path.is_file():
                 return f"{path} is missing from the fetched model: {again}"
-            if rel in pins:
-                if full and pin_of(path, pins[rel], hasher, json_hasher) != pins[rel]:
-                    return (f"{path} differs from its pin in the repository's configs/model/{name}.yaml "
-                            f"({pins[rel][:23]}…): changed since `kvcert model fetch` wrote it: {again}")
-                if not full and rel in listed and path.stat().st_size != listed[rel]["size"]:
-                    return f"{path} changed since `kvcert model fetch` wrote it: {again}"
-                continue
-            meta = listed[rel]
-            if path.stat().st_size != meta["size"] or (full and (hasher or file_sha256)(path) != meta["sha256"]):
+            if full and pin_of(path, pins[rel], hasher, json_hasher) != pins[rel]:
+                return (f"{path} differs from its pin in the repository's configs/model/{name}.yaml "
+                        f"({pins[rel][:23]}…): changed since `kvcert model fetch` wrote it: {again}")
+            if not full and rel in listed and path.stat().st_size != listed[rel].get("size"):
                 return f"{path} changed since `kvcert model fetch` wrote it: {again}"
     finally:
         if cache is not None:
@@ -245,6 +241,11 @@ def conversion_problem(name: str, folder: Path, pins: dict[str, str]) -> str | N
     pin): named with the libraries that converted it, since a JSON layout may change between their releases."""
     import transformers
 
+    for rel in sorted(set(folder_files(folder, hashes=False)) - set(pins)):
+        return (f"model {name}: the conversion wrote {rel}, which configs/model/{name}.yaml does not pin (converted "
+                f"with transformers {transformers.__version__}); nothing was published: convert with the "
+                f"transformers release the pins were made with (the comment above files: in "
+                f"configs/model/{name}.yaml)")
     for rel, pin in sorted(pins.items()):
         path = folder / rel
         if not path.is_file():

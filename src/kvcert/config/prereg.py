@@ -21,20 +21,23 @@ file name, and become part of the first chained record's hash.
 :func:`verify` refuses, in one line each: a file edited since the newest freeze; a
 record whose ``frozen_utc`` is not the time in its file name; a chained record whose
 hash does not match the records before it; a chain that forks or has a gap; a chained
-record dated before the record it amends (unless it corrects that record's clock, below);
-a newest freeze time ahead of this machine's clock (by more than :data:`CLOCK_TOLERANCE`).
+record dated before the record it amends (unless an earlier kvcert wrote it as a declared clock
+correction, below); a newest freeze time ahead of this machine's clock (by more than
+:data:`CLOCK_TOLERANCE`).
 The hashes guard against accidents (an edit, a bad merge, a wrong clock), not against an
 insider, who can recompute them (docs/reliability.md).
 
-**Time only moves forward along the chain.** :func:`freeze` refuses to write a record dated
-before the newest one (this machine's clock reads earlier than its ``frozen_utc``): from a
-machine whose clock is slow, an amendment would claim to predate what it amends (and the
-results made in between). One machine cannot tell a slow clock of its own from a record made
-on a clock that ran ahead, so the one exception is declared: a reason that says the record it
-amends was made on a wrong clock (:func:`corrects_clock`, e.g. ``--reason 'the freeze
-<name> was made on a wrong clock'``, what :func:`verify` advises when the newest freeze is
-ahead of its clock), given after checking this machine's clock against a time server. Such
-a record may predate its predecessor, and only such a record; the reason is in its hash.
+**Time only moves forward along the chain.** :func:`freeze` refuses, outright and whatever the
+reason, to write a record dated before the newest one (this machine's clock reads earlier than
+its ``frozen_utc``, :func:`check_forward`): from a machine whose clock is slow, an amendment would
+claim to predate what it amends (and the results made in between). One machine cannot tell a
+slow clock of its own from a record made on a clock that ran ahead, and nothing a reason says can
+tell them apart either: the declared correction earlier releases accepted (a reason saying the
+record it amends "was made on a wrong clock", :func:`corrects_clock`), pasted on a slow machine,
+wrote a backdated amendment that verified. So no command writes one any more; a record made on a
+clock that ran ahead is amended once its time has passed, or taken out of the chain by hand (its
+results then refused). Chains holding such a declared correction, written before, still verify
+(:func:`check_chain`).
 
 Files whose names are not freeze records' are never read as records: the hidden
 ``.<name>.<pid>.tmp.yaml`` a killed freeze leaves (:mod:`kvcert.atomic`) is skipped by every
@@ -119,6 +122,30 @@ def prereg_files(folder: str | Path) -> dict[str, str]:
     if missing:
         raise PreregError(f"{missing[0]}: no claims.yaml in the pre-registration folder {folder}")
     return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def uncommitted(folder: str | Path, files: dict[str, str]) -> list[str]:
+    """The files of ``files`` (``{relative path: SHA-256}`` of the pre-registration folder) whose bytes are not those
+    of the git commit the freeze would record (``HEAD``): changed, or not in that commit. Empty outside a git work
+    tree (the freeze then records no commit it could differ from)."""
+    import subprocess
+
+    folder = Path(folder)
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=folder, capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if top.returncode != 0 or not top.stdout.strip():
+        return []
+    root = Path(top.stdout.strip()).resolve()
+    differ = []
+    for name, digest in files.items():
+        path = (folder / name).resolve().relative_to(root).as_posix()
+        shown = subprocess.run(["git", "show", f"HEAD:{path}"], cwd=root, capture_output=True, timeout=10)
+        if shown.returncode != 0 or hashlib.sha256(shown.stdout).hexdigest() != digest:
+            differ.append(name)
+    return differ
 
 
 def hash_listing(files: dict[str, str]) -> str:
@@ -218,7 +245,8 @@ def freezes(folder: str | Path) -> list[Freeze]:
 
 def corrects_clock(record: Freeze | dict) -> bool:
     """Whether a record's reason declares that the record it amends was made on a wrong clock
-    (:data:`CLOCK_CORRECTION`): the one record that may be dated before its predecessor."""
+    (:data:`CLOCK_CORRECTION`): the one record an existing chain may hold dated before its predecessor (written by
+    a kvcert before :func:`freeze` refused every backdated record; :func:`check_chain` still accepts it)."""
     reason = record.reason if isinstance(record, Freeze) else record.get("reason", "")
     return bool(CLOCK_CORRECTION.search(str(reason or "")))
 
@@ -272,16 +300,29 @@ def _ahead(record: Freeze, now: datetime) -> timedelta:
     return parse_utc(record.frozen_utc) - now
 
 
+def check_forward(previous: list[Freeze], now: datetime) -> None:
+    """Refuse, outright, a freeze at ``now`` earlier than the newest record's ``frozen_utc`` (newest in chain order):
+    an amendment never predates what it amends, whatever its reason says. One line, with no command that would
+    write one: fix this clock, or (a clock checked to be right) wait until the newest record's time."""
+    if not previous or _ahead(previous[-1], now) <= timedelta(0):
+        return
+    newest = previous[-1]
+    raise PreregError(
+        f"this machine's clock reads {now.astimezone(timezone.utc).isoformat(timespec='seconds')}, "
+        f"{_span(_ahead(newest, now))} before the newest freeze record {newest.path.name} (frozen "
+        f"{newest.frozen_utc}): an amendment cannot predate the record it amends, whatever its reason; freeze "
+        f"from a machine whose clock is right (NTP). This clock is the likelier one to be wrong: {CLOCK_CHECK}; if "
+        f"it is behind, fix it and freeze again. Only if a clock so checked is right was {newest.path.name} made "
+        f"on a clock that ran ahead: amend it once {newest.frozen_utc} has passed, or take it out of the chain by "
+        "hand (the results stamped with its hash are then refused) and freeze again from that clock")
+
+
 def freeze(folder: str | Path, reason: str = "", now: datetime | None = None) -> Freeze:
     """Write a new freeze record (an amendment if one exists: a reason is then required).
 
     Refused when this machine's clock (``now``) reads earlier than the newest record's
-    ``frozen_utc`` (newest in chain order): an amendment never predates what it amends, so a
-    slow clock is fixed, or the freeze made elsewhere, rather than recorded. The one exception
-    is a reason declaring that the newest record was made on a wrong clock
-    (:func:`corrects_clock`: "... was made on a wrong clock"), what :func:`verify` advises when
-    the newest freeze is ahead of a clock checked to be right; that record then becomes the
-    newest by chain order though its name sorts first, and :func:`check_chain` accepts it.
+    ``frozen_utc`` (:func:`check_forward`, whatever the reason: an amendment never predates what
+    it amends, so a slow clock is fixed, or the freeze made elsewhere, rather than recorded).
     Leftover temporary files of killed freezes (``freeze/.<name>.<pid>.tmp.yaml``) are removed
     first."""
     folder = Path(folder)
@@ -292,18 +333,12 @@ def freeze(folder: str | Path, reason: str = "", now: datetime | None = None) ->
         raise PreregError("reason: an amendment of a frozen pre-registration must say why (--reason '...')")
     files = prereg_files(folder)
     check_claims(folder)
+    differ = uncommitted(folder, files)
+    if differ:  # the record names a commit: it must hold the files frozen
+        raise PreregError(f"{', '.join(differ)} differ from the commit the freeze would record ({git_commit(folder)[:12]}): "
+                          f"commit them first (git commit {' '.join(str(Path(folder) / d) for d in differ)}), then freeze")
     now = now or datetime.now(timezone.utc)
-    if previous and _ahead(previous[-1], now) > timedelta(0) and not corrects_clock({"reason": reason}):
-        newest = previous[-1]
-        raise PreregError(
-            f"this machine's clock reads {now.astimezone(timezone.utc).isoformat(timespec='seconds')}, "
-            f"{_span(_ahead(newest, now))} before the newest freeze record {newest.path.name} (frozen "
-            f"{newest.frozen_utc}): an amendment cannot predate the record it amends; freeze from a machine "
-            f"whose clock is right (NTP). This clock is the likelier one to be wrong: {CLOCK_CHECK}; if it is behind, "
-            f"fix it and freeze again. Only if a clock so checked is right and {newest.path.name} was made on a "
-            f"clock that ran ahead, amend it on that machine: `kvcert prereg freeze --folder {folder} --reason "
-            f"'the freeze {newest.path.name} was made on a wrong clock'`, then `kvcert prereg verify --folder "
-            f"{folder}` there (run on a slow clock, that amendment would be backdated and accepted)")
+    check_forward(previous, now)
     if previous and previous[-1].files == files and _ahead(previous[-1], now) <= CLOCK_TOLERANCE:
         raise PreregError(f"nothing to amend: the files match the freeze {previous[-1].path.name}")
     target = folder / FREEZE_DIR / f"{stamp(now)}.yaml"
@@ -339,9 +374,8 @@ def verify(folder: str | Path, now: datetime | None = None) -> Freeze:
             f"{latest.path}: frozen {latest.frozen_utc}, {_span(ahead)} ahead of this "
             f"machine's clock ({now.isoformat(timespec='seconds')}): it was made on a clock that ran ahead, or this "
             f"one is behind; {CLOCK_CHECK}: if this clock is wrong, fix it (NTP) and rerun; only if it is right, "
-            f"amend it on a machine whose clock you checked so: `kvcert prereg freeze --folder {folder} --reason "
-            f"'the freeze {latest.path.name} was made on a wrong clock'`, then `kvcert prereg verify --folder "
-            f"{folder}` there (run on a slow clock, that amendment would be backdated and accepted)")
+            f"it verifies once {latest.frozen_utc} has passed, or take it out of the chain by hand (the results "
+            "stamped with its hash are then refused) and freeze again from that clock; no amendment may predate it")
     current = prereg_files(folder)
     for name in sorted(set(current) | set(latest.files)):
         if current.get(name) != latest.files.get(name):

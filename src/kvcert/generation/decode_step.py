@@ -14,14 +14,47 @@ the host's side of the step (:meth:`~kvcert.method.cache.CompactLayer.advance`: 
 tokens seen; the recorder's mark of which layers recorded). Capturing runs the step's Python without running its
 device work, so the host's side of that one pass is undone after the capture. A step the captured graph cannot
 serve — a cache or statistics buffer that must grow first — runs eagerly and the next one is captured anew.
+The generation path asks for it with ``KVCERT_DECODE_GRAPH=1`` (:func:`decode_graph`: another value than 0 or 1
+refused in one line; 1 without a CUDA device ignored, and said once).
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 import torch
 
 #: the rows of :attr:`DecodeStep.out`
 TOKEN, LOGPROB, FINITE, ENTROPY, MARGIN = range(5)
+
+#: the environment variable that turns the replayed step on (``1``) or off (``0``, the default)
+GRAPH_ENV = "KVCERT_DECODE_GRAPH"
+_said_no_cuda = False
+
+
+def graph_env() -> bool:
+    """Whether :data:`GRAPH_ENV` asks for replayed steps: ``1`` yes, ``0`` (or unset, or empty) no; any other value
+    (``yes``, ``true``, ``2``) is refused in one line, where it used to be silently off."""
+    value = os.environ.get(GRAPH_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{GRAPH_ENV}={value}: must be 1 (decode steps replayed from a CUDA graph on a GPU) or 0 "
+                         f"(every step eager, the default); give {GRAPH_ENV}=1 or unset it")
+    return value == "1"
+
+
+def decode_graph(device) -> bool:
+    """:func:`graph_env` on ``device``: ``1`` on a device that is not CUDA is ignored, and said once per process on
+    stderr (a CUDA graph needs a GPU; the steps run eagerly, the same records)."""
+    global _said_no_cuda
+    wanted = graph_env()
+    if wanted and torch.device(device).type != "cuda":
+        if not _said_no_cuda:
+            print(f"{GRAPH_ENV}=1 ignored: no CUDA device (the decode steps run eagerly on {device})", file=sys.stderr,
+                  flush=True)
+            _said_no_cuda = True
+        return False
+    return wanted
 
 
 class DecodeStep:

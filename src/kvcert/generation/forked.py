@@ -38,7 +38,6 @@ loop, and the tests compare every path with it.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -49,7 +48,7 @@ from ..method.cache import CertifiedCache
 from ..method.certificate import unit_roundoff
 from ..method.fork import Branch, ForkingCache, join_view_caches, row_view_cache, stacked_cache, take_cache_rows, width_buckets
 from ..tasks.prompting import build_prompt_ids
-from .decode_step import ENTROPY, FINITE, LOGPROB, MARGIN, TOKEN, DecodeStep
+from .decode_step import ENTROPY, FINITE, LOGPROB, MARGIN, TOKEN, DecodeStep, decode_graph
 from .engine import Engine, check_logits, greedy, refusing_non_finite, stop_rules, sync_device
 from .signals import (CertificateTrace, StepSignals, add_rows, attention_entropy, evicted_mass, fold_recorded,
                       next_token_signals)
@@ -253,7 +252,7 @@ def _decode(engines, record, ids, question_start, batches: list[_Batch], traces,
     logprobs: list[list[float]] = [[] for _ in engines]
     decode_seconds = [0.0] * len(engines)
     records: dict[int, dict] = {}
-    graph = os.environ.get("KVCERT_DECODE_GRAPH", "0") == "1"
+    graph = decode_graph(device)  # KVCERT_DECODE_GRAPH: 0 or 1, else refused; 1 on a CPU said once and ignored
     for batch in batches:
         batch.tails = _row_layers(batch)
     while batches:

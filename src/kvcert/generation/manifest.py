@@ -18,10 +18,12 @@ the records again from what the plan registers for it (task, length, examples, s
 the model's tokenizer and the task config as they are now) and compares the bytes
 (:func:`check_rebuilt`). A manifest built from files (LongBench, LoCoMo) is rebuilt from them the
 same way, and its seal also records each source file's SHA-256 (``sources``), so a data file
-changed since is named as such. A rebuild that matched is remembered by content
-(``.snakemake/kvcert/rebuilt-manifests.json`` of the working folder: the manifest's SHA-256, what
-it was built from and the tokenizer folder's content digest), and ``kvcert manifest`` remembers what
-it has just built: a job that takes an unchanged manifest rebuilds nothing.
+changed since is named as such. A manifest built on Python's prose (:mod:`kvcert.tasks.prose`) records the
+prose the same way (the Python version its snapshot was taken from and the SHA-256 of its sentences), and one
+built on another text is refused in one line that says to rebuild it. A
+rebuild that matched is remembered by content (``.snakemake/kvcert/rebuilt-manifests.json`` of the working
+folder: the manifest's SHA-256, what it was built from and the tokenizer folder's content digest), and
+``kvcert manifest`` remembers what it has just built: a job that takes an unchanged manifest rebuilds nothing.
 """
 
 from __future__ import annotations
@@ -71,10 +73,11 @@ def manifest_text(records: list[TaskRecord]) -> bytes:
     return "".join(json.dumps(r.to_dict(), ensure_ascii=False) + "\n" for r in records).encode("utf-8")
 
 
-def source_digests(task_cfg: dict, sha256=None) -> dict[str, str] | None:
+def source_digests(task_cfg: dict, sha256=None) -> dict | None:
     """{file name: SHA-256} of the local files a build of ``task_cfg`` reads (its task's ``sources``); None for a
-    generated task (nothing to read) or a Hub id (not a local file). ``sha256``: a function of a path (a
-    :class:`~kvcert.config.digest.DigestCache`'s)."""
+    generated task (nothing to read) or a Hub id (not a local file). A source that is not a file carries its own
+    identity (``seal_entry()``: Python's prose, :class:`kvcert.tasks.prose.ProseSource` — {name: its Python version,
+    SHA-256 of its sentences}). ``sha256``: a function of a path (a :class:`~kvcert.config.digest.DigestCache`'s)."""
     from ..config.digest import file_sha256
     from ..tasks import task_for_config
 
@@ -84,7 +87,8 @@ def source_digests(task_cfg: dict, sha256=None) -> dict[str, str] | None:
         return None  # a missing source: the pre-flight's task check names it
     if not files:
         return None
-    return {Path(f).name: (sha256 or file_sha256)(Path(f)) for f in files}
+    return {f.name: f.seal_entry() if hasattr(f, "seal_entry") else (sha256 or file_sha256)(Path(f))
+            for f in files}
 
 
 def manifest_seal_path(path: str | Path) -> Path:
@@ -151,6 +155,13 @@ def check_manifest(path: str | Path, item: Manifest | None, data_hash: str | Non
     recorded = data.get("sources")
     if sources is not None and isinstance(recorded, dict):
         changed = sorted(name for name in set(sources) | set(recorded) if sources.get(name) != recorded.get(name))
+        then, now = (recorded.get(changed[0]), sources.get(changed[0])) if changed else (None, None)
+        if isinstance(then, dict) or isinstance(now, dict):
+            python = [(d or {}).get("python", "?") if isinstance(d, dict) else "?" for d in (then, now)]
+            digests = [str((d or {}).get("sha256") if isinstance(d, dict) else d)[:16] for d in (then, now)]
+            raise ValueError(f"{path}: built from another prose text ({changed[0]} of Python {python[0]}, SHA-256 "
+                             f"{digests[0]}…; kvcert's snapshot now is that of Python {python[1]}, {digests[1]}…); "
+                             f"{rebuild}")
         if changed:
             raise ValueError(f"{path}: its source file {changed[0]} changed since the manifest was built (SHA-256 "
                              f"{str(recorded.get(changed[0]))[:16]}… then, {str(sources.get(changed[0]))[:16]}… now); "

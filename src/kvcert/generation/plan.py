@@ -8,7 +8,9 @@ Cells: ``main`` (the grid's tasks × lengths × conditions × budgets × methods
 ``multiturn`` and ``locomo`` (their own conditions and budgets, when the grid has them).
 A *manifest* holds the task records of one (model, task, length): the generation cells
 share one (the most examples any of them asks for), the replay reads its own — exactly
-the examples and seed its grid entry registers.
+the examples and seed its grid entry registers (set ``replay``: the deciding data seed), and, where the grid
+registers a second data seed (``replay.stability``, :func:`kvcert.config.experiment.check_grid`), a second one
+(set ``stability``), replayed by a job of its own.
 
 The plan hands out its generate jobs typed (:meth:`Plan.job`): a
 :class:`kvcert.generation.jobs.Job` is a shard with its runs' generation specs, their config
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from ..config.experiment import load_grid  # noqa: F401  (its home is kvcert.config.experiment)
+from ..config.experiment import check_grid, load_grid, replay_stability  # noqa: F401  (load_grid's home is config.experiment)
 
 NATIVE_LENGTH = 0  # tasks with their own length (LoCoMo)
 
@@ -58,6 +60,18 @@ class Manifest:
         where = "" if self.set == "grid" else f"{self.set}/"
         return f"manifests/{self.model}/{where}{self.task}/{self.length}.jsonl"
 
+    @property
+    def replay_table(self) -> str:
+        """Where a replay manifest's table lies: ``replay/<model>/<task>-<length>.parquet`` for the deciding data
+        seed (set ``replay``), under ``replay/<model>/<set>/`` for another (``stability``)."""
+        where = "" if self.set == "replay" else f"{self.set}/"
+        return f"replay/{self.model}/{where}{self.task}-{self.length}.parquet"
+
+    @property
+    def impossibility(self) -> str:
+        """The impossibility rows the replay job of this manifest writes beside its table."""
+        return self.replay_table[: -len(".parquet")] + ".impossibility.json"
+
 
 @dataclass(frozen=True)
 class Shard:
@@ -89,12 +103,16 @@ class Plan:
     grid: dict
     manifests: list[Manifest] = field(default_factory=list)
     shards: list[Shard] = field(default_factory=list)
-    replays: list[Manifest] = field(default_factory=list)  # one replay job per (model, length)
+    replays: list[Manifest] = field(default_factory=list)  # one replay job per (model, length, data seed)
     fetched: list[str] = field(default_factory=list)  # models the fetch_model rule takes from PyPI (fetch:NAME)
 
     @property
     def generations(self) -> int:
         return sum(s.generations for s in self.shards)
+
+    def replays_of(self, set: str = "replay") -> list[Manifest]:
+        """The replay manifests of one data seed: ``replay`` (the deciding seed's) or ``stability`` (the second)."""
+        return [m for m in self.replays if m.set == set]
 
     def shard(self, model: str, cell: str, task: str, length: int, index: int) -> Shard:
         for s in self.shards:
@@ -113,7 +131,8 @@ class Plan:
             "verify_prereg": 1,
             **({"fetch_model": len(self.fetched)} if self.fetched else {}),
             "manifest": len(self.manifests),
-            "replay_manifest": len(self.replays),
+            "replay_manifest": len(self.replays_of("replay")),
+            **({"stability_manifest": len(self.replays_of("stability"))} if self.replays_of("stability") else {}),
             "replay": len(self.replays),
             "generate": len(self.shards),
             "score": 1,
@@ -202,9 +221,13 @@ def build_plan(experiment: str, grid: dict, configs: str | Path | None = None) -
                 plan.shards += _split(cell, model, spec["task"], length, spec["examples"], runs, per)
         replay = grid.get("replay")
         if replay:  # its own manifest: the examples and seed the grid registers for it, never another cell's
+            stability = replay_stability(check_grid(grid, f"grid of experiment {experiment}"))
             for length in replay["lengths"]:
                 plan.replays.append(Manifest(model, replay["task"], length, replay["examples"], replay.get("seed", 0),
                                              "replay"))
+                if stability:  # the second data seed's prompts: a manifest and a replay job of their own
+                    plan.replays.append(Manifest(model, replay["task"], length, stability["examples"],
+                                                 stability["seed"], "stability"))
     plan.manifests = list(manifests.values())
     return plan
 

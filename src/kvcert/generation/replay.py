@@ -48,6 +48,14 @@ record:
    The anytime radii use δ_t = δ/(t(t+1)) with t = 1 for the setting query and t = 1 + i
    for the i-th decode query of either path.
 
+5. Beside it, vAttention (:mod:`kvcert.method.vattention`) on the setting and later queries of the same rows, at
+   matched density (:class:`_VAttentionArm`): its deterministic part as many tokens as kvcert's certain set (the
+   same sinks and window, heavy hitters by the query's own logits) plus the decode keys the query sees, its
+   uniform with-replacement draws as many as the tail tokens kvcert kept in that draw, one vAttention draw per kvcert
+   draw and query (:func:`_vattention_seed`); its output error, the ε its (ε, δ) statement gives on the softmax
+   denominator at that budget, the realised denominator error, and the same for the Horvitz–Thompson variant
+   (columns :data:`kvcert.generation.replay_table.VATTENTION_COLUMNS`; NaN on the sample-dependent rows).
+
 One output row per (example, layer, query head, budget, query kind, step, draw), ``step``
 0 being the setting query and 1..later_queries the decode steps; coverage is decided in
 float64 before anything is stored (``covered``, ``covered_anytime``, and the same for the
@@ -81,8 +89,9 @@ from ..progress import progress as progress_display
 from ..method.scorers import get_scorer
 from ..method.scorers.base import LayerObservation
 from ..method.sketch import POTENTIAL_WINDOW, build_sketch, shadow_count, sketch_potential
+from ..method.vattention import deterministic_set, residual_order, uniform_draws, vattention_attention
 from ..tasks.prompting import build_prompt_ids
-from .replay_table import COVERED_COLUMNS, FLOAT_COLUMNS, REPLAY_COLUMNS, empty_replay
+from .replay_table import COVERED_COLUMNS, FLOAT_COLUMNS, TABLE_COLUMNS, VATTENTION_COLUMNS, empty_replay
 
 #: keys × draws × head-dim elements evaluated at once (bounds replay memory on big models)
 MAX_ELEMENTS = 2**25
@@ -128,6 +137,13 @@ def capture(model, input_ids: list[int], layers: Sequence[int], later_queries: i
 
 def _seed(seed: int, example_id: str, layer: int, budget: float) -> int:
     digest = hashlib.sha256(f"{seed}:{example_id}:{layer}:{budget!r}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (2**62)
+
+
+def _vattention_seed(seed: int, example_id: str, layer: int, budget: float) -> int:
+    """The vAttention arm's draws' seed: from the same (seed, example, layer, budget) as :func:`_seed`, salted, so its
+    draws are reproducible and independent of kvcert's."""
+    digest = hashlib.sha256(f"vattention:{seed}:{example_id}:{layer}:{budget!r}".encode()).digest()
     return int.from_bytes(digest[:8], "little") % (2**62)
 
 
@@ -240,10 +256,11 @@ def _shadow_slots(cap: Capture, layer: int) -> int:
 
 
 def _columns(res, err, steps, delta, kind_steps, d0, nd, hq, group, lengths, out: dict, roundoff: float,
-             diverged: torch.Tensor | None = None) -> None:
+             diverged: torch.Tensor | None = None, vatt: dict[str, torch.Tensor] | None = None) -> None:
     """Append one chunk's rows: res = the hajek_attention result [nd, Hq, Q]; err [nd, Hq, Q]; ``roundoff`` the
     unit roundoff of the captured cache's dtype (the robust radius's floor u·‖ô‖); ``diverged`` [nd, Q] (None:
-    the full-cache run's own queries, never diverged)."""
+    the full-cache run's own queries, never diverged); ``vatt`` the vAttention arm's columns [nd, Hq, Q] (a missing
+    one: NaN)."""
     var, rng = res.variance, res.range_term
     rad = bernstein_radius(var, rng, delta)
     anyr = anytime_radius(var, rng, delta, steps)
@@ -267,11 +284,70 @@ def _columns(res, err, steps, delta, kind_steps, d0, nd, hq, group, lengths, out
     for name, r in (("covered", rad), ("covered_anytime", anyr), ("covered_robust", rob),
                     ("covered_anytime_robust", anyrob)):
         out[name].append((err <= r).reshape(-1).cpu().numpy())
+    vatt = vatt or {}
+    for name in VATTENTION_COLUMNS:
+        out[name].append(vatt[name].reshape(-1).to(torch.float64).cpu().numpy() if name in vatt
+                         else np.full(nd * hq * n_q, np.nan))
+
+
+class _VAttentionArm:
+    """vAttention beside kvcert's draws of one (layer, budget) on the setting and later queries
+    (:mod:`kvcert.method.vattention`), at matched density: for draw d and query head h of KV head g, vAttention's
+    deterministic part is kvcert's certain count of g (π = 1: the design's sinks and window, the same positions,
+    and the rest — the top slice and any capped tail token — as top-k heavy hitters by the query's own logits),
+    plus the decode keys the query sees (its local window); its draws b are the tail tokens kvcert kept in draw d
+    (kept − certain), uniform with replacement over the rest, redrawn for every query. So the tokens it reads for a
+    query equal the tokens kvcert keeps for that row (kept + the decode keys the query sees), with the same split."""
+
+    def __init__(self, queries, k_all, v_all, pi, sample: Sample, n: int, scaling: float, design: RetentionDesign,
+                 seed: int) -> None:
+        hq, n_q = queries.shape[0], queries.shape[1]
+        hkv = k_all.shape[0]
+        group = hq // hkv
+        length = n + n_q - 1  # every prompt key and the decode keys the last query sees
+        k, self.values = k_all[:, :length], v_all[:, :length].repeat_interleave(group, 0)  # [Hq, L, D]
+        logits = torch.einsum("hgqd,hld->hgql", queries.reshape(hkv, group, n_q, -1), k).reshape(hq, n_q, length)
+        pos = torch.arange(length, device=k.device)
+        visible = pos[None, :] < (n + torch.arange(n_q, device=k.device))[:, None]  # step s sees n + s keys
+        self.logits = (logits * scaling).masked_fill(~visible, float("-inf"))  # [Hq, Q, L]
+        self.visible = visible.expand(hq, -1, -1)
+        lo = min(design.sinks, n)
+        hi = max(lo, n - design.window)
+        certain = (pi >= 1).sum(-1)  # [Hkv]
+        heavy = (certain - (n - (hi - lo))).clamp(min=0).repeat_interleave(group)  # [Hq]
+        self.det = deterministic_set(self.logits, lo, hi, heavy.unsqueeze(-1), visible)
+        self.residual = visible & ~self.det
+        self.order = residual_order(self.residual)
+        b = (sample.lengths - certain.unsqueeze(0)).clamp(min=0).repeat_interleave(group, dim=1)  # [draws, Hq]
+        self.b = b.unsqueeze(-1).expand(-1, -1, n_q)  # [draws, Hq, Q]
+        width = max(1, int(self.b.max()) if self.b.numel() else 1)
+        gen = cpu_generator(seed)  # the same draws on every device
+        self.uniforms = torch.rand((b.shape[0], hq, n_q, width), generator=gen, dtype=torch.float64).to(k.device)
+
+    def columns(self, d0: int, d1: int, exact: torch.Tensor, delta: float) -> dict[str, torch.Tensor]:
+        """The arm's columns [nd, Hq, Q] of draws d0..d1, exact o [Hq, Q, D]."""
+        nd = d1 - d0
+        b = self.b[d0:d1]
+        counts = uniform_draws(self.residual, b, self.uniforms[d0:d1], self.order)
+        est = vattention_attention(self.logits, self.values, self.det, counts, b)
+        eps = est.epsilon(delta)
+        den_err, den_err_ht = est.denominator_error(), est.denominator_error(ht=True)
+        nan = torch.full_like(eps, float("nan"))
+        return {
+            "exact_norm": torch.linalg.vector_norm(exact, dim=-1).expand(nd, -1, -1),
+            "error_vatt": torch.linalg.vector_norm(est.output - exact, dim=-1),
+            "error_vatt_ht": torch.linalg.vector_norm(est.output_ht - exact, dim=-1),
+            "epsilon_vatt": eps, "denominator_error_vatt": den_err, "denominator_error_vatt_ht": den_err_ht,
+            "covered_vatt": torch.where(eps.isnan(), nan, (den_err <= eps).to(eps.dtype)),
+            "covered_vatt_ht": torch.where(eps.isnan(), nan, (den_err_ht <= eps).to(eps.dtype)),
+            "sampled_vatt": est.draws, "tokens_read_vatt": self.det.sum(-1).to(eps.dtype) + est.draws,
+            "resident_vatt": self.visible.sum(-1).to(eps.dtype).expand(nd, -1, -1),
+        }
 
 
 def replay_layer(
     cap: Capture, layer: int, budget: float, pi: torch.Tensor, sample: Sample, delta: float,
-    compressed: Compressed | None = None,
+    compressed: Compressed | None = None, design: RetentionDesign = DEFAULT_DESIGN, vattention_seed: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Every (step, draw, query head) of one layer at one budget, for each query kind: columns as numpy arrays.
 
@@ -282,6 +358,10 @@ def replay_layer(
     prompt keys only and the i-th later query also the first i decode keys — the state
     of the cache at that decode step. The sample-dependent queries (``compressed``) are
     evaluated the same way over each draw's own decode keys.
+
+    With ``vattention_seed`` (not None), vAttention's estimate at matched density fills the arm's columns of the
+    setting and later rows (:class:`_VAttentionArm`; ``design`` gives the sinks and window it shares with kvcert's);
+    they are NaN otherwise and on the sample-dependent rows.
     """
     obs = cap.prompt[layer]
     n = cap.prompt_tokens
@@ -301,13 +381,15 @@ def replay_layer(
     roundoff = unit_roundoff(cap.values[layer].dtype)
     tail = pi < 1
     decode_idx = torch.arange(n, n + n_q - 1, device=k_all.device).expand(1, hkv, -1)
-    names = ["step", "draw", "head", "kept", "diverged", *FLOAT_COLUMNS, *COVERED_COLUMNS]
+    names = ["step", "draw", "head", "kept", "diverged", *FLOAT_COLUMNS, *COVERED_COLUMNS, *VATTENTION_COLUMNS]
     cols: dict[str, dict[str, list[np.ndarray]]] = {k: {c: [] for c in names} for k in ("full", "own")}
     draws = sample.indices.shape[0]
     width = sample.indices.shape[-1]
     kept_mask = sample.kept_mask()
     own = compressed is not None and compressed.queries.shape[2] > 0
     chunk = max(1, min(draws, MAX_ELEMENTS // max(1, hkv * (width + n) * k_all.shape[-1])))
+    arm = (None if vattention_seed is None
+           else _VAttentionArm(queries, k_all, v_all, pi, sample, n, scaling, design, vattention_seed))
     for d0 in range(0, draws, chunk):
         d1 = min(draws, d0 + chunk)
         nd = d1 - d0
@@ -326,8 +408,9 @@ def replay_layer(
         qq = queries.unsqueeze(0).expand(nd, -1, -1, -1)  # [nd, Hq, Q, D]
         res = hajek_attention(qq, ks, vs, lps, scaling, causal=True, certificate=True, centre=centre, sketch=sketch)
         err = torch.linalg.vector_norm(res.output - exact.unsqueeze(0), dim=-1)  # [nd, Hq, Q]
+        vatt = arm.columns(d0, d1, exact, delta) if arm is not None else None
         _columns(res, err, steps, delta, list(range(n_q)), d0, nd, hq, group, sample.lengths[d0:d1], cols["full"],
-                 roundoff)
+                 roundoff, vatt=vatt)
         if own:
             j = compressed.queries.shape[2]
             qo = compressed.queries[d0:d1].to(f64)  # [nd, Hq, J, D]
@@ -339,7 +422,8 @@ def replay_layer(
             err_o = torch.linalg.vector_norm(res_o.output - exact_o, dim=-1)
             steps_o = torch.arange(2, j + 2, dtype=f64, device=k_all.device)
             _columns(res_o, err_o, steps_o, delta, list(range(1, j + 1)), d0, nd, hq, group, sample.lengths[d0:d1],
-                     cols["own"], roundoff, compressed.diverged[d0:d1])
+                     cols["own"], roundoff, compressed.diverged[d0:d1],
+                     vatt={"exact_norm": torch.linalg.vector_norm(exact_o, dim=-1)})
     out = {}
     parts = [("full", cols["full"])] + ([("own", cols["own"])] if own else [])
     for c in names:
@@ -354,12 +438,14 @@ def replay_layer(
 def replay_model(
     model, tokenizer, records, replay: ReplayPart, delta: float, design: RetentionDesign = DEFAULT_DESIGN,
     max_layers: int | None = None, model_name: str | None = None, scorer: str = "snapkv", progress: bool = False,
+    vattention: bool = True,
 ) -> pd.DataFrame:
     """Replay draws of every record (see the module docstring); one row per (example, layer, head, budget, kind, step, draw).
 
     ``replay`` (``analysis_plan.replay``): its budgets, draws per budget, later queries, sampling seed and query
     kinds ("setting" always; "later" and "sample_dependent" add the decode steps of the full-cache and of the
-    compressed run).
+    compressed run). ``vattention``: the vAttention arm's columns (:class:`_VAttentionArm`, one draw per kvcert draw,
+    seeded by :func:`_vattention_seed`); False leaves them NaN.
     """
     _check_model(model)
     budgets, draws, later_queries, seed = replay.budgets, replay.draws, replay.later_queries, replay.seed
@@ -382,7 +468,8 @@ def replay_model(
                           if own else {})
             for layer in layers:
                 pi, sample = drawn[layer]
-                cols = replay_layer(cap, layer, budget, pi, sample, delta, compressed.get(layer))
+                cols = replay_layer(cap, layer, budget, pi, sample, delta, compressed.get(layer), design,
+                                    _vattention_seed(seed, record.id, layer, float(budget)) if vattention else None)
                 part = pd.DataFrame(cols)
                 part.insert(0, "layer", np.int16(layer))
                 part.insert(0, "target_tokens", int(record.metadata.get("target_tokens", -1)))
@@ -398,7 +485,7 @@ def replay_model(
         df = df[df["query_kind"] != "later"].reset_index(drop=True)
     group = model.config.get_text_config().num_attention_heads // model.config.get_text_config().num_key_value_heads
     df["kv_head"] = (df["head"] // group).astype(np.int16)
-    return df[REPLAY_COLUMNS]
+    return df[TABLE_COLUMNS]
 
 
 # --- impossibility ----------------------------------------------------------------------

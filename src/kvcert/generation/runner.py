@@ -9,7 +9,8 @@ one and decoded together; chunked streaming runs are prefilled alone and decoded
 loop; with ``forked=False`` every run goes alone (the one-row case; ``kvcert shard --batch-1``).
 An example interrupted half written is recomputed whole (every forkable run of it, so the
 batch — hence every record's rounding — is the one an uninterrupted run has) and only its
-missing records are written: no duplicate, no gap, the same records.
+missing records are written: no duplicate, no gap, the same records. A partial shard begun at
+another record code is refused, not resumed (:func:`kvcert.generation.shards.check_one_code`).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from ..config.digest import content_digest
 from ..config.sources import fetched_name
 from ..method.models import load_model, resolve_model_path  # noqa: F401  (resolve_model_path: re-exported)
 from ..progress import progress as progress_display
-from ..provenance import config_hash, provenance
+from ..provenance import code_digest, config_hash, provenance
 from ..tasks.records import load_records  # noqa: F401  (re-exported: kvcert shard reads a manifest so)
+from .decode_step import graph_env
 from .engine import Engine
 from .forked import forkable, generate
 from .record import GenerationKey
-from .shards import ShardWriter, read_records
+from .shards import ShardWriter, check_one_code, read_records
 from .spec import GenerationSpec
 
 
@@ -86,6 +88,7 @@ def run_specs(
     # the folder's content: a missing path, or a fetched model whose files differ from their pins, fails here,
     # before anything loads; the digest (read through the digest cache) is stamped on every record
     digest = model_content(specs[0].model.path, given=model_and_tokenizer is not None)
+    graph_env()  # KVCERT_DECODE_GRAPH other than 0 or 1: refused here, not after the model loads
     writer = ShardWriter(out_path).open()
     try:
         if writer.recovered_tail:
@@ -98,6 +101,7 @@ def run_specs(
             print(f"{writer.partial}: {len(foreign)} records set aside as {aside.name} "
                   f"(the first {next(iter(foreign.values()))}); the {len(writer.done)} records of this shard "
                   "are kept", file=sys.stderr)
+        check_one_code(writer.partial, writer.done.values(), code_digest())  # before anything loads
         todo = [(r, s) for r in records for s in specs if not writer.is_done(GenerationKey.planned(s, r))]
         if todo:
             model, tokenizer = model_and_tokenizer or load_model(specs[0].model)

@@ -13,6 +13,10 @@ the SHA-256 of its bytes, written just before the rename. :func:`check_seal` com
 shard with its seal (and with the record count the plan expects): a shard that lost
 lines, or whose records were edited after it was finished, is refused in one line
 instead of being scored.
+
+A shard is the records of one code: a partial file begun at another record-code digest
+(:func:`kvcert.provenance.code_digest`, every record's ``code_digest``) is not resumed
+(:func:`check_one_code`).
 """
 
 from __future__ import annotations
@@ -121,6 +125,28 @@ def read_records(path: str | Path) -> list[dict]:
     """All records of a finished shard; a corrupt line raises :class:`CorruptShardError`."""
     records, _ = _scan(Path(path), allow_truncated_tail=False)
     return records
+
+
+class ShardCodeError(ValueError):
+    """A partial shard whose records were made at another record-code digest than this code's."""
+
+
+def check_one_code(partial: Path, records: Iterable[dict], code: str) -> None:
+    """Refuse to resume ``partial`` when a record of it was made at another record-code digest than ``code``
+    (:func:`kvcert.provenance.code_digest`; ``None``: written before kvcert stamped it): a shard holds the records
+    of one code, or a finished shard would mix two codes' records and be scored as one run. One line naming both
+    digests (and the commit the other was made at) and the two ways out. Refused, not restarted: a restart would
+    discard finished work in silence, and the code changing under a half-written shard is itself news (an edit
+    while a run was going, a checkout of another branch) that its owner decides on."""
+    records = list(records)
+    other = [r for r in records if r.get("code_digest") != code]
+    if not other:
+        return
+    found = other[0].get("code_digest") or "none (written before records carried it)"
+    raise ShardCodeError(
+        f"{partial}: {len(other)} of its {len(records)} records were made at record code {found} (git commit "
+        f"{other[0].get('git_commit')}), this code is {code}: a shard holds one code's records; delete {partial.name} "
+        f"to regenerate the shard at {code}, or resume it at the code it was begun at")
 
 
 class ShardWriter:

@@ -20,7 +20,9 @@ task's kind or name:
   ``limit``): a data set's rows or items; for a generated task, whose examples are drawn per index
   without end, the registered maximum :data:`MAX_GENERATED`;
 * ``sources(task_cfg)`` — the local files a build reads (a manifest's seal records their SHA-256,
-  :mod:`kvcert.generation.manifest`): none for a generated task, None where the data are a Hub id.
+  :mod:`kvcert.generation.manifest`): none for a generated task, None where the data are a Hub id; a
+  task on Python's prose (``*_prose``, RULER's essay tasks) names the prose (:func:`kvcert.tasks.prose.source`:
+  its Python version and digest, which the seal records).
 
 A synthetic task is registered under its name; a family (``longbench`` for every
 ``longbench_<dataset>``, ``locomo``) under its kind, and :func:`task_of` finds it from a
@@ -30,13 +32,16 @@ record's task name or a config.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Mapping
 
-from kvcert.tasks import locomo, longbench, lookalike, metrics, multikey, multiturn, multiturn_chat, needle, ruler
+from kvcert.tasks import (locomo, longbench, lookalike, metrics, multikey, multiturn, multiturn_chat, needle, prose,
+                          ruler)
 from kvcert.tasks.lengths import LENGTH_SETTING, LengthError, LengthTooShort
 from kvcert.tasks.metrics import AnswerMetric
 from kvcert.tasks.prompting import build_prompt_ids
 from kvcert.tasks.records import RecordError, TaskRecord, progress_of, read_jsonl, write_jsonl
+from kvcert.tasks.sampling import generator
 
 Generator = Callable[..., list[TaskRecord]]
 
@@ -223,10 +228,17 @@ for _module, _metric in ((needle, metrics.string_match_all), (multikey, metrics.
                          (multiturn_chat, metrics.recall), (lookalike, metrics.string_match_all)):
     register_task(Task(_module.TASK, "synthetic", generate=_module.generate, metric=_metric,
                        make_record=_module.make_record, questions_for=_module.questions_for))
+for _module, _metric in ((needle, metrics.string_match_all), (multikey, metrics.recall),
+                         (lookalike, metrics.string_match_all)):  # the same on Python's prose (kvcert.tasks.prose)
+    _make = partial(_module.make_record, haystack="prose")
+    register_task(Task(needle.task_name(_module.TASK, "prose"), "synthetic", generate=generator(_make),
+                       metric=_metric, make_record=_make, questions_for=_module.questions_for,
+                       sources=prose.task_sources))
 for _spec in ruler.RULER_TASKS.values():  # RULER's synthetic tasks, ruler_<name> (kvcert.tasks.ruler)
     register_task(Task(_spec.registered, "synthetic", default_length=ruler.DEFAULT_LENGTH,
                        generate=ruler.generator(_spec.name), metric=metrics.string_match_all,
-                       make_record=ruler.record_maker(_spec.name)))
+                       make_record=ruler.record_maker(_spec.name),
+                       sources=prose.task_sources if _spec.args.get("type_haystack") == "essay" else _no_sources))
 register_task(Task("longbench", "longbench", default_length=6144, loader=longbench.build_records,
                    scorer=longbench.score_longbench_record, check=longbench.check_config,
                    answer_tokens=longbench.config_answer_tokens, uses_chat=longbench.config_uses_chat,
@@ -239,11 +251,13 @@ register_task(Task("unscored", "free", metric=metrics.unscored))  # generate_ans
 #: the synthetic tasks (generated, no data needed) — the embedded default runs these (not
 #: ``multiturn_chat``: ``multiturn``'s records on the model's chat template, a task for chat models).
 SYNTHETIC_TASKS: tuple[str, ...] = ("needle", "multikey", "multiturn", "lookalike")
+#: the synthetic tasks on Python's prose haystack (kvcert.tasks.prose), the noise tasks' records in another haystack
+PROSE_TASKS: tuple[str, ...] = ("needle_prose", "multikey_prose", "lookalike_prose")
 #: RULER's synthetic tasks as registered (``kvcert run task=ruler`` runs them all; kvcert.tasks.ruler)
 RULER_TASKS: tuple[str, ...] = tuple(spec.registered for spec in ruler.RULER_TASKS.values())
 
 __all__ = [
-    "MAX_GENERATED", "RULER_TASKS", "RecordError", "SYNTHETIC_TASKS", "TASKS", "Task", "TaskRecord",
+    "MAX_GENERATED", "PROSE_TASKS", "RULER_TASKS", "RecordError", "SYNTHETIC_TASKS", "TASKS", "Task", "TaskRecord",
     "build_prompt_ids", "generate", "get_task", "is_correct", "read_jsonl",
     "register_task", "score", "score_record", "task_for_config", "task_of", "write_jsonl",
 ]

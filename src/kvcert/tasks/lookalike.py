@@ -15,13 +15,15 @@ little, but telling the right needle from its look-alikes is up to the model, an
 small embedded model does it only part of the time (its measured accuracy is in
 docs/embedded.md). ``lookalikes`` defaults to a balanced cover of :data:`LOOKALIKES` (so the
 difficulty varies from item to item); the queried needle's depth covers ``depths``.
+``haystack="prose"`` (the task ``lookalike_prose``) puts the needles into Python's own prose
+instead of the noise sentence (:mod:`kvcert.tasks.prose`; :func:`kvcert.tasks.needle.prose_lines`).
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from kvcert.tasks.needle import ANSWER_TOKENS, DEPTHS, NEEDLE, draw_values, needle_record
+from kvcert.tasks.needle import ANSWER_TOKENS, DEPTHS, NEEDLE, draw_values, needle_record, prose_lines, task_name
 from kvcert.tasks.needle import questions_for  # noqa: F401  (the task's: a question per needle, as the needle task's)
 from kvcert.tasks.records import TaskRecord
 from kvcert.tasks.sampling import balanced_pick, example_rng, generator, placement_depths
@@ -48,9 +50,12 @@ def make_record(
     depths: Sequence[float] = DEPTHS,
     value_digits: int = 7,
     answer_tokens: int = ANSWER_TOKENS,
+    haystack: str = "noise",
 ) -> TaskRecord:
     """One record of about ``target_tokens − answer_tokens`` prompt tokens (see the module
     docstring; RULER's answer reserve as in :mod:`kvcert.tasks.needle`)."""
+    if haystack not in ("noise", "prose"):
+        raise ValueError(f"haystack: {haystack!r} is not one of ('noise', 'prose')")
     if lookalikes is None:
         lookalikes = int(balanced_pick(LOOKALIKES, seed, TASK, index))
     if not 0 <= lookalikes < len(KEY_ADJECTIVES):
@@ -67,10 +72,14 @@ def make_record(
     needle_depths = placement_depths(rng, len(keys), depth, depths, seed, TASK, index)
     query_depth = needle_depths[0]
     needles = [(d, NEEDLE.format(key=k, value=v)) for d, k, v in zip(needle_depths, keys, values)]
+    name = task_name(TASK, haystack)
+    extra = {} if haystack == "noise" else {"haystack": haystack}  # the noise records as they were
     return needle_record(
         tokenizer, target_tokens, needles, keys[0], values[0], answer_tokens=answer_tokens,
-        id=f"{TASK}-s{seed}-t{target_tokens}-l{lookalikes}-{index}", task=TASK,
+        lines=prose_lines(TASK, seed, index) if haystack == "prose" else None,
+        id=f"{name}-s{seed}-t{target_tokens}-l{lookalikes}-{index}", task=name,
         metadata={
+            **extra,
             "depth": query_depth,
             "lookalikes": lookalikes,
             "others": others,
@@ -81,7 +90,7 @@ def make_record(
 
 
 #: ``n_examples`` records (options: ``lookalikes``, ``others``, ``depth``, ``depths``, ``value_digits``,
-#: ``answer_tokens``).
+#: ``answer_tokens``, ``haystack``).
 generate = generator(make_record)
 
 

@@ -3,7 +3,10 @@ one question about one of them (the small-scale stand-in for LongBench QA).
 
 Facts ("Nora lives in Lisbon.", "The favorite color of Ivan is teal.", ...) are placed
 at random depths of a filler text drawn from a pool of neutral sentences; the queried
-fact's depth covers ``depths`` in balanced blocks. The prompt follows LongBench's
+fact's depth covers ``depths`` in balanced blocks. ``haystack="prose"`` (the task
+``multikey_prose``) draws the filler from Python's own prose instead of the pool: a passage of
+consecutive sentences per prompt (:mod:`kvcert.tasks.prose`), the facts, people and depths those
+of the pool's record of the same seed and index. The prompt follows LongBench's
 multifieldqa_en template (instruction, text, then "Question: ...\\nAnswer:"). Answers are single words;
 scored by token recall.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from kvcert.tasks.lengths import fit_filler
+from kvcert.tasks.needle import prose_lines, task_name
 from kvcert.tasks.prompting import measured
 from kvcert.tasks.records import QuestionAnswer, TaskRecord
 from kvcert.tasks.sampling import example_rng, generator, placement_depths
@@ -97,8 +101,12 @@ def make_record(
     num_facts: int = 8,
     depth: float | None = None,
     depths: Sequence[float] = DEPTHS,
+    haystack: str = "pool",
 ) -> TaskRecord:
-    """One multi-key QA record of about ``target_tokens`` prompt tokens."""
+    """One multi-key QA record of about ``target_tokens`` prompt tokens (``haystack``: ``pool``, the neutral
+    sentences of :data:`FILLER`, or ``prose``)."""
+    if haystack not in ("pool", "prose"):
+        raise ValueError(f"haystack: {haystack!r} is not one of ('pool', 'prose')")
     if num_facts < 1 or num_facts > len(PEOPLE):
         raise ValueError(f"num_facts must be in 1..{len(PEOPLE)}, got {num_facts}")
     rng = example_rng(seed, TASK, index)
@@ -115,8 +123,11 @@ def make_record(
         fact["depth"] = fact_depth
     filler_rng = example_rng(seed, TASK, index, stream="filler")
     filler: list[str] = []
+    passage = prose_lines(TASK, seed, index) if haystack == "prose" else None
 
     def make_context(n: int) -> str:
+        if passage is not None and len(filler) < n:
+            filler[:] = passage[:n]
         while len(filler) < n:
             filler.append(filler_rng.choice(FILLER))
         inserts = sorted(
@@ -133,9 +144,11 @@ def make_record(
 
     question = _question_text(facts[0])
     context, _, _ = fit_filler(tokenizer, make_context, question, target_tokens)
+    name = task_name(TASK, haystack)
+    extra = {} if haystack == "pool" else {"haystack": haystack}  # the pool's records as they were
     record = TaskRecord(
-        id=f"{TASK}-s{seed}-t{target_tokens}-f{num_facts}-{index}",
-        task=TASK,
+        id=f"{name}-s{seed}-t{target_tokens}-f{num_facts}-{index}",
+        task=name,
         context=context,
         question=question,
         answers=[facts[0]["value"]],
@@ -145,6 +158,7 @@ def make_record(
             "num_facts": num_facts,
             "relation": facts[0]["relation"],
             "facts": facts,
+            **extra,
         },
     )
     return measured(tokenizer, record)
@@ -159,7 +173,7 @@ def _question_text(fact: dict[str, Any]) -> str:
     return QUESTION_TEMPLATE.format(question=question)
 
 
-#: ``n_examples`` multi-key QA records (options: ``num_facts``, ``depth``, ``depths``).
+#: ``n_examples`` multi-key QA records (options: ``num_facts``, ``depth``, ``depths``, ``haystack``).
 generate = generator(make_record)
 
 

@@ -15,7 +15,12 @@ The conventions of RULER's own generator (``scripts/data/synthetic/niah.py`` and
   default) repeats the whole string "The grass is green. The sky is blue. The sun is
   yellow. Here we go. There and back again."; ``haystack="needle"`` (RULER's ``needle``)
   puts a needle with a random key and value on every line. RULER's ``essay`` haystack
-  (Paul Graham's essays) is not offered: kvcert ships no essay text;
+  (Paul Graham's essays, downloaded text kvcert does not ship) is replaced by
+  ``haystack="prose"``: the language reference's text that Python ships
+  (:mod:`kvcert.tasks.prose`), one sentence per line, a passage of its own per prompt from
+  an offset drawn from the example's generator (the task ``needle_prose``: its records'
+  ids and task name ``needle_prose``, their keys, values and depths those of ``needle``'s
+  record of the same seed and index);
 - the needles "One of the special magic numbers for KEY is: VALUE." inserted on lines of
   their own, each before a haystack line, never after the last one, as RULER's insertion
   indexes (drawn from ``range(lines)``) place them (RULER picks the lines at random; here
@@ -38,6 +43,7 @@ from typing import Any, Sequence
 
 from kvcert.tasks.lengths import LengthTooShort, fit_filler
 from kvcert.tasks.prompting import measured
+from kvcert.tasks.prose import ProseHaystack
 from kvcert.tasks.records import QuestionAnswer, TaskRecord
 from kvcert.tasks.sampling import example_rng, generator, placement_depths
 from kvcert.tasks.wordlists import NEEDLE_KEYS
@@ -59,7 +65,9 @@ ANSWER_PREFIX = " The special magic number for {key} mentioned in the provided t
 RESPONSE = " {value}"
 DEPTHS: tuple[int, ...] = tuple(range(0, 101, 10))
 ANSWER_TOKENS = 128  # RULER's tokens_to_generate of its needle tasks, reserved from the length
-HAYSTACKS = ("noise", "needle")
+HAYSTACKS = ("noise", "needle", "prose")
+#: the task a prose haystack makes of each task: its name, its records' ids and task name
+PROSE_SUFFIX = "_prose"
 
 
 def haystack_lines(needles: Sequence[tuple[float, str]], n: int, lines: Sequence[str] | None = None) -> list[str]:
@@ -119,11 +127,12 @@ def make_record(
     ]
     if haystack not in HAYSTACKS:
         raise ValueError(f"haystack: {haystack!r} is not one of {HAYSTACKS}")
-    lines = None if haystack == "noise" else NeedleHaystack(example_rng(seed, f"{TASK}-haystack", index), keys,
-                                                            value_digits)
+    lines = None if haystack == "noise" else prose_lines(TASK, seed, index) if haystack == "prose" else \
+        NeedleHaystack(example_rng(seed, f"{TASK}-haystack", index), keys, value_digits)
+    name = task_name(TASK, haystack)
     return needle_record(
         tokenizer, target_tokens, needles, keys[0], values[0], lines=lines, answer_tokens=answer_tokens,
-        id=f"{TASK}-s{seed}-t{target_tokens}-n{num_needles}-{index}", task=TASK,
+        id=f"{name}-s{seed}-t{target_tokens}-n{num_needles}-{index}", task=name,
         metadata={
             "depth": query_depth,
             "num_needles": num_needles,
@@ -133,6 +142,18 @@ def make_record(
             ],
         },
     )
+
+
+def task_name(task: str, haystack: str) -> str:
+    """The registered task of ``task`` on ``haystack``: ``task`` itself, ``<task>_prose`` on the prose haystack."""
+    return task + PROSE_SUFFIX if haystack == "prose" else task
+
+
+def prose_lines(task: str, seed: int, index: int) -> ProseHaystack:
+    """The prose haystack of example ``index`` of ``task``: its passage's offset drawn from the example's own
+    ``prose`` stream (:func:`~kvcert.tasks.sampling.example_rng`), so each prompt takes its own passage and the
+    task's other draws are those of its noise records."""
+    return ProseHaystack(example_rng(seed, task, index, stream="prose"))
 
 
 class NeedleHaystack:

@@ -35,9 +35,12 @@ What follows RULER's code, task by task:
   is asked for.
 - **essay haystacks**: RULER's ``niah_single_2``, ``niah_single_3``, ``niah_multikey_1``,
   ``niah_multivalue`` and ``niah_multiquery`` use Paul Graham's essays, downloaded text that kvcert
-  does not ship; here they use the noise haystack (so ``niah_single_2`` is ``niah_single_1``'s
-  configuration with other records: the task name seeds them). The record's metadata says so
-  (``ruler_haystack: essay``, ``haystack: noise``).
+  does not ship; here they use Python's bundled prose in their place (:mod:`kvcert.tasks.prose`:
+  the language reference's text of ``pydoc_data.topics``), one sentence per line, a passage of
+  consecutive sentences per prompt from an offset drawn from the example's ``haystack`` stream,
+  the needles inserted between its lines as between noise lines. The record's metadata says so
+  (``ruler_haystack: essay``, ``haystack: prose``), and a manifest's seal records the prose's
+  digest (the text differs between Python versions).
 - **keys**: a prompt's keys are distinct, and a haystack needle never carries one of them (RULER
   draws them independently; a clash — about one prompt in sixty at 4k: 167 haystack needles,
   9,600 keys — would make the question ambiguous).
@@ -78,6 +81,7 @@ import kvcert.tasks.wordlists as wordlists
 from kvcert.config.task_table import RULER_PREFIX as PREFIX, RULER_TASKS, TOKENS_TO_GENERATE, RulerTask
 from kvcert.tasks.lengths import LengthTooShort, fit_filler
 from kvcert.tasks.prompting import measured
+from kvcert.tasks.prose import ProseHaystack
 from kvcert.tasks.records import TaskRecord
 from kvcert.tasks.sampling import example_rng, generator as examples_of
 
@@ -277,9 +281,10 @@ def make_niah(tokenizer: Any, target_tokens: int, seed: int, index: int, spec: R
     singular = nq * nv == 1
     head, question, prefix = template_parts("niah", singular, type_needle_v=type_v[:-1] if singular else type_v,
                                             query=query)
-    haystack = "noise" if args["type_haystack"] == "essay" else args["type_haystack"]
-    needle_lines = _NeedleLines(example_rng(seed, spec.registered, index, "haystack"), type_k, type_v, type_v, keys) \
-        if haystack == "needle" else None
+    haystack = "prose" if args["type_haystack"] == "essay" else args["type_haystack"]
+    haystack_rng = example_rng(seed, spec.registered, index, "haystack")
+    needle_lines = _NeedleLines(haystack_rng, type_k, type_v, type_v, keys) if haystack == "needle" else \
+        ProseHaystack(haystack_rng) if haystack == "prose" else None
 
     def make_context(n: int) -> str:
         n = max(n, len(needles))  # random.sample needs as many lines as needles

@@ -16,6 +16,9 @@ With r the certificate's radius, c the constant's, e = ‖ô − o‖ and a step
   middle ratios meet at their geometric mean) — which radius is tighter at the same coverage, whatever their own
   levels.
 
+Beside them, :func:`prepare_worst_later` (``secondary.worst_later_cell``): the certificate's lowest coverage over
+the budget × layer cells of the later queries, the cell it is, and its interval.
+
 The step cells' quantiles (``numpy.quantile``'s default, linear) fix the draws of the first two once; the bootstrap
 resamples replay cells (:func:`kvcert.analysis.claims_stats.base.replay_units`: the cell, its example × layer, its
 example), k and the median by exact weighted quantiles (:class:`kvcert.analysis.stats.WeightedQuantile`).
@@ -45,10 +48,28 @@ def constant_radius(rows: pd.DataFrame, radius: str) -> np.ndarray:
     return pd.Series(rows[radius].to_numpy(float)).groupby(cells).transform("median").to_numpy()
 
 
+def group_quantile(values: np.ndarray, groups: np.ndarray, q: float) -> np.ndarray:
+    """Each value's group's ``numpy.quantile(·, q)`` (its default, linear), for every value at once: where every
+    group holds as many values (a replay's step cells: one value per draw), one ``numpy.quantile`` over the rows of
+    the values arranged [group, member] — the same numbers as one call per group; else one call per group."""
+    values = np.asarray(values, dtype=np.float64)
+    if not values.size:
+        return values.copy()
+    order = np.argsort(groups, kind="stable")
+    sizes = np.bincount(groups)
+    sizes = sizes[sizes > 0]
+    if np.all(sizes == sizes[0]):
+        cut = np.quantile(values[order].reshape(len(sizes), int(sizes[0])), q, axis=1)
+        out = np.empty_like(values)
+        out[order] = np.repeat(cut, int(sizes[0]))
+        return out
+    return pd.Series(values).groupby(groups).transform(lambda v: np.quantile(v, q)).to_numpy()
+
+
 def _in_step_cell_tail(rows: pd.DataFrame, values: np.ndarray, q: float, upper: bool) -> np.ndarray:
     """Whether each draw's value is at least (``upper``) / at most its step cell's q quantile of the values."""
     cells = rows.groupby(STEP_CELL_KEY, observed=True, sort=False).ngroup().to_numpy()
-    cut = pd.Series(values).groupby(cells).transform(lambda v: np.quantile(v, q)).to_numpy()
+    cut = group_quantile(values, cells, q)
     return values >= cut if upper else values <= cut
 
 
@@ -134,5 +155,66 @@ def prepare(rows: pd.DataFrame, plan: AnalysisPlan, certificate: str) -> Prepare
     details = _details(plan, certificate, {"top_error_coverage": int(top.sum()),
                                            "bottom_radius_coverage": int(bottom.sum()),
                                            "matched_tightness": int(len(rows))})
+    return Prepared(statistic, np.arange(n_cells), n_cells, point, {"generations": n_cells}, details,
+                    selective=True, units=replay_units(cells))
+
+
+# --- the worst later-query cell ------------------------------------------------------------------
+#: the statistics of the worst later-query cell (``secondary.worst_later_cell``): the smallest budget × layer cell's
+#: coverage, the minimum taken in each resample (as C8's ``coverage_robust_later_worst_cell``), and the coverage of
+#: the cell that is smallest on the data, resampled as it is
+WORST_NAMES = ("worst_later_cell_coverage", "worst_later_cell_coverage_fixed")
+
+
+def prepare_worst_later(rows: pd.DataFrame, plan: AnalysisPlan, certificate: str) -> Prepared:
+    """A certificate's worst later-query cell on a replay claim's rows: over the budget × layer cells g of the
+    draws of query kind ``later``, with c the replay cells (:data:`~kvcert.analysis.replay_stats.CELL_KEY`), h_c
+    the covered draws (``covered`` of ``certificate``, the claim's own per-step coverage) and n_c the draws of
+    replay cell c, and w the resample weights,
+
+        coverage_g(w) = Σ_{c ∈ g} w_c · h_c / Σ_{c ∈ g} w_c · n_c,
+        worst_later_cell_coverage(w) = min_g coverage_g(w)       (undefined where a cell g has no weight),
+        worst_later_cell_coverage_fixed(w) = coverage_{g*}(w),    g* = argmin_g coverage_g(1) on the data.
+
+    ``details``: the certificate, the cell g* (its budget and layer), every cell's coverage on the data, the nominal
+    1 − δ and how many cells lie below it. The same minimum as :mod:`.coverage`'s ``coverage_later_worst_cell``."""
+    later = rows[rows["query_kind"] == "later"] if len(rows) else rows
+    nominal = 1.0 - plan.delta
+    base = {"certificate": certificate, "covered": VARIANTS[certificate][2], "query_kind": "later",
+            "nominal": nominal}
+    if (e := empty(later)) is not None:  # no later queries: nothing to find, every statistic undefined
+        return replace(e, details={**base, "cell": None, "budget": None, "layer": None, "cells": {},
+                                   "cells_below_nominal": 0})
+    covered = later[VARIANTS[certificate][2]].to_numpy(bool)
+    grouped = later.groupby(CELL_KEY, observed=True, sort=True)
+    codes = grouped.ngroup().to_numpy()
+    cells = grouped.size().reset_index()[CELL_KEY]
+    n_cells = len(cells)
+    n = np.bincount(codes, minlength=n_cells).astype(float)
+    hits = np.bincount(codes, weights=covered.astype(float), minlength=n_cells)
+    groups = cells.groupby(["budget", "layer"], observed=True, sort=True).ngroup().to_numpy()
+    keys = cells[["budget", "layer"]].drop_duplicates().sort_values(["budget", "layer"]).itertuples(index=False)
+    keys = list(keys)
+    member = np.zeros((n_cells, len(keys)))
+    member[np.arange(n_cells), groups] = 1.0  # [replay cells, budget × layer cells]
+    group_hits, group_n = hits[:, None] * member, n[:, None] * member
+    on_data = group_hits.sum(0) / group_n.sum(0)
+    worst = int(np.argmin(on_data))
+
+    def statistic(w, only=None):
+        den = w @ group_n
+        each_ok = den > 0
+        values = np.where(each_ok, (w @ group_hits) / np.where(each_ok, den, 1.0), np.inf)
+        ok = each_ok.all(axis=1)
+        out = {"worst_later_cell_coverage": (np.where(ok, values.min(axis=1), np.nan), ok),
+               "worst_later_cell_coverage_fixed": (np.where(each_ok[:, worst], values[:, worst], np.nan),
+                                                   each_ok[:, worst])}
+        return {k: v for k, v in out.items() if only is None or k in only}
+
+    budget, layer = keys[worst]
+    point = {WORST_NAMES[0]: float(on_data[worst]), WORST_NAMES[1]: float(on_data[worst])}
+    details = {**base, "cell": f"{budget:g}/layer {int(layer)}", "budget": float(budget), "layer": int(layer),
+               "cells": {f"{b:g}/layer {int(la)}": float(v) for (b, la), v in zip(keys, on_data)},
+               "cells_below_nominal": int((on_data < nominal).sum())}
     return Prepared(statistic, np.arange(n_cells), n_cells, point, {"generations": n_cells}, details,
                     selective=True, units=replay_units(cells))
